@@ -1,0 +1,108 @@
+//! Builds the policy WASM component that the `turnsafe` binary embeds.
+//!
+//! The policy crate is compiled for `wasm32-unknown-unknown` (no WASI, so
+//! the core module imports nothing), stripped of debug and name sections,
+//! and wrapped into a component with `wit-component`. The result has no
+//! imports at all, which `wasm32-wasip2` cannot give: Rust's std there
+//! imports `wasi:cli` and `wasi:io`.
+//!
+//! The inner cargo uses its own target directory so it never waits on the
+//! lock the outer build holds, and runs on every policy or WIT change, so
+//! a stale `.wasm` can never be embedded or tested.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const TARGET: &str = "wasm32-unknown-unknown";
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: building the turnsafe policy component failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?);
+    let root = manifest_dir.parent().ok_or("host crate has no parent directory")?.to_path_buf();
+    for watched in ["policy/src", "policy/Cargo.toml", "wit", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    }
+    println!("cargo:rerun-if-env-changed=TURNSAFE_WASM_TARGET_DIR");
+
+    let target_dir = env::var_os("TURNSAFE_WASM_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target").join("policy-wasm"));
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&root)
+        .args(["build", "--quiet", "--locked", "-p", "turnsafe-policy", "--lib", "--release", "--target", TARGET])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        // The outer build's wrappers and flags are for the host target.
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET")
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("CARGO_BUILD_RUSTFLAGS")
+        .env_remove("CARGO_MAKEFLAGS")
+        .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS")
+        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "z")
+        .env("CARGO_PROFILE_RELEASE_LTO", "true")
+        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
+        .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+        .env("CARGO_PROFILE_RELEASE_INCREMENTAL", "false");
+    let status = cmd.status().map_err(|e| format!("could not run cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!(
+            "`cargo build -p turnsafe-policy --target {TARGET}` failed ({status}). \
+             Is the target installed? Run `rustup target add {TARGET}`."
+        ));
+    }
+    let core_path = target_dir.join(TARGET).join("release").join("turnsafe_policy.wasm");
+    let core = std::fs::read(&core_path).map_err(|e| format!("reading {}: {e}", core_path.display()))?;
+
+    let raw = encode(&core)?;
+    let stripped_core = strip_custom_sections(&core)?;
+    let component = encode(&stripped_core)?;
+
+    let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    write(&out_dir.join("turnsafe_policy.component.wasm"), &component)?;
+    println!("cargo:rustc-env=TURNSAFE_COMPONENT_UNSTRIPPED_LEN={}", raw.len());
+    Ok(())
+}
+
+fn encode(core: &[u8]) -> Result<Vec<u8>, String> {
+    wit_component::ComponentEncoder::default()
+        .module(core)
+        .and_then(|e| e.validate(true).encode())
+        .map_err(|e| format!("wit-component could not make a component: {e:#}"))
+}
+
+/// Drop debug info, names and producer notes; keep `component-type`, which
+/// wit-component needs.
+fn strip_custom_sections(module: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = wasm_encoder::Module::new();
+    for payload in wasmparser::Parser::new(0).parse_all(module) {
+        let payload = payload.map_err(|e| format!("parsing the core module: {e}"))?;
+        if let wasmparser::Payload::CustomSection(c) = &payload {
+            let name = c.name();
+            if !name.starts_with("component-type") {
+                continue;
+            }
+        }
+        if let Some((id, range)) = payload.as_section() {
+            out.section(&wasm_encoder::RawSection { id, data: &module[range.start as usize..range.end as usize] });
+        }
+    }
+    Ok(out.finish())
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    std::fs::write(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))
+}

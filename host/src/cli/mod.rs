@@ -1,0 +1,63 @@
+//! The `turnsafe` command line.
+//!
+//! Output contracts: `classify` and `append` print one bare JSON object per
+//! input line; every other `--json` output is JSON Lines in a
+//! `{"type": ..., "data": ...}` envelope.
+
+mod classify;
+mod component;
+mod explain;
+
+use clap::{Parser, Subcommand};
+
+use crate::exit;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "turnsafe",
+    version,
+    about = "Keep every agent turn: SQLite session storage that never loses a batch silently",
+    long_about = "turnsafe decides what to do when saving a conversation turn to state.db fails \
+                  (retry, divert to a durable JSONL copy, or fail closed) and says so truthfully.\n\n\
+                  Exit codes: 0 ok; 1 internal error; 2 usage; 3 a batch was not persisted; \
+                  4 verification failed; 65 unreadable input lines."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Classify(classify::Args),
+    Explain(explain::Args),
+    Component(component::Args),
+}
+
+/// Parse the command line, run, and return the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { exit::USAGE } else { exit::OK };
+        }
+    };
+    match cli.command {
+        Command::Classify(a) => classify::run(a),
+        Command::Explain(a) => explain::run(a),
+        Command::Component(a) => component::run(a),
+    }
+}
+
+/// Print one JSON line to stdout, ignoring a closed pipe (the reader left).
+pub(crate) fn emit(line: &str) -> bool {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").and_then(|_| out.flush()).is_ok()
+}
+
+/// A `{"type": kind, "data": data}` envelope line.
+pub(crate) fn envelope(kind: &str, data: serde_json::Value) -> String {
+    serde_json::json!({ "type": kind, "data": data }).to_string()
+}

@@ -1,0 +1,10 @@
+//! # turnsafe-host
+//!
+//! The native shell around `turnsafe-policy`: it performs every effect
+//! (the SQLite store, the flush, the divert, the guard) and asks the policy
+//! what each failure means. This crate also carries the policy as a WASM
+//! component ([`engine::COMPONENT`]) and can run either implementation.
+
+pub mod cli;
+pub mod engine;
+pub mod exit;

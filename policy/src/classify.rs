@@ -1,0 +1,174 @@
+//! Classification: observation -> (cause, basis).
+//!
+//! Precedence (invariant 5), first match wins:
+//! 1. typed evidence from the host's probes;
+//! 2. FTS-scoped corruption (`SQLITE_CORRUPT_VTAB`, or corruption with `fts_scope`);
+//! 3. extended, then primary result codes (errno counts only with IOERR);
+//! 4. message phrases, only when the codes say nothing;
+//! 5. `unknown`.
+//!
+//! `deleted_wal` never comes from a code or a message, and `replaced` comes
+//! only from evidence or `SQLITE_READONLY_DBMOVED`.
+
+use crate::codes::*;
+use crate::errno::{EDQUOT, ENOSPC};
+use crate::model::{Basis, Cause, Classification, Evidence, Observation, Operation};
+
+/// Classify one observation. Total: every input gets a cause.
+pub fn classify(obs: &Observation) -> Classification {
+    if let Some(cause) = from_evidence(obs) {
+        return Classification { cause, basis: Basis::Evidence };
+    }
+    if let Some(c) = fts_scoped_corruption(obs) {
+        return c;
+    }
+    if let Some(cause) = from_codes(obs) {
+        return Classification { cause, basis: Basis::Code };
+    }
+    if let Some(cause) = from_message(obs) {
+        return Classification { cause, basis: Basis::Message };
+    }
+    Classification { cause: Cause::Unknown, basis: Basis::None }
+}
+
+/// Storage-identity evidence outranks fencing: a retired generation must be
+/// captured whoever owns the turn.
+fn from_evidence(obs: &Observation) -> Option<Cause> {
+    const ORDER: [(Evidence, Cause); 5] = [
+        (Evidence::DeletedWalGeneration, Cause::DeletedWal),
+        (Evidence::DbReplaced, Cause::Replaced),
+        (Evidence::TurnLeaseLost, Cause::TurnLease),
+        (Evidence::CompressionClosed, Cause::CompressionClosed),
+        (Evidence::CompressionInProgress, Cause::Compression),
+    ];
+    ORDER.iter().find(|(e, _)| obs.has(*e)).map(|(_, c)| *c)
+}
+
+/// The code pair reduced to (primary, extended). An extended code is trusted
+/// over a `code` that disagrees with its low byte.
+fn codes(obs: &Observation) -> (Option<i64>, Option<i64>) {
+    match (obs.code, obs.extended_code) {
+        (_, Some(ext)) => (Some(primary_of(ext)), Some(ext)),
+        (Some(code), None) => {
+            // A host that only has one code may pass an extended one here.
+            if code > 0xff {
+                (Some(primary_of(code)), Some(code))
+            } else {
+                (Some(code), None)
+            }
+        }
+        (None, None) => (None, None),
+    }
+}
+
+fn fts_scoped_corruption(obs: &Observation) -> Option<Classification> {
+    let (primary, ext) = codes(obs);
+    if ext == Some(CORRUPT_VTAB) {
+        return Some(Classification { cause: Cause::FtsIndex, basis: Basis::Code });
+    }
+    if !obs.has(Evidence::FtsScope) {
+        return None;
+    }
+    let corrupt_code = primary == Some(CORRUPT);
+    let corrupt_text = primary.is_none() && phrase_is_corrupt(&lower(&obs.message));
+    (corrupt_code || corrupt_text).then_some(Classification {
+        cause: Cause::FtsIndex,
+        basis: Basis::Evidence,
+    })
+}
+
+fn from_codes(obs: &Observation) -> Option<Cause> {
+    let (primary, ext) = codes(obs);
+    if let Some(ext) = ext {
+        match ext {
+            READONLY_DBMOVED => return Some(Cause::Replaced),
+            CORRUPT_SEQUENCE | CORRUPT_INDEX | IOERR_CORRUPTFS => return Some(Cause::Corrupt),
+            BUSY_RECOVERY | BUSY_SNAPSHOT | BUSY_TIMEOUT => return Some(Cause::Locked),
+            CONSTRAINT_FOREIGNKEY if obs.operation == Operation::AppendBatch => {
+                return Some(Cause::SessionRowMissing);
+            }
+            CONSTRAINT_UNIQUE | CONSTRAINT_PRIMARYKEY if obs.operation == Operation::AppendBatch => {
+                return Some(Cause::UidConflict);
+            }
+            _ => {}
+        }
+    }
+    let primary = primary?;
+    Some(match primary {
+        BUSY | LOCKED | PROTOCOL => Cause::Locked,
+        FULL => Cause::DiskFull,
+        CORRUPT | NOTADB => Cause::Corrupt,
+        IOERR => match obs.errno {
+            Some(ENOSPC) | Some(EDQUOT) => Cause::DiskFull,
+            _ => Cause::Disk,
+        },
+        CANTOPEN => {
+            // Generic CANTOPEN is `disk` whatever errno says; only a lock
+            // named in the text makes it retryable.
+            if ext.is_none_or(|e| e == CANTOPEN) && lower(&obs.message).contains("database is locked") {
+                Cause::Locked
+            } else {
+                Cause::Disk
+            }
+        }
+        READONLY | PERM | AUTH | NOLFS => Cause::Disk,
+        // SQLITE_ERROR and the rest say nothing about storage: let the text speak.
+        _ => return None,
+    })
+}
+
+fn lower(s: &str) -> String {
+    s.to_ascii_lowercase()
+}
+
+fn phrase_is_corrupt(m: &str) -> bool {
+    ["malformed", "file is not a database", "corrupt"]
+        .iter()
+        .any(|p| m.contains(p))
+}
+
+/// Phrase fallback for hosts without codes. Order matters: a lock first (it
+/// is retryable), then corruption, which outranks anything that merely says
+/// "disk", then fullness, then the generic storage phrases.
+fn from_message(obs: &Observation) -> Option<Cause> {
+    let m = lower(&obs.message);
+    if m.trim().is_empty() {
+        return None;
+    }
+    let any = |ps: &[&str]| ps.iter().any(|p| m.contains(p));
+    if any(&["database is locked", "database table is locked", "database schema is locked", "locking protocol"]) {
+        return Some(Cause::Locked);
+    }
+    if m.contains("fts5") && phrase_is_corrupt(&m) {
+        return Some(Cause::FtsIndex);
+    }
+    if phrase_is_corrupt(&m) {
+        return Some(Cause::Corrupt);
+    }
+    if any(&["database or disk is full", "disk is full", "no space left on device", "disk quota exceeded"]) {
+        return Some(Cause::DiskFull);
+    }
+    if obs.operation == Operation::AppendBatch {
+        if m.contains("foreign key constraint failed") {
+            return Some(Cause::SessionRowMissing);
+        }
+        if m.contains("unique constraint failed") {
+            return Some(Cause::UidConflict);
+        }
+    }
+    if any(&[
+        "disk i/o error",
+        "unable to open database file",
+        "readonly database",
+        "read-only file system",
+        "permission denied",
+        "too many open files",
+        "no such file or directory",
+        "is a directory",
+        "not a directory",
+        "authorization denied",
+    ]) {
+        return Some(Cause::Disk);
+    }
+    None
+}

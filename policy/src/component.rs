@@ -1,0 +1,188 @@
+//! The WASM component's exports: thin conversions between the WIT types
+//! and the crate's own, so every runtime runs exactly the native code.
+
+use crate::model as m;
+
+wit_bindgen::generate!({
+    world: "policy",
+    path: "../wit",
+});
+
+use exports::turnsafe::policy::engine::{
+    Action, Basis, Cause, Classification, CopyContext, Decision, Evidence, Guest, Observation, Operation,
+    Outcome, UserCopy,
+};
+
+struct Component;
+
+fn operation(o: Operation) -> m::Operation {
+    match o {
+        Operation::Open => m::Operation::Open,
+        Operation::AppendBatch => m::Operation::AppendBatch,
+        Operation::Checkpoint => m::Operation::Checkpoint,
+        Operation::Divert => m::Operation::Divert,
+        Operation::Replay => m::Operation::Replay,
+    }
+}
+
+fn evidence(e: Evidence) -> m::Evidence {
+    match e {
+        Evidence::DeletedWalGeneration => m::Evidence::DeletedWalGeneration,
+        Evidence::DbReplaced => m::Evidence::DbReplaced,
+        Evidence::TurnLeaseLost => m::Evidence::TurnLeaseLost,
+        Evidence::CompressionInProgress => m::Evidence::CompressionInProgress,
+        Evidence::CompressionClosed => m::Evidence::CompressionClosed,
+        Evidence::FtsScope => m::Evidence::FtsScope,
+    }
+}
+
+fn observation(o: Observation) -> m::Observation {
+    let mut ev: Vec<m::Evidence> = o.evidence.into_iter().map(evidence).collect();
+    ev.sort();
+    ev.dedup();
+    m::Observation {
+        operation: operation(o.operation),
+        code: o.code,
+        extended_code: o.extended_code,
+        message: o.message,
+        errno: o.errno,
+        evidence: ev,
+        attempt: o.attempt.max(1),
+        elapsed_ms: o.elapsed_ms,
+        seed: o.seed,
+    }
+}
+
+fn cause_out(c: m::Cause) -> Cause {
+    match c {
+        m::Cause::Locked => Cause::Locked,
+        m::Cause::Disk => Cause::Disk,
+        m::Cause::DiskFull => Cause::DiskFull,
+        m::Cause::Replaced => Cause::Replaced,
+        m::Cause::DeletedWal => Cause::DeletedWal,
+        m::Cause::Corrupt => Cause::Corrupt,
+        m::Cause::FtsIndex => Cause::FtsIndex,
+        m::Cause::TurnLease => Cause::TurnLease,
+        m::Cause::Compression => Cause::Compression,
+        m::Cause::CompressionClosed => Cause::CompressionClosed,
+        m::Cause::SessionRowMissing => Cause::SessionRowMissing,
+        m::Cause::UidConflict => Cause::UidConflict,
+        m::Cause::Unknown => Cause::Unknown,
+    }
+}
+
+fn cause_in(c: Cause) -> m::Cause {
+    match c {
+        Cause::Locked => m::Cause::Locked,
+        Cause::Disk => m::Cause::Disk,
+        Cause::DiskFull => m::Cause::DiskFull,
+        Cause::Replaced => m::Cause::Replaced,
+        Cause::DeletedWal => m::Cause::DeletedWal,
+        Cause::Corrupt => m::Cause::Corrupt,
+        Cause::FtsIndex => m::Cause::FtsIndex,
+        Cause::TurnLease => m::Cause::TurnLease,
+        Cause::Compression => m::Cause::Compression,
+        Cause::CompressionClosed => m::Cause::CompressionClosed,
+        Cause::SessionRowMissing => m::Cause::SessionRowMissing,
+        Cause::UidConflict => m::Cause::UidConflict,
+        Cause::Unknown => m::Cause::Unknown,
+    }
+}
+
+fn outcome_in(o: Outcome) -> m::Outcome {
+    match o {
+        Outcome::Persisted => m::Outcome::Persisted,
+        Outcome::Diverted => m::Outcome::Diverted,
+        Outcome::DivertFailed => m::Outcome::DivertFailed,
+        Outcome::HandedBack => m::Outcome::HandedBack,
+    }
+}
+
+fn outcome_out(o: m::Outcome) -> Outcome {
+    match o {
+        m::Outcome::Persisted => Outcome::Persisted,
+        m::Outcome::Diverted => Outcome::Diverted,
+        m::Outcome::DivertFailed => Outcome::DivertFailed,
+        m::Outcome::HandedBack => Outcome::HandedBack,
+    }
+}
+
+fn classification(c: m::Classification) -> Classification {
+    Classification {
+        cause: cause_out(c.cause),
+        basis: match c.basis {
+            m::Basis::Evidence => Basis::Evidence,
+            m::Basis::Code => Basis::Code,
+            m::Basis::Message => Basis::Message,
+            m::Basis::None => Basis::None,
+        },
+    }
+}
+
+fn action(a: m::ActionKind) -> Action {
+    match a {
+        m::ActionKind::Retry => Action::Retry,
+        m::ActionKind::Divert => Action::Divert,
+        m::ActionKind::FailClosed => Action::FailClosed,
+        m::ActionKind::DegradeFts => Action::DegradeFts,
+        m::ActionKind::AdoptContinuation => Action::AdoptContinuation,
+        m::ActionKind::RecreateSession => Action::RecreateSession,
+    }
+}
+
+impl Guest for Component {
+    fn classify(o: Observation) -> Classification {
+        classification(crate::classify(&observation(o)))
+    }
+
+    fn decide(o: Observation) -> Decision {
+        let d = crate::decide(&observation(o));
+        Decision {
+            classification: classification(d.classification),
+            action: action(d.action),
+            delay_ms: d.delay_ms,
+            sticky: d.sticky,
+            capture: d.capture,
+        }
+    }
+
+    fn explain(cause: Cause, outcome: Outcome, context: CopyContext) -> Result<UserCopy, String> {
+        let ctx = m::CopyContext {
+            session: context.session,
+            receipt_path: context.receipt_path,
+            divert_failure: context
+                .divert_failure
+                .map(|f| m::DivertFailure { operation: f.operation, errno: f.errno }),
+            errno: context.errno,
+        };
+        crate::explain(cause_in(cause), outcome_in(outcome), &ctx)
+            .map(|c| UserCopy {
+                code: c.code,
+                cause: cause_out(c.cause),
+                outcome: outcome_out(c.outcome),
+                title: c.title,
+                body: c.body,
+                remediation: c.remediation,
+                details: c.details,
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn classify_json(observation: String) -> String {
+        crate::json::classify_json(&observation)
+    }
+
+    fn explain_json(request: String) -> String {
+        crate::json::explain_json(&request)
+    }
+
+    fn evaluate_json(request: String) -> String {
+        crate::json::evaluate_json(&request)
+    }
+
+    fn version() -> String {
+        env!("CARGO_PKG_VERSION").to_string()
+    }
+}
+
+export!(Component);

@@ -1,0 +1,232 @@
+//! JSON entry points (string in, string out), for runtimes with weak
+//! component support and for the `turnsafe` CLI. Every function here is
+//! total: malformed input yields `{"error": "..."}`, never a panic.
+//!
+//! Field rules for an observation object: `operation` defaults to
+//! `append_batch`; `code`, `extended_code` and `errno` take any integer,
+//! `null` or missing means absent; `evidence` is a list of labels and
+//! unknown labels are ignored; `attempt`, `elapsed_ms` and `seed` are
+//! integers (negative `attempt`/`elapsed_ms` read as 0); extra fields are
+//! ignored. A field of the wrong type is an error, not a guess.
+
+use serde_json::{Map, Value, json};
+
+use crate::copy::{explain, parse_divert_failure};
+use crate::decide::{decide, outcome_for};
+use crate::model::{
+    Cause, Copy, CopyContext, Decision, DivertFailure, Evidence, Observation, Operation, Outcome,
+};
+
+/// Parse an observation from a JSON value.
+pub fn observation_from_value(v: &Value) -> Result<Observation, String> {
+    let obj = v.as_object().ok_or("observation must be a JSON object")?;
+    let operation = match obj.get("operation") {
+        None | Some(Value::Null) => Operation::AppendBatch,
+        Some(Value::String(s)) => Operation::from_label(s).ok_or_else(|| {
+            format!("unknown operation `{}`: expected open, append_batch, checkpoint, divert or replay", clip(s))
+        })?,
+        Some(_) => return Err("field `operation` must be a string".into()),
+    };
+    let evidence = match obj.get("evidence") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => {
+            let mut out: Vec<Evidence> = items
+                .iter()
+                .filter_map(|i| i.as_str().and_then(Evidence::from_label))
+                .collect();
+            out.sort();
+            out.dedup();
+            out
+        }
+        Some(_) => return Err("field `evidence` must be a list of strings".into()),
+    };
+    let message = match obj.get("message") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err("field `message` must be a string".into()),
+    };
+    Ok(Observation {
+        operation,
+        code: int_field(obj, "code")?,
+        extended_code: int_field(obj, "extended_code")?,
+        message,
+        errno: int_field(obj, "errno")?,
+        evidence,
+        attempt: int_field(obj, "attempt")?.map_or(1, |a| a.clamp(1, i64::from(u32::MAX)) as u32),
+        elapsed_ms: int_field(obj, "elapsed_ms")?.map_or(0, |e| e.max(0) as u64),
+        seed: seed_field(obj)?,
+    })
+}
+
+fn clip(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+/// Any JSON integer, saturated to i64; `null` or missing is `None`.
+fn int_field(obj: &Map<String, Value>, key: &str) -> Result<Option<i64>, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            if let Some(i) = n.as_i64() {
+                Ok(Some(i))
+            } else if n.as_u64().is_some() {
+                Ok(Some(i64::MAX))
+            } else {
+                match n.as_f64() {
+                    Some(f) if f.fract() == 0.0 && f.is_finite() => Ok(Some(f as i64)),
+                    _ => Err(format!("field `{key}` must be an integer")),
+                }
+            }
+        }
+        Some(_) => Err(format!("field `{key}` must be an integer or null")),
+    }
+}
+
+/// The seed is a u64; negative values are taken modulo 2^64.
+fn seed_field(obj: &Map<String, Value>) -> Result<u64, String> {
+    match obj.get("seed") {
+        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64().unwrap_or(0)),
+        _ => Ok(int_field(obj, "seed")?.map_or(0, |s| s as u64)),
+    }
+}
+
+/// The JSON that `turnsafe classify` prints for one observation.
+pub fn decision_to_value(d: &Decision) -> Value {
+    let mut m = Map::new();
+    m.insert("cause".into(), d.classification.cause.label().into());
+    m.insert("basis".into(), d.classification.basis.label().into());
+    m.insert("action".into(), d.action.label().into());
+    if let Some(delay) = d.delay_ms {
+        m.insert("delay_ms".into(), delay.into());
+    }
+    m.insert("sticky".into(), d.sticky.into());
+    m.insert("capture".into(), d.capture.into());
+    m.insert("error".into(), d.classification.cause.failure_label().into());
+    Value::Object(m)
+}
+
+pub fn copy_to_value(c: &Copy) -> Value {
+    let details: Map<String, Value> = c
+        .details
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    json!({
+        "code": c.code,
+        "cause": c.cause.label(),
+        "outcome": c.outcome.label(),
+        "title": c.title,
+        "body": c.body,
+        "remediation": c.remediation,
+        "details": details,
+    })
+}
+
+fn error_value(msg: impl Into<String>) -> Value {
+    json!({ "error": msg.into() })
+}
+
+/// `classify-json`: one observation object in, the classify object out.
+pub fn classify_json(observation: &str) -> String {
+    let out = match serde_json::from_str::<Value>(observation) {
+        Ok(v) => match observation_from_value(&v) {
+            Ok(obs) => decision_to_value(&decide(&obs)),
+            Err(e) => error_value(e),
+        },
+        Err(e) => error_value(format!("invalid JSON: {e}")),
+    };
+    out.to_string()
+}
+
+/// Read the copy context: `session`, `receipt_path`, `errno`, and
+/// `divert_failed` / `divert_error` as `true`, a string such as
+/// `"open: EMFILE"`, or `{operation, errno}`.
+pub fn context_from_value(v: Option<&Value>) -> Result<CopyContext, String> {
+    let Some(v) = v else { return Ok(CopyContext::default()) };
+    if v.is_null() {
+        return Ok(CopyContext::default());
+    }
+    let obj = v.as_object().ok_or("context must be a JSON object")?;
+    let string = |key: &str| -> Result<Option<String>, String> {
+        match obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(format!("field `{key}` must be a string")),
+        }
+    };
+    let failure_value = obj.get("divert_failed").or_else(|| obj.get("divert_error"));
+    let divert_failure = match failure_value {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(DivertFailure { operation: "write".into(), errno: None }),
+        Some(Value::String(s)) => Some(parse_divert_failure(s)),
+        Some(Value::Object(f)) => Some(DivertFailure {
+            operation: f.get("operation").and_then(Value::as_str).unwrap_or("write").to_string(),
+            errno: int_field(f, "errno")?,
+        }),
+        Some(_) => return Err("field `divert_failed` must be true, a string or an object".into()),
+    };
+    Ok(CopyContext {
+        session: string("session")?,
+        receipt_path: string("receipt_path")?,
+        divert_failure,
+        errno: int_field(obj, "errno")?,
+    })
+}
+
+/// `explain-json`: `{cause, outcome, session?, receipt_path?, divert_error?}`
+/// in, the copy object out (or `{"error"}` for a pair the table never makes).
+pub fn explain_json(request: &str) -> String {
+    let run = || -> Result<Value, String> {
+        let v: Value = serde_json::from_str(request).map_err(|e| format!("invalid JSON: {e}"))?;
+        let obj = v.as_object().ok_or("request must be a JSON object")?;
+        let cause = obj
+            .get("cause")
+            .and_then(Value::as_str)
+            .and_then(Cause::from_label)
+            .ok_or("field `cause` must be a cause label")?;
+        let outcome = obj
+            .get("outcome")
+            .and_then(Value::as_str)
+            .and_then(Outcome::from_label)
+            .ok_or("field `outcome` must be persisted, diverted, divert_failed or handed_back")?;
+        let ctx = context_from_value(Some(&v))?;
+        explain(cause, outcome, &ctx).map(|c| copy_to_value(&c)).map_err(|e| e.to_string())
+    };
+    run().unwrap_or_else(error_value).to_string()
+}
+
+/// `evaluate-json`: `{observation, context?}` in; the classify object plus
+/// `outcome` and `copy` out. `context.outcome` may name the outcome; else it
+/// follows from the action and the context (see [`outcome_for`]), and is
+/// `null` for a divert whose result is not given.
+pub fn evaluate_json(request: &str) -> String {
+    let run = || -> Result<Value, String> {
+        let v: Value = serde_json::from_str(request).map_err(|e| format!("invalid JSON: {e}"))?;
+        let obj = v.as_object().ok_or("request must be a JSON object")?;
+        let obs = observation_from_value(obj.get("observation").unwrap_or(&Value::Null))?;
+        let ctx_value = obj.get("context");
+        let mut ctx = context_from_value(ctx_value)?;
+        if ctx.errno.is_none() {
+            ctx.errno = obs.errno;
+        }
+        let d = decide(&obs);
+        let outcome = match ctx_value.and_then(|c| c.get("outcome")).and_then(Value::as_str) {
+            Some(label) => Some(Outcome::from_label(label).ok_or("unknown `context.outcome`")?),
+            None => outcome_for(d.action, &ctx),
+        };
+        let mut out = decision_to_value(&d);
+        let (outcome_v, copy_v) = match outcome {
+            Some(o) => {
+                let copy = explain(d.classification.cause, o, &ctx).map_err(|e| e.to_string())?;
+                (Value::from(o.label()), copy_to_value(&copy))
+            }
+            None => (Value::Null, Value::Null),
+        };
+        if let Value::Object(m) = &mut out {
+            m.insert("outcome".into(), outcome_v);
+            m.insert("copy".into(), copy_v);
+        }
+        Ok(out)
+    };
+    run().unwrap_or_else(error_value).to_string()
+}

@@ -1,0 +1,51 @@
+//! # turnsafe-policy
+//!
+//! **Contract: this crate performs no I/O.** It reads no files, no clock, no
+//! environment and no randomness. It is a pure function from what a host
+//! observed when a storage operation failed to what the host must do and
+//! what the user must be told. Anything time- or chance-like (attempt
+//! number, elapsed milliseconds, a jitter seed) is an input. The same
+//! inputs give the same outputs natively, in the WASM component, and in
+//! every runtime that embeds that component.
+//!
+//! The pipeline, in the order a host calls it:
+//!
+//! 1. [`classify`]: [`Observation`] -> [`Classification`] (cause and basis),
+//!    by the precedence evidence > FTS-scoped corruption > codes > message > none;
+//! 2. [`decide`]: the [`Decision`]: an [`ActionKind`], a retry delay from the
+//!    [`RetryPlan`], and whether the handle turns sticky and must capture the
+//!    retired WAL generation;
+//! 3. the host carries out the action and learns the [`Outcome`];
+//! 4. [`explain`]: the user [`Copy`] for (cause, outcome, context).
+//!
+//! [`json`] holds the string-in, string-out entry points the `turnsafe` CLI
+//! and the component's `*-json` functions share, so their outputs are
+//! byte-identical. [`table`] renders the decision table (`docs/POLICY.md`).
+
+mod classify;
+pub mod codes;
+mod copy;
+mod decide;
+pub mod errno;
+pub mod json;
+mod model;
+mod retry;
+pub mod table;
+
+#[cfg(target_arch = "wasm32")]
+mod component;
+
+pub use classify::classify;
+pub use copy::{CopyError, KNOWN_DIVERT_OPS, explain, parse_divert_failure};
+pub use decide::{
+    decide, decide_with, is_producible, is_sticky, needs_capture, outcome_for, outcomes_of, possible_actions,
+    producible_pairs,
+};
+pub use model::{
+    ActionKind, Basis, Cause, Classification, Copy, CopyContext, Decision, DivertFailure, Evidence, Observation,
+    Operation, Outcome,
+};
+pub use retry::RetryPlan;
+
+/// The WIT package this crate implements.
+pub const WIT_PACKAGE: &str = "turnsafe:policy@0.1.0";

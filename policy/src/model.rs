@@ -1,0 +1,355 @@
+//! The closed vocabulary of the policy: what a host observed, and what the
+//! policy answers. Every enum here is exhaustive on purpose: a new variant
+//! must break every `match` that decides something.
+
+use serde::{Deserialize, Serialize};
+
+/// The storage operation that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// Opening the session database (or its first statement).
+    Open,
+    /// Writing one turn's batch of messages in one transaction.
+    AppendBatch,
+    /// A WAL checkpoint (including the one SQLite runs at close).
+    Checkpoint,
+    /// Writing the divert JSONL copy of a batch.
+    Divert,
+    /// Importing diverted lines back into the database.
+    Replay,
+}
+
+impl Operation {
+    pub const ALL: [Operation; 5] = [
+        Operation::Open,
+        Operation::AppendBatch,
+        Operation::Checkpoint,
+        Operation::Divert,
+        Operation::Replay,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Operation::Open => "open",
+            Operation::AppendBatch => "append_batch",
+            Operation::Checkpoint => "checkpoint",
+            Operation::Divert => "divert",
+            Operation::Replay => "replay",
+        }
+    }
+
+    pub fn from_label(s: &str) -> Option<Operation> {
+        Operation::ALL.into_iter().find(|o| o.label() == s)
+    }
+}
+
+/// Facts the host established with its own probes. Only these can prove
+/// `deleted_wal`, `replaced` and the other host-level causes; message text never does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Evidence {
+    /// The WAL (or shm) this connection holds is no longer the one at the path.
+    DeletedWalGeneration,
+    /// The main database file at the path is not the one this connection holds.
+    DbReplaced,
+    /// Another holder took this session's turn lease.
+    TurnLeaseLost,
+    /// A compaction of the session is running.
+    CompressionInProgress,
+    /// Compaction closed the session and opened a continuation.
+    CompressionClosed,
+    /// The failing statement touched only the full-text index.
+    FtsScope,
+}
+
+impl Evidence {
+    pub const ALL: [Evidence; 6] = [
+        Evidence::DeletedWalGeneration,
+        Evidence::DbReplaced,
+        Evidence::TurnLeaseLost,
+        Evidence::CompressionInProgress,
+        Evidence::CompressionClosed,
+        Evidence::FtsScope,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Evidence::DeletedWalGeneration => "deleted_wal_generation",
+            Evidence::DbReplaced => "db_replaced",
+            Evidence::TurnLeaseLost => "turn_lease_lost",
+            Evidence::CompressionInProgress => "compression_in_progress",
+            Evidence::CompressionClosed => "compression_closed",
+            Evidence::FtsScope => "fts_scope",
+        }
+    }
+
+    pub fn from_label(s: &str) -> Option<Evidence> {
+        Evidence::ALL.into_iter().find(|e| e.label() == s)
+    }
+}
+
+/// Everything the host observed about one failed storage operation.
+///
+/// Time and chance are inputs: `attempt` (1-based count of attempts made,
+/// including the one that just failed; 0 is read as 1), `elapsed_ms` since
+/// the first attempt of this operation, and `seed` for the retry jitter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    pub operation: Operation,
+    pub code: Option<i64>,
+    pub extended_code: Option<i64>,
+    pub message: String,
+    pub errno: Option<i64>,
+    pub evidence: Vec<Evidence>,
+    pub attempt: u32,
+    pub elapsed_ms: u64,
+    pub seed: u64,
+}
+
+impl Observation {
+    /// An observation of `operation` with nothing else known yet.
+    pub fn new(operation: Operation) -> Observation {
+        Observation {
+            operation,
+            code: None,
+            extended_code: None,
+            message: String::new(),
+            errno: None,
+            evidence: Vec::new(),
+            attempt: 1,
+            elapsed_ms: 0,
+            seed: 0,
+        }
+    }
+
+    pub fn has(&self, e: Evidence) -> bool {
+        self.evidence.contains(&e)
+    }
+}
+
+/// Why the operation failed. Labels are stable API (snake_case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// Another connection holds the write lock (BUSY/LOCKED); retryable.
+    Locked,
+    /// The storage refused the operation: I/O error, cannot open, read-only.
+    Disk,
+    /// The filesystem or the database's page budget is full.
+    DiskFull,
+    /// The database file was moved or replaced under the live connection.
+    Replaced,
+    /// The WAL generation this connection wrote was deleted or replaced.
+    DeletedWal,
+    /// The database image is damaged.
+    Corrupt,
+    /// Only the full-text index is damaged; the messages are intact.
+    FtsIndex,
+    /// This writer no longer holds the session's turn lease (fencing).
+    TurnLease,
+    /// A compaction of the session is in progress; retryable.
+    Compression,
+    /// Compaction closed the session; a continuation session exists.
+    CompressionClosed,
+    /// The session row the batch refers to does not exist.
+    SessionRowMissing,
+    /// A stored message has the same uid but different content.
+    UidConflict,
+    /// Nothing known explains the failure.
+    Unknown,
+}
+
+impl Cause {
+    pub const ALL: [Cause; 13] = [
+        Cause::Locked,
+        Cause::Disk,
+        Cause::DiskFull,
+        Cause::Replaced,
+        Cause::DeletedWal,
+        Cause::Corrupt,
+        Cause::FtsIndex,
+        Cause::TurnLease,
+        Cause::Compression,
+        Cause::CompressionClosed,
+        Cause::SessionRowMissing,
+        Cause::UidConflict,
+        Cause::Unknown,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Cause::Locked => "locked",
+            Cause::Disk => "disk",
+            Cause::DiskFull => "disk_full",
+            Cause::Replaced => "replaced",
+            Cause::DeletedWal => "deleted_wal",
+            Cause::Corrupt => "corrupt",
+            Cause::FtsIndex => "fts_index",
+            Cause::TurnLease => "turn_lease",
+            Cause::Compression => "compression",
+            Cause::CompressionClosed => "compression_closed",
+            Cause::SessionRowMissing => "session_row_missing",
+            Cause::UidConflict => "uid_conflict",
+            Cause::Unknown => "unknown",
+        }
+    }
+
+    pub fn from_label(s: &str) -> Option<Cause> {
+        Cause::ALL.into_iter().find(|c| c.label() == s)
+    }
+
+    /// The error string a failed flush returns: `session_persistence_failed:<cause>`.
+    pub fn failure_label(self) -> String {
+        format!("session_persistence_failed:{}", self.label())
+    }
+}
+
+/// What the classification rests on, strongest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    Evidence,
+    Code,
+    Message,
+    None,
+}
+
+impl Basis {
+    pub fn label(self) -> &'static str {
+        match self {
+            Basis::Evidence => "evidence",
+            Basis::Code => "code",
+            Basis::Message => "message",
+            Basis::None => "none",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Classification {
+    pub cause: Cause,
+    pub basis: Basis,
+}
+
+/// What the host must do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    /// Wait `delay_ms`, roll back if needed, and run the whole operation again.
+    Retry,
+    /// Write the batch to the divert JSONL, then fail closed.
+    Divert,
+    /// Return failure; keep nothing, write nothing.
+    FailClosed,
+    /// Clear the FTS flag in the same transaction and retry once.
+    DegradeFts,
+    /// Move the batch to the continuation session and retry once.
+    AdoptContinuation,
+    /// Recreate the missing session row and retry once.
+    RecreateSession,
+}
+
+impl ActionKind {
+    pub const ALL: [ActionKind; 6] = [
+        ActionKind::Retry,
+        ActionKind::Divert,
+        ActionKind::FailClosed,
+        ActionKind::DegradeFts,
+        ActionKind::AdoptContinuation,
+        ActionKind::RecreateSession,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ActionKind::Retry => "retry",
+            ActionKind::Divert => "divert",
+            ActionKind::FailClosed => "fail_closed",
+            ActionKind::DegradeFts => "degrade_fts",
+            ActionKind::AdoptContinuation => "adopt_continuation",
+            ActionKind::RecreateSession => "recreate_session",
+        }
+    }
+}
+
+/// The policy's full answer to one observation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Decision {
+    pub classification: Classification,
+    pub action: ActionKind,
+    /// Set exactly when `action` is `Retry`.
+    pub delay_ms: Option<u64>,
+    /// The handle must divert every later batch without touching the db.
+    pub sticky: bool,
+    /// The host must capture the retired WAL generation for the operator.
+    pub capture: bool,
+}
+
+/// How a flush ended, as far as the user is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Committed after a retry, `degrade_fts`, `adopt_continuation` or `recreate_session`.
+    Persisted,
+    /// Not committed; a durable divert copy with a receipt exists.
+    Diverted,
+    /// Not committed; writing the divert copy failed too.
+    DivertFailed,
+    /// Not committed and, by policy, not diverted: handed back to the caller.
+    HandedBack,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 4] = [
+        Outcome::Persisted,
+        Outcome::Diverted,
+        Outcome::DivertFailed,
+        Outcome::HandedBack,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Persisted => "persisted",
+            Outcome::Diverted => "diverted",
+            Outcome::DivertFailed => "divert_failed",
+            Outcome::HandedBack => "handed_back",
+        }
+    }
+
+    pub fn from_label(s: &str) -> Option<Outcome> {
+        Outcome::ALL.into_iter().find(|o| o.label() == s)
+    }
+}
+
+/// Why a divert failed: the file operation and the errno, never the path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DivertFailure {
+    pub operation: String,
+    pub errno: Option<i64>,
+}
+
+/// Everything the copy may mention besides cause and outcome.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct CopyContext {
+    pub session: Option<String>,
+    /// The receipt's absolute path. Only a `diverted` copy names a file.
+    pub receipt_path: Option<String>,
+    pub divert_failure: Option<DivertFailure>,
+    /// The errno the original failure carried; it shapes the detail only.
+    pub errno: Option<i64>,
+}
+
+/// User-facing copy: a structured value that hosts render as they like.
+/// Its JSON form (see `json`) writes `details` as an object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Copy {
+    /// Stable `<cause>.<outcome>` code.
+    pub code: String,
+    pub cause: Cause,
+    pub outcome: Outcome,
+    pub title: String,
+    pub body: String,
+    pub remediation: Vec<String>,
+    /// Ordered key/value details (session, receipt path, divert failure, errno).
+    pub details: Vec<(String, String)>,
+}

@@ -1,0 +1,116 @@
+//! The retry plan for retryable causes (`locked`, `compression`).
+//!
+//! Defaults live here so that every runtime waits the same way:
+//! exponential backoff from [`RetryPlan::BASE_MS`] doubling to
+//! [`RetryPlan::CAP_MS`], with "equal jitter" (half fixed, half drawn from
+//! the observation's `seed`), within a patience budget of
+//! [`RetryPlan::PATIENCE_MS`] elapsed *and* [`RetryPlan::MAX_ATTEMPTS`]
+//! attempts. Once either is spent the answer is `None` and the caller diverts.
+//!
+//! Why these numbers: a writer that holds the lock for 2 s (a slow
+//! checkpoint, a long turn of another process) must not cost a turn, and
+//! the smallest possible sum of the first 12 delays is already above 2 s;
+//! a user should not wait much more than SQLite's own customary 5 s before
+//! the batch is kept safely elsewhere.
+
+/// Backoff and patience, all in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPlan {
+    pub base_ms: u64,
+    pub cap_ms: u64,
+    pub patience_ms: u64,
+    pub max_attempts: u32,
+}
+
+impl RetryPlan {
+    pub const BASE_MS: u64 = 20;
+    pub const CAP_MS: u64 = 500;
+    pub const PATIENCE_MS: u64 = 5_000;
+    pub const MAX_ATTEMPTS: u32 = 32;
+
+    pub const DEFAULT: RetryPlan = RetryPlan {
+        base_ms: Self::BASE_MS,
+        cap_ms: Self::CAP_MS,
+        patience_ms: Self::PATIENCE_MS,
+        max_attempts: Self::MAX_ATTEMPTS,
+    };
+
+    /// The delay before the next attempt, or `None` once patience is spent.
+    ///
+    /// `attempt` is the 1-based number of the attempt that just failed.
+    /// The delay never carries the caller past the patience budget.
+    pub fn next_delay(&self, attempt: u32, elapsed_ms: u64, seed: u64) -> Option<u64> {
+        let attempt = attempt.max(1);
+        if attempt >= self.max_attempts || elapsed_ms >= self.patience_ms {
+            return None;
+        }
+        let exp = (attempt - 1).min(32);
+        let ceiling = self.base_ms.saturating_mul(1u64 << exp).min(self.cap_ms).max(1);
+        let half = ceiling / 2;
+        let jitter = mix(seed ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15)) % (ceiling - half + 1);
+        let delay = half + jitter;
+        Some(delay.min(self.patience_ms - elapsed_ms).max(1))
+    }
+}
+
+impl Default for RetryPlan {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// splitmix64 finaliser: a well-spread, dependency-free hash of the seed.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_stay_within_backoff_bounds() {
+        let plan = RetryPlan::DEFAULT;
+        for seed in [0u64, 1, 42, u64::MAX] {
+            for attempt in 1..plan.max_attempts {
+                let d = plan.next_delay(attempt, 0, seed).expect("within budget");
+                let ceiling = (plan.base_ms << (attempt - 1).min(20)).min(plan.cap_ms);
+                assert!(d >= ceiling / 2 && d <= ceiling, "attempt {attempt}: {d} not in [{}, {ceiling}]", ceiling / 2);
+            }
+        }
+    }
+
+    #[test]
+    fn the_smallest_schedule_outlasts_a_two_second_lock() {
+        let plan = RetryPlan::DEFAULT;
+        // The minimum delays a run can draw, summed until they pass 2 s.
+        let (mut elapsed, mut attempt) = (0u64, 1u32);
+        while elapsed <= 2_000 {
+            let ceiling = (plan.base_ms << (attempt - 1).min(20)).min(plan.cap_ms);
+            elapsed += ceiling / 2;
+            attempt += 1;
+        }
+        assert!(attempt < plan.max_attempts, "needs {attempt} attempts");
+        assert!(elapsed < plan.patience_ms);
+    }
+
+    #[test]
+    fn patience_is_counted_in_time_and_in_attempts() {
+        let plan = RetryPlan::DEFAULT;
+        assert_eq!(plan.next_delay(1, plan.patience_ms, 7), None);
+        assert_eq!(plan.next_delay(plan.max_attempts, 0, 7), None);
+        assert_eq!(plan.next_delay(3, plan.patience_ms - 3, 7), Some(3));
+    }
+
+    #[test]
+    fn jitter_depends_on_seed_only_deterministically() {
+        let plan = RetryPlan::DEFAULT;
+        assert_eq!(plan.next_delay(6, 0, 99), plan.next_delay(6, 0, 99));
+        let distinct: std::collections::BTreeSet<_> =
+            (0..64).filter_map(|s| plan.next_delay(6, 0, s)).collect();
+        assert!(distinct.len() > 10, "jitter barely varies: {distinct:?}");
+    }
+}
