@@ -25,7 +25,10 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?);
-    let root = manifest_dir.parent().ok_or("host crate has no parent directory")?.to_path_buf();
+    let root = manifest_dir
+        .parent()
+        .ok_or("host crate has no parent directory")?
+        .to_path_buf();
     for watched in ["policy/src", "policy/Cargo.toml", "wit", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
@@ -37,7 +40,17 @@ fn run() -> Result<(), String> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&root)
-        .args(["build", "--quiet", "--locked", "-p", "turnsafe-policy", "--lib", "--release", "--target", TARGET])
+        .args([
+            "build",
+            "--quiet",
+            "--locked",
+            "-p",
+            "turnsafe-policy",
+            "--lib",
+            "--release",
+            "--target",
+            TARGET,
+        ])
         .arg("--target-dir")
         .arg(&target_dir)
         // The outer build's wrappers and flags are for the host target.
@@ -57,15 +70,21 @@ fn run() -> Result<(), String> {
         .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
         .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
         .env("CARGO_PROFILE_RELEASE_INCREMENTAL", "false");
-    let status = cmd.status().map_err(|e| format!("could not run cargo: {e}"))?;
+    let status = cmd
+        .status()
+        .map_err(|e| format!("could not run cargo: {e}"))?;
     if !status.success() {
         return Err(format!(
             "`cargo build -p turnsafe-policy --target {TARGET}` failed ({status}). \
              Is the target installed? Run `rustup target add {TARGET}`."
         ));
     }
-    let core_path = target_dir.join(TARGET).join("release").join("turnsafe_policy.wasm");
-    let core = std::fs::read(&core_path).map_err(|e| format!("reading {}: {e}", core_path.display()))?;
+    let core_path = target_dir
+        .join(TARGET)
+        .join("release")
+        .join("turnsafe_policy.wasm");
+    let core =
+        std::fs::read(&core_path).map_err(|e| format!("reading {}: {e}", core_path.display()))?;
 
     let raw = encode(&core)?;
     let stripped_core = strip_custom_sections(&core)?;
@@ -73,7 +92,10 @@ fn run() -> Result<(), String> {
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     write(&out_dir.join("turnsafe_policy.component.wasm"), &component)?;
-    println!("cargo:rustc-env=TURNSAFE_COMPONENT_UNSTRIPPED_LEN={}", raw.len());
+    println!(
+        "cargo:rustc-env=TURNSAFE_COMPONENT_UNSTRIPPED_LEN={}",
+        raw.len()
+    );
     Ok(())
 }
 
@@ -97,7 +119,10 @@ fn strip_custom_sections(module: &[u8]) -> Result<Vec<u8>, String> {
             }
         }
         if let Some((id, range)) = payload.as_section() {
-            out.section(&wasm_encoder::RawSection { id, data: &module[range.start as usize..range.end as usize] });
+            out.section(&wasm_encoder::RawSection {
+                id,
+                data: &module[range.start as usize..range.end as usize],
+            });
         }
     }
     Ok(out.finish())

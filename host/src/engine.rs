@@ -8,7 +8,8 @@ use wasmtime::{Config, Engine, Store};
 
 /// The policy component this binary carries, built by `build.rs` from the
 /// workspace's `policy/` and `wit/` at compile time.
-pub static COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/turnsafe_policy.component.wasm"));
+pub static COMPONENT: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/turnsafe_policy.component.wasm"));
 
 /// Size of the component before debug and name sections were stripped.
 pub const COMPONENT_UNSTRIPPED_LEN: &str = env!("TURNSAFE_COMPONENT_UNSTRIPPED_LEN");
@@ -82,7 +83,12 @@ impl WasmEngine {
         let engine = Engine::new(&config).map_err(EngineError::Load)?;
         let component = Component::new(&engine, bytes).map_err(EngineError::Load)?;
         let linker = Linker::new(&engine);
-        let mut this = WasmEngine { engine, component, linker, live: None };
+        let mut this = WasmEngine {
+            engine,
+            component,
+            linker,
+            live: None,
+        };
         this.instance()?;
         Ok(this)
     }

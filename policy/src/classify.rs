@@ -17,18 +17,30 @@ use crate::model::{Basis, Cause, Classification, Evidence, Observation, Operatio
 /// Classify one observation. Total: every input gets a cause.
 pub fn classify(obs: &Observation) -> Classification {
     if let Some(cause) = from_evidence(obs) {
-        return Classification { cause, basis: Basis::Evidence };
+        return Classification {
+            cause,
+            basis: Basis::Evidence,
+        };
     }
     if let Some(c) = fts_scoped_corruption(obs) {
         return c;
     }
     if let Some(cause) = from_codes(obs) {
-        return Classification { cause, basis: Basis::Code };
+        return Classification {
+            cause,
+            basis: Basis::Code,
+        };
     }
     if let Some(cause) = from_message(obs) {
-        return Classification { cause, basis: Basis::Message };
+        return Classification {
+            cause,
+            basis: Basis::Message,
+        };
     }
-    Classification { cause: Cause::Unknown, basis: Basis::None }
+    Classification {
+        cause: Cause::Unknown,
+        basis: Basis::None,
+    }
 }
 
 /// Storage-identity evidence outranks fencing: a retired generation must be
@@ -64,7 +76,10 @@ fn codes(obs: &Observation) -> (Option<i64>, Option<i64>) {
 fn fts_scoped_corruption(obs: &Observation) -> Option<Classification> {
     let (primary, ext) = codes(obs);
     if ext == Some(CORRUPT_VTAB) {
-        return Some(Classification { cause: Cause::FtsIndex, basis: Basis::Code });
+        return Some(Classification {
+            cause: Cause::FtsIndex,
+            basis: Basis::Code,
+        });
     }
     if !obs.has(Evidence::FtsScope) {
         return None;
@@ -87,7 +102,9 @@ fn from_codes(obs: &Observation) -> Option<Cause> {
             CONSTRAINT_FOREIGNKEY if obs.operation == Operation::AppendBatch => {
                 return Some(Cause::SessionRowMissing);
             }
-            CONSTRAINT_UNIQUE | CONSTRAINT_PRIMARYKEY if obs.operation == Operation::AppendBatch => {
+            CONSTRAINT_UNIQUE | CONSTRAINT_PRIMARYKEY
+                if obs.operation == Operation::AppendBatch =>
+            {
                 return Some(Cause::UidConflict);
             }
             _ => {}
@@ -105,7 +122,9 @@ fn from_codes(obs: &Observation) -> Option<Cause> {
         CANTOPEN => {
             // Generic CANTOPEN is `disk` whatever errno says; only a lock
             // named in the text makes it retryable.
-            if ext.is_none_or(|e| e == CANTOPEN) && lower(&obs.message).contains("database is locked") {
+            if ext.is_none_or(|e| e == CANTOPEN)
+                && lower(&obs.message).contains("database is locked")
+            {
                 Cause::Locked
             } else {
                 Cause::Disk
@@ -136,7 +155,12 @@ fn from_message(obs: &Observation) -> Option<Cause> {
         return None;
     }
     let any = |ps: &[&str]| ps.iter().any(|p| m.contains(p));
-    if any(&["database is locked", "database table is locked", "database schema is locked", "locking protocol"]) {
+    if any(&[
+        "database is locked",
+        "database table is locked",
+        "database schema is locked",
+        "locking protocol",
+    ]) {
         return Some(Cause::Locked);
     }
     if m.contains("fts5") && phrase_is_corrupt(&m) {
@@ -145,7 +169,12 @@ fn from_message(obs: &Observation) -> Option<Cause> {
     if phrase_is_corrupt(&m) {
         return Some(Cause::Corrupt);
     }
-    if any(&["database or disk is full", "disk is full", "no space left on device", "disk quota exceeded"]) {
+    if any(&[
+        "database or disk is full",
+        "disk is full",
+        "no space left on device",
+        "disk quota exceeded",
+    ]) {
         return Some(Cause::DiskFull);
     }
     if obs.operation == Operation::AppendBatch {

@@ -9,8 +9,8 @@ wit_bindgen::generate!({
 });
 
 use exports::turnsafe::policy::engine::{
-    Action, Basis, Cause, Classification, CopyContext, Decision, Evidence, Guest, Observation, Operation,
-    Outcome, UserCopy,
+    Action, Basis, Cause, Classification, CopyContext, Decision, Evidence, Guest, Observation,
+    Operation, Outcome, UserCopy,
 };
 
 struct Component;
@@ -150,9 +150,10 @@ impl Guest for Component {
         let ctx = m::CopyContext {
             session: context.session,
             receipt_path: context.receipt_path,
-            divert_failure: context
-                .divert_failure
-                .map(|f| m::DivertFailure { operation: f.operation, errno: f.errno }),
+            divert_failure: context.divert_failure.map(|f| m::DivertFailure {
+                operation: f.operation,
+                errno: f.errno,
+            }),
             errno: context.errno,
         };
         crate::explain(cause_in(cause), outcome_in(outcome), &ctx)

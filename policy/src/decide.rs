@@ -1,7 +1,9 @@
 //! The action table: classification -> what the host does next.
 
 use crate::classify::classify;
-use crate::model::{ActionKind, Cause, Classification, CopyContext, Decision, Observation, Operation, Outcome};
+use crate::model::{
+    ActionKind, Cause, Classification, CopyContext, Decision, Observation, Operation, Outcome,
+};
 use crate::retry::RetryPlan;
 
 /// Decide with the default retry plan.
@@ -36,10 +38,12 @@ fn action_for(obs: &Observation, c: Classification, plan: &RetryPlan) -> (Action
     // the same kind means the remedy did not help.
     let first = obs.attempt <= 1;
     match c.cause {
-        Cause::Locked | Cause::Compression => match plan.next_delay(obs.attempt, obs.elapsed_ms, obs.seed) {
-            Some(d) => (ActionKind::Retry, Some(d)),
-            None => (fallback, None),
-        },
+        Cause::Locked | Cause::Compression => {
+            match plan.next_delay(obs.attempt, obs.elapsed_ms, obs.seed) {
+                Some(d) => (ActionKind::Retry, Some(d)),
+                None => (fallback, None),
+            }
+        }
         Cause::FtsIndex if first => (ActionKind::DegradeFts, None),
         Cause::CompressionClosed if first => (ActionKind::AdoptContinuation, None),
         Cause::SessionRowMissing if first => (ActionKind::RecreateSession, None),
@@ -88,9 +92,10 @@ pub fn possible_actions(cause: Cause) -> &'static [ActionKind] {
 /// The outcomes an action can end in.
 pub fn outcomes_of(action: ActionKind) -> &'static [Outcome] {
     match action {
-        ActionKind::Retry | ActionKind::DegradeFts | ActionKind::AdoptContinuation | ActionKind::RecreateSession => {
-            &[Outcome::Persisted]
-        }
+        ActionKind::Retry
+        | ActionKind::DegradeFts
+        | ActionKind::AdoptContinuation
+        | ActionKind::RecreateSession => &[Outcome::Persisted],
         ActionKind::Divert => &[Outcome::Diverted, Outcome::DivertFailed],
         ActionKind::FailClosed => &[Outcome::HandedBack],
     }
@@ -113,14 +118,21 @@ pub fn producible_pairs() -> Vec<(Cause, Outcome)> {
 }
 
 /// The outcome a decision ends in given what the host reports of its
-/// effects, or `None` when it cannot be known yet (a divert not yet tried).
-/// Remedies (retry and the one-shot fixes) are described by the copy shown
-/// once they succeed.
-pub fn outcome_for(action: ActionKind, ctx: &CopyContext) -> Option<Outcome> {
+/// effects, or `None` when there is no user outcome: a divert not yet
+/// tried, or a replay (whose lines simply stay pending). Remedies (retry
+/// and the one-shot fixes) are described by the copy shown once they
+/// succeed. A failed `divert` operation is a `divert_failed` outcome.
+pub fn outcome_for(operation: Operation, action: ActionKind, ctx: &CopyContext) -> Option<Outcome> {
+    match operation {
+        Operation::Replay => return None,
+        Operation::Divert => return Some(Outcome::DivertFailed),
+        Operation::Open | Operation::AppendBatch | Operation::Checkpoint => {}
+    }
     match action {
-        ActionKind::Retry | ActionKind::DegradeFts | ActionKind::AdoptContinuation | ActionKind::RecreateSession => {
-            Some(Outcome::Persisted)
-        }
+        ActionKind::Retry
+        | ActionKind::DegradeFts
+        | ActionKind::AdoptContinuation
+        | ActionKind::RecreateSession => Some(Outcome::Persisted),
         ActionKind::Divert => {
             if ctx.divert_failure.is_some() {
                 Some(Outcome::DivertFailed)

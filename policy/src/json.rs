@@ -23,7 +23,10 @@ pub fn observation_from_value(v: &Value) -> Result<Observation, String> {
     let operation = match obj.get("operation") {
         None | Some(Value::Null) => Operation::AppendBatch,
         Some(Value::String(s)) => Operation::from_label(s).ok_or_else(|| {
-            format!("unknown operation `{}`: expected open, append_batch, checkpoint, divert or replay", clip(s))
+            format!(
+                "unknown operation `{}`: expected open, append_batch, checkpoint, divert or replay",
+                clip(s)
+            )
         })?,
         Some(_) => return Err("field `operation` must be a string".into()),
     };
@@ -101,7 +104,10 @@ pub fn decision_to_value(d: &Decision) -> Value {
     }
     m.insert("sticky".into(), d.sticky.into());
     m.insert("capture".into(), d.capture.into());
-    m.insert("error".into(), d.classification.cause.failure_label().into());
+    m.insert(
+        "error".into(),
+        d.classification.cause.failure_label().into(),
+    );
     Value::Object(m)
 }
 
@@ -142,7 +148,9 @@ pub fn classify_json(observation: &str) -> String {
 /// `divert_failed` / `divert_error` as `true`, a string such as
 /// `"open: EMFILE"`, or `{operation, errno}`.
 pub fn context_from_value(v: Option<&Value>) -> Result<CopyContext, String> {
-    let Some(v) = v else { return Ok(CopyContext::default()) };
+    let Some(v) = v else {
+        return Ok(CopyContext::default());
+    };
     if v.is_null() {
         return Ok(CopyContext::default());
     }
@@ -157,10 +165,17 @@ pub fn context_from_value(v: Option<&Value>) -> Result<CopyContext, String> {
     let failure_value = obj.get("divert_failed").or_else(|| obj.get("divert_error"));
     let divert_failure = match failure_value {
         None | Some(Value::Null) | Some(Value::Bool(false)) => None,
-        Some(Value::Bool(true)) => Some(DivertFailure { operation: "write".into(), errno: None }),
+        Some(Value::Bool(true)) => Some(DivertFailure {
+            operation: "write".into(),
+            errno: None,
+        }),
         Some(Value::String(s)) => Some(parse_divert_failure(s)),
         Some(Value::Object(f)) => Some(DivertFailure {
-            operation: f.get("operation").and_then(Value::as_str).unwrap_or("write").to_string(),
+            operation: f
+                .get("operation")
+                .and_then(Value::as_str)
+                .unwrap_or("write")
+                .to_string(),
             errno: int_field(f, "errno")?,
         }),
         Some(_) => return Err("field `divert_failed` must be true, a string or an object".into()),
@@ -190,7 +205,9 @@ pub fn explain_json(request: &str) -> String {
             .and_then(Outcome::from_label)
             .ok_or("field `outcome` must be persisted, diverted, divert_failed or handed_back")?;
         let ctx = context_from_value(Some(&v))?;
-        explain(cause, outcome, &ctx).map(|c| copy_to_value(&c)).map_err(|e| e.to_string())
+        explain(cause, outcome, &ctx)
+            .map(|c| copy_to_value(&c))
+            .map_err(|e| e.to_string())
     };
     run().unwrap_or_else(error_value).to_string()
 }
@@ -210,16 +227,23 @@ pub fn evaluate_json(request: &str) -> String {
             ctx.errno = obs.errno;
         }
         let d = decide(&obs);
-        let outcome = match ctx_value.and_then(|c| c.get("outcome")).and_then(Value::as_str) {
-            Some(label) => Some(Outcome::from_label(label).ok_or("unknown `context.outcome`")?),
-            None => outcome_for(d.action, &ctx),
+        let cause = d.classification.cause;
+        let copy = match ctx_value
+            .and_then(|c| c.get("outcome"))
+            .and_then(Value::as_str)
+        {
+            Some(label) => {
+                let o = Outcome::from_label(label).ok_or("unknown `context.outcome`")?;
+                Some(explain(cause, o, &ctx).map_err(|e| e.to_string())?)
+            }
+            // A derived outcome the table cannot pair with this cause (a
+            // fenced write that reached the divert step) has no user copy.
+            None => outcome_for(obs.operation, d.action, &ctx)
+                .and_then(|o| explain(cause, o, &ctx).ok()),
         };
         let mut out = decision_to_value(&d);
-        let (outcome_v, copy_v) = match outcome {
-            Some(o) => {
-                let copy = explain(d.classification.cause, o, &ctx).map_err(|e| e.to_string())?;
-                (Value::from(o.label()), copy_to_value(&copy))
-            }
+        let (outcome_v, copy_v) = match copy {
+            Some(c) => (Value::from(c.outcome.label()), copy_to_value(&c)),
             None => (Value::Null, Value::Null),
         };
         if let Value::Object(m) = &mut out {

@@ -45,9 +45,14 @@ impl RetryPlan {
             return None;
         }
         let exp = (attempt - 1).min(32);
-        let ceiling = self.base_ms.saturating_mul(1u64 << exp).min(self.cap_ms).max(1);
+        let ceiling = self
+            .base_ms
+            .saturating_mul(1u64 << exp)
+            .min(self.cap_ms)
+            .max(1);
         let half = ceiling / 2;
-        let jitter = mix(seed ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15)) % (ceiling - half + 1);
+        let jitter = mix(seed ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            % (ceiling - half + 1);
         let delay = half + jitter;
         Some(delay.min(self.patience_ms - elapsed_ms).max(1))
     }
@@ -78,7 +83,11 @@ mod tests {
             for attempt in 1..plan.max_attempts {
                 let d = plan.next_delay(attempt, 0, seed).expect("within budget");
                 let ceiling = (plan.base_ms << (attempt - 1).min(20)).min(plan.cap_ms);
-                assert!(d >= ceiling / 2 && d <= ceiling, "attempt {attempt}: {d} not in [{}, {ceiling}]", ceiling / 2);
+                assert!(
+                    d >= ceiling / 2 && d <= ceiling,
+                    "attempt {attempt}: {d} not in [{}, {ceiling}]",
+                    ceiling / 2
+                );
             }
         }
     }

@@ -19,7 +19,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> i32 {
     if args.out.is_none() && !args.list {
-        eprintln!("error: give `--out FILE` to write the component, or `--list` to show its imports and exports");
+        eprintln!(
+            "error: give `--out FILE` to write the component, or `--list` to show its imports and exports"
+        );
         return exit::USAGE;
     }
     if let Some(out) = &args.out {
@@ -37,7 +39,14 @@ pub fn run(args: Args) -> i32 {
                 return exit::FAILURE;
             }
         };
-        println!("imports: {}", if engine.imports().is_empty() { "(none)".to_string() } else { engine.imports().join(", ") });
+        println!(
+            "imports: {}",
+            if engine.imports().is_empty() {
+                "(none)".to_string()
+            } else {
+                engine.imports().join(", ")
+            }
+        );
         println!("exports: {}", engine.exports().join(", "));
     }
     exit::OK

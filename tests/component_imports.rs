@@ -1,0 +1,28 @@
+//! The component the binary carries imports nothing, and exports the
+//! versioned engine interface.
+
+use turnsafe_host::engine::{COMPONENT, WasmEngine};
+
+#[test]
+fn the_component_imports_nothing() {
+    let engine = WasmEngine::new().expect("component loads");
+    assert_eq!(
+        engine.imports(),
+        Vec::<String>::new(),
+        "the policy world must declare no imports"
+    );
+    assert_eq!(
+        engine.exports(),
+        vec![format!(
+            "turnsafe:policy/engine@{}",
+            env!("CARGO_PKG_VERSION")
+        )]
+    );
+}
+
+#[test]
+fn the_component_is_a_component_not_a_core_module() {
+    // Component binaries carry layer 1 in the version field (bytes 6..8).
+    assert_eq!(&COMPONENT[0..4], b"\0asm");
+    assert_eq!(&COMPONENT[6..8], &[0x01, 0x00]);
+}

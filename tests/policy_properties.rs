@@ -1,0 +1,142 @@
+//! Totality: classify, decide and explain answer every input with a label
+//! from the closed sets, and never panic; the JSON entry points answer any
+//! string with a JSON object.
+
+use proptest::prelude::*;
+use turnsafe_policy::json::{classify_json, evaluate_json, explain_json};
+use turnsafe_policy::{
+    ActionKind, Cause, CopyContext, DivertFailure, Evidence, Observation, Operation, Outcome,
+    classify, decide, explain, is_producible, possible_actions,
+};
+
+fn any_code() -> impl Strategy<Value = Option<i64>> {
+    prop_oneof![
+        Just(None),
+        (0i64..30).prop_map(Some),
+        prop::sample::select(vec![
+            261i64, 262, 267, 517, 520, 523, 526, 773, 778, 779, 787, 1032, 1034, 1544, 2067, 5130,
+            8458
+        ])
+        .prop_map(Some),
+        any::<i64>().prop_map(Some),
+    ]
+}
+
+fn any_message() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        prop::sample::select(vec![
+            "database is locked",
+            "unable to open database file",
+            "unable to open database file: database is locked",
+            "database disk image is malformed",
+            "database or disk is full",
+            "disk I/O error",
+            "file is not a database",
+            "attempt to write a readonly database",
+            "fts5: corruption found",
+            "FOREIGN KEY constraint failed",
+        ])
+        .prop_map(String::from),
+        ".{0,80}",
+    ]
+}
+
+prop_compose! {
+    fn any_observation()(
+        operation in prop::sample::select(Operation::ALL.to_vec()),
+        code in any_code(),
+        extended_code in any_code(),
+        message in any_message(),
+        errno in prop_oneof![Just(None), (0i64..130).prop_map(Some), any::<i64>().prop_map(Some)],
+        evidence in prop::collection::vec(prop::sample::select(Evidence::ALL.to_vec()), 0..4),
+        attempt in prop_oneof![0u32..40, any::<u32>()],
+        elapsed_ms in prop_oneof![0u64..10_000, any::<u64>()],
+        seed in any::<u64>(),
+    ) -> Observation {
+        Observation { operation, code, extended_code, message, errno, evidence, attempt, elapsed_ms, seed }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    #[test]
+    fn decide_is_total_and_consistent(obs in any_observation()) {
+        let c = classify(&obs);
+        let d = decide(&obs);
+        prop_assert_eq!(c, d.classification);
+        prop_assert!(Cause::ALL.contains(&c.cause));
+        prop_assert_eq!(d.delay_ms.is_some(), d.action == ActionKind::Retry);
+        if let Some(delay) = d.delay_ms {
+            prop_assert!((1..=500).contains(&delay));
+        }
+        // deleted_wal comes from evidence only; replaced from evidence or DBMOVED.
+        if c.cause == Cause::DeletedWal {
+            prop_assert!(obs.has(Evidence::DeletedWalGeneration));
+        }
+        if c.cause == Cause::Replaced {
+            prop_assert!(obs.has(Evidence::DbReplaced) || obs.extended_code == Some(1032)
+                || (obs.extended_code.is_none() && obs.code == Some(1032)));
+        }
+        if matches!(obs.operation, Operation::Open | Operation::AppendBatch) {
+            prop_assert!(possible_actions(c.cause).contains(&d.action),
+                "{:?} -> {:?} not in the table", c.cause, d.action);
+        }
+        if obs.operation == Operation::Divert {
+            prop_assert_eq!(d.action, ActionKind::FailClosed);
+        }
+    }
+
+    #[test]
+    fn explain_is_total(
+        cause in prop::sample::select(Cause::ALL.to_vec()),
+        outcome in prop::sample::select(Outcome::ALL.to_vec()),
+        session in proptest::option::of(".{0,20}"),
+        receipt in proptest::option::of(".{0,40}"),
+        op in ".{0,12}",
+        errno in proptest::option::of(any::<i64>()),
+    ) {
+        let ctx = CopyContext {
+            session,
+            receipt_path: receipt.clone(),
+            divert_failure: Some(DivertFailure { operation: op, errno }),
+            errno,
+        };
+        match explain(cause, outcome, &ctx) {
+            Ok(copy) => {
+                prop_assert!(is_producible(cause, outcome));
+                prop_assert_eq!(copy.code, format!("{}.{}", cause.label(), outcome.label()));
+                prop_assert!(!copy.title.is_empty() && !copy.body.is_empty());
+            }
+            Err(_) => prop_assert!(!is_producible(cause, outcome) || (outcome == Outcome::Diverted && receipt.is_none())),
+        }
+    }
+
+    #[test]
+    fn json_entry_points_answer_any_string(s in ".{0,200}") {
+        for out in [classify_json(&s), explain_json(&s), evaluate_json(&s)] {
+            let v: serde_json::Value = serde_json::from_str(&out).expect("always JSON");
+            prop_assert!(v.is_object());
+        }
+    }
+
+    #[test]
+    fn classify_json_answers_any_object(
+        code in proptest::option::of(any::<i64>()),
+        big in any::<u64>(),
+        f in any::<f64>(),
+        op in ".{0,12}",
+    ) {
+        let inputs = [
+            serde_json::json!({"code": code, "extended_code": big, "errno": f, "operation": op}),
+            serde_json::json!({"code": big, "attempt": -5, "elapsed_ms": -1, "seed": -9, "evidence": [1, "db_replaced", null]}),
+            serde_json::json!({"code": "14", "message": 5}),
+        ];
+        for input in inputs {
+            let out: serde_json::Value = serde_json::from_str(&classify_json(&input.to_string())).expect("JSON");
+            let ok = out.get("cause").and_then(|c| c.as_str()).is_some_and(|c| Cause::from_label(c).is_some());
+            prop_assert!(ok || out.get("error").is_some(), "{}", out);
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The shared vectors (`tests/vectors/*.json`), run natively and through
+//! the embedded WASM component. Both must meet `expected`, and both must
+//! answer with the same bytes.
+
+use serde_json::{Value, json};
+use turnsafe_host::engine::{NativeEngine, PolicyEngine, WasmEngine};
+
+fn load_vectors() -> Vec<(String, Value)> {
+    let dir = turnsafe_tests::root().join("tests/vectors");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("tests/vectors exists")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("readable vector file");
+        let items: Vec<Value> =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        for v in items {
+            let name = v["name"].as_str().expect("vector has a name").to_string();
+            out.push((name, v));
+        }
+    }
+    out
+}
+
+#[test]
+fn there_are_enough_vectors_and_names_are_unique() {
+    let vectors = load_vectors();
+    assert!(vectors.len() >= 60, "only {} vectors", vectors.len());
+    let mut names: Vec<&str> = vectors.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(before, names.len(), "duplicate vector names");
+    let induced = vectors
+        .iter()
+        .filter(|(_, v)| v.get("induced").is_some())
+        .count();
+    assert!(
+        induced >= 5,
+        "only {induced} vectors come from real SQLite failures"
+    );
+}
+
+#[test]
+fn every_vector_agrees_natively_and_in_wasm() {
+    let mut native = NativeEngine;
+    let mut wasm = WasmEngine::new().expect("component loads");
+    let mut failures = Vec::new();
+    for (name, v) in load_vectors() {
+        let request =
+            json!({ "observation": v["observation"], "context": v["context"] }).to_string();
+        let n = native.evaluate_json(&request).expect("native never fails");
+        let w = wasm
+            .evaluate_json(&request)
+            .expect("component does not trap");
+        if n != w {
+            failures.push(format!(
+                "{name}: native and wasm differ\n  native: {n}\n  wasm:   {w}"
+            ));
+            continue;
+        }
+        // The classify entry point must agree too, byte for byte.
+        let obs = v["observation"].to_string();
+        let (nc, wc) = (
+            native.classify_json(&obs).unwrap(),
+            wasm.classify_json(&obs).unwrap(),
+        );
+        if nc != wc {
+            failures.push(format!(
+                "{name}: classify differs\n  native: {nc}\n  wasm:   {wc}"
+            ));
+        }
+        let out: Value = serde_json::from_str(&n).expect("evaluate answers JSON");
+        let exp = &v["expected"];
+        let got = json!({
+            "cause": out["cause"],
+            "basis": out["basis"],
+            "action": out["action"],
+            "copy_code": out["copy"].get("code").cloned().unwrap_or(Value::Null),
+        });
+        if &got != exp {
+            failures.push(format!("{name}: expected {exp}, got {got} (full: {n})"));
+        }
+        if out["action"] == "retry" && !out["delay_ms"].is_u64() {
+            failures.push(format!("{name}: retry without delay_ms"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} vector failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
