@@ -8,3 +8,9 @@
 pub mod cli;
 pub mod engine;
 pub mod exit;
+pub mod divert;
+pub mod failpoint;
+pub mod message;
+pub mod observe;
+pub mod outcome;
+pub mod store;

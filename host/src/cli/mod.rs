@@ -4,9 +4,11 @@
 //! input line; every other `--json` output is JSON Lines in a
 //! `{"type": ..., "data": ...}` envelope.
 
+mod append;
 mod classify;
 mod component;
 mod explain;
+mod show;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +31,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    Append(append::Args),
+    Show(show::Args),
     Classify(classify::Args),
     Explain(explain::Args),
     Component(component::Args),
@@ -47,11 +51,27 @@ pub fn main() -> i32 {
             };
         }
     };
+    init_logging();
     match cli.command {
+        Command::Append(a) => append::run(a),
+        Command::Show(a) => show::run(a),
         Command::Classify(a) => classify::run(a),
         Command::Explain(a) => explain::run(a),
         Command::Component(a) => component::run(a),
     }
+}
+
+/// Logs go to stderr, filtered by `TURNSAFE_LOG` (default `warn`). They
+/// carry ids, counts and codes, never message content.
+fn init_logging() {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSAFE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 /// Print one JSON line to stdout, ignoring a closed pipe (the reader left).

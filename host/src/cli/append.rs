@@ -1,0 +1,98 @@
+//! `turnsafe append`: the streaming session writer.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::exit;
+use crate::message::Message;
+use crate::store::{SessionId, SessionStore, StoreOptions, Synchronous};
+
+/// Append batches read from stdin to a session, one batch per line.
+///
+/// Each line is a JSON array of messages (`role`, `content`, optional
+/// `uid`; other fields are kept). After each batch one bare JSON object is
+/// printed: `persisted`, `cause`, `action`, `attempts`, `committed`,
+/// `diverted`, `handed_back` (these three sum to the batch size),
+/// `receipt`, `divert_error`, `copy`, `error`, `uids`, `minted_uids`. A line
+/// that is not a batch gets `{"error": ..., "line": N}`. Exit status: 0
+/// when every batch persisted, 3 otherwise.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The turnsafe home: `state.db` and `sessions/` live here (created 0700 if missing).
+    #[arg(long)]
+    home: PathBuf,
+    /// The session id (letters, digits, `-`, `_`, `.`, `:`; at most 128 bytes).
+    #[arg(long)]
+    session: String,
+    /// This writer's name in the turn lease.
+    #[arg(long)]
+    holder: Option<String>,
+    /// Turn lease time-to-live in seconds.
+    #[arg(long, default_value_t = 30)]
+    lease_ttl: u64,
+    /// `PRAGMA synchronous` for the store.
+    #[arg(long, value_enum, default_value = "full")]
+    synchronous: Synchronous,
+}
+
+pub fn run(args: Args) -> i32 {
+    let session = match SessionId::new(&args.session) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: invalid --session: {e}");
+            return exit::USAGE;
+        }
+    };
+    let mut opts = StoreOptions { lease_ttl: Duration::from_secs(args.lease_ttl), synchronous: args.synchronous, ..StoreOptions::default() };
+    if let Some(h) = args.holder {
+        opts.holder = h;
+    }
+    // A home that cannot be created still gets every batch answered: the
+    // open fails, the policy decides, and the outcome says what happened.
+    let mut store = match SessionStore::create(&args.home, opts.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "could not create the home directory");
+            SessionStore::new(&args.home, opts)
+        }
+    };
+    let stdin = std::io::stdin();
+    let mut reader = stdin.lock();
+    let mut buf = Vec::new();
+    let (mut line_no, mut all_persisted) = (0u64, true);
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("turnsafe append: reading stdin: {e}");
+                all_persisted = false;
+                break;
+            }
+        }
+        line_no += 1;
+        let text = String::from_utf8_lossy(&buf);
+        let text = text.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let answer = match Message::batch_from_json(text) {
+            Ok(batch) => {
+                let outcome = store.append_batch(&session, &batch);
+                all_persisted &= outcome.persisted;
+                outcome.to_value()
+            }
+            Err(e) => {
+                all_persisted = false;
+                serde_json::json!({ "error": e.to_string(), "line": line_no })
+            }
+        };
+        if !super::emit(&answer.to_string()) {
+            break;
+        }
+    }
+    store.release_lease(&session);
+    if all_persisted { exit::OK } else { exit::NOT_PERSISTED }
+}

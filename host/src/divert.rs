@@ -1,0 +1,201 @@
+//! The durable divert: a batch that could not be committed is appended to
+//! `<home>/sessions/<session>.jsonl`, one self-describing line per message
+//! (format in `docs/DIVERT.md`). The receipt exists only after the file,
+//! and for a new file its directory, were fsynced.
+
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use turnsafe_policy::Cause;
+
+use crate::message::Message;
+
+/// Version of the divert line format.
+pub const FORMAT_VERSION: u64 = 1;
+/// Longest accepted session id, in bytes.
+pub const MAX_SESSION_ID: usize = 128;
+
+/// Proof that a batch is durably on disk: written, then fsynced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Receipt {
+    /// Absolute path of the divert file.
+    pub path: String,
+    /// Byte offset of the first line of this batch.
+    pub offset: u64,
+    /// Bytes written for this batch (its lines, newlines included).
+    pub length: u64,
+    /// Lines (messages) written.
+    pub count: u64,
+    /// Hex sha256 of the bytes in `[offset, offset + length)`.
+    pub sha256: String,
+}
+
+/// A divert that did not happen. `path` is for logs only; user copy gets
+/// the operation and errno.
+#[derive(Debug, thiserror::Error)]
+#[error("divert {operation} failed: {message}")]
+pub struct DivertError {
+    pub operation: &'static str,
+    pub errno: Option<i64>,
+    pub message: String,
+    pub path: Option<PathBuf>,
+}
+
+impl DivertError {
+    fn io(operation: &'static str, path: &Path, e: &io::Error) -> DivertError {
+        DivertError {
+            operation,
+            errno: e.raw_os_error().map(i64::from),
+            message: e.kind().to_string(),
+            path: Some(path.to_path_buf()),
+        }
+    }
+
+    /// The outcome's `divert_error` object: no path.
+    pub fn to_value(&self) -> Value {
+        json!({
+            "operation": self.operation,
+            "errno": self.errno,
+            "error": self.errno.map(turnsafe_policy::errno::human).unwrap_or_else(|| self.message.clone()),
+        })
+    }
+
+    pub fn to_failure(&self) -> turnsafe_policy::DivertFailure {
+        turnsafe_policy::DivertFailure { operation: self.operation.to_string(), errno: self.errno }
+    }
+}
+
+/// A session id is safe as a file name: 1 to 128 bytes of ASCII letters,
+/// digits, `-`, `_`, `.` and `:`, not starting with `.`.
+pub fn validate_session_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_SESSION_ID {
+        return Err(format!("session id must be 1 to {MAX_SESSION_ID} bytes"));
+    }
+    if id.starts_with('.') || id.contains("..") {
+        return Err("session id must not start with `.` or contain `..`".into());
+    }
+    if !id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':')) {
+        return Err("session id may hold only ASCII letters, digits, `-`, `_`, `.` and `:`".into());
+    }
+    Ok(())
+}
+
+/// One diverted message, fully described.
+pub struct DivertLine<'a> {
+    pub uid: &'a str,
+    /// The message's place in the transcript, when the handle knows it.
+    pub seq: Option<i64>,
+    pub message: &'a Message,
+}
+
+/// Append `lines` for `session` under `dir`, fsync, and return the receipt.
+pub fn divert(
+    dir: &Path,
+    session: &str,
+    batch_id: &str,
+    cause: Cause,
+    lines: &[DivertLine<'_>],
+) -> Result<Receipt, DivertError> {
+    validate_session_id(session).map_err(|m| DivertError {
+        operation: "validate",
+        errno: Some(i64::from(libc::EINVAL)),
+        message: m,
+        path: None,
+    })?;
+    crate::failpoint::hit("divert.before_mkdir");
+    match DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent).map_err(|e| DivertError::io("fsync_dir", parent, &e))?;
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(DivertError::io("mkdir", dir, &e)),
+    }
+    let path = dir.join(format!("{session}.jsonl"));
+    let (mut file, created) = open_append(&path).map_err(|e| DivertError::io("open", &path, &e))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| DivertError::io("lock", &path, &io::Error::from(e)))?;
+
+    let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let mut buf = Vec::with_capacity(lines.len() * 256);
+    // A torn last line from an earlier crash stays detectable: start ours
+    // on a fresh line.
+    let size = file.metadata().map_err(|e| DivertError::io("stat", &path, &e))?.len();
+    if size > 0 && !ends_with_newline(&file, size) {
+        buf.push(b'\n');
+    }
+    let offset = size + buf.len() as u64;
+    let start = buf.len();
+    for l in lines {
+        let line = json!({
+            "v": FORMAT_VERSION,
+            "session": session,
+            "uid": l.uid,
+            "seq": l.seq,
+            "batch": batch_id,
+            "cause": cause.label(),
+            "at": at,
+            "message": l.message.to_value(l.uid),
+        });
+        serde_json::to_writer(&mut buf, &line).map_err(|e| DivertError {
+            operation: "encode",
+            errno: None,
+            message: e.to_string(),
+            path: None,
+        })?;
+        buf.push(b'\n');
+    }
+    crate::failpoint::hit("divert.before_write");
+    file.write_all(&buf).map_err(|e| DivertError::io("write", &path, &e))?;
+    crate::failpoint::hit("divert.before_fsync");
+    file.sync_all().map_err(|e| DivertError::io("fsync", &path, &e))?;
+    if created {
+        sync_dir(dir).map_err(|e| DivertError::io("fsync_dir", dir, &e))?;
+    }
+    let sha = hex::encode(Sha256::digest(&buf[start..]));
+    let abs = std::path::absolute(&path).unwrap_or(path);
+    Ok(Receipt {
+        path: abs.to_string_lossy().into_owned(),
+        offset,
+        length: (buf.len() - start) as u64,
+        count: lines.len() as u64,
+        sha256: sha,
+    })
+}
+
+fn ends_with_newline(file: &File, size: u64) -> bool {
+    let mut b = [0u8; 1];
+    matches!(rustix::io::pread(file, &mut b, size - 1), Ok(1)) && b[0] == b'\n'
+}
+
+/// Open for append without following a symlink; report whether we created it.
+fn open_append(path: &Path) -> io::Result<(File, bool)> {
+    let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    match OpenOptions::new().append(true).create_new(true).mode(0o600).custom_flags(flags).open(path) {
+        Ok(f) => Ok((f, true)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            OpenOptions::new().append(true).custom_flags(flags).open(path).map(|f| (f, false))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// fsync a directory so a new entry in it survives a crash.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Read back a receipt's byte range and check its checksum and line count.
+pub fn verify_receipt(r: &Receipt) -> io::Result<bool> {
+    let data = std::fs::read(&r.path)?;
+    let (start, end) = (r.offset as usize, (r.offset + r.length) as usize);
+    let Some(range) = data.get(start..end) else { return Ok(false) };
+    let lines = range.iter().filter(|b| **b == b'\n').count() as u64;
+    Ok(hex::encode(Sha256::digest(range)) == r.sha256 && lines == r.count)
+}

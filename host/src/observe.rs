@@ -1,0 +1,45 @@
+//! Turning what the host saw into the policy's observation.
+
+use rusqlite::Connection;
+use turnsafe_policy::{Evidence, Observation, Operation};
+
+/// The codes and message of a rusqlite error, if it came from SQLite.
+pub fn sqlite_parts(err: &rusqlite::Error) -> (Option<i64>, Option<i64>, String) {
+    match err {
+        rusqlite::Error::SqliteFailure(e, msg) => {
+            let ext = i64::from(e.extended_code);
+            let message = msg.clone().unwrap_or_else(|| e.to_string());
+            (Some(ext & 0xff), Some(ext), message)
+        }
+        other => (None, None, other.to_string()),
+    }
+}
+
+/// The OS errno SQLite last saw on this connection (0 means none).
+pub fn system_errno(conn: &Connection) -> Option<i64> {
+    // SAFETY: the handle is valid for the life of `conn`; the call only
+    // reads the connection's saved errno.
+    let e = unsafe { rusqlite::ffi::sqlite3_system_errno(conn.handle()) };
+    (e != 0).then_some(i64::from(e))
+}
+
+/// Build an observation of a failed SQLite call.
+pub fn observation(
+    operation: Operation,
+    err: &rusqlite::Error,
+    errno: Option<i64>,
+    evidence: Vec<Evidence>,
+    attempt: u32,
+    elapsed_ms: u64,
+    seed: u64,
+) -> Observation {
+    let (code, extended_code, message) = sqlite_parts(err);
+    let mut evidence = evidence;
+    let lower = message.to_ascii_lowercase();
+    if lower.contains("fts5") || lower.contains("messages_fts") {
+        evidence.push(Evidence::FtsScope);
+    }
+    evidence.sort();
+    evidence.dedup();
+    Observation { operation, code, extended_code, message, errno, evidence, attempt, elapsed_ms, seed }
+}

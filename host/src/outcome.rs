@@ -1,0 +1,52 @@
+//! What one flush did, as the caller and the `append` command see it.
+
+use serde_json::{Value, json};
+use turnsafe_policy::{ActionKind, Cause, Copy};
+
+use crate::divert::{DivertError, Receipt};
+
+/// The result of `append_batch`. `committed + diverted + handed_back` is
+/// always the batch size.
+#[derive(Debug)]
+pub struct FlushOutcome {
+    pub persisted: bool,
+    /// The cause of the first failure that shaped the outcome; `None` on a first-try commit.
+    pub cause: Option<Cause>,
+    /// The last action the policy asked for; `None` on a first-try commit.
+    pub action: Option<ActionKind>,
+    /// Write attempts made against the database in this flush.
+    pub attempts: u32,
+    pub committed: usize,
+    pub diverted: usize,
+    pub handed_back: usize,
+    pub receipt: Option<Receipt>,
+    pub divert_error: Option<DivertError>,
+    pub copy: Option<Copy>,
+    /// The uid of every message, in batch order.
+    pub uids: Vec<String>,
+    /// The uids turnsafe minted for messages that came without one.
+    pub minted_uids: Vec<String>,
+    /// Why the flush failed: `session_persistence_failed:<cause>`.
+    pub error: Option<String>,
+}
+
+impl FlushOutcome {
+    /// The JSON object `turnsafe append` prints for this batch.
+    pub fn to_value(&self) -> Value {
+        json!({
+            "persisted": self.persisted,
+            "cause": self.cause.map(|c| c.label()),
+            "action": self.action.map(|a| a.label()),
+            "attempts": self.attempts,
+            "committed": self.committed,
+            "diverted": self.diverted,
+            "handed_back": self.handed_back,
+            "receipt": self.receipt,
+            "divert_error": self.divert_error.as_ref().map(DivertError::to_value),
+            "copy": self.copy.as_ref().map(turnsafe_policy::json::copy_to_value),
+            "error": self.error,
+            "uids": self.uids,
+            "minted_uids": self.minted_uids,
+        })
+    }
+}

@@ -1,0 +1,481 @@
+//! The session store: one SQLite handle on `<home>/state.db` (WAL,
+//! `BEGIN IMMEDIATE`, `synchronous=FULL` by default) and the divert folder
+//! `<home>/sessions/`.
+//!
+//! [`SessionStore::append_batch`] is the flush. It runs one transaction per
+//! attempt; on a failure it builds an observation, asks the policy, and
+//! does exactly what the policy says. It never reopens the database, never
+//! replays, and never marks anything persisted unless COMMIT succeeded. A
+//! store that could not be opened tries again at the next batch, never
+//! within one.
+
+mod schema;
+mod write;
+
+use std::collections::HashMap;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OpenFlags};
+use turnsafe_policy::{ActionKind, Cause, CopyContext, Decision, Evidence, Observation, Operation, Outcome};
+
+use crate::divert::{self, DivertLine};
+use crate::message::Message;
+use crate::observe;
+use crate::outcome::FlushOutcome;
+
+pub use schema::VERSION as SCHEMA_VERSION;
+use write::{WriteFailure, WritePlan};
+
+/// `PRAGMA synchronous` for the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Synchronous {
+    Full,
+    Normal,
+}
+
+/// How a store is opened and how it writes.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub synchronous: Synchronous,
+    /// Kept small: the policy's retry plan, not SQLite's busy handler, decides how long to wait.
+    pub busy_timeout: Duration,
+    /// Name of this writer in the turn lease.
+    pub holder: String,
+    pub lease_ttl: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_millis(10),
+            holder: format!("pid-{}", std::process::id()),
+            lease_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Effects counted for the fail-closed tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub open_attempts: u64,
+    pub connections_opened: u64,
+    pub append_attempts: u64,
+    pub diverts: u64,
+}
+
+/// A session id that is safe as a file name (see [`divert::validate_session_id`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionId(String);
+
+impl SessionId {
+    pub fn new(id: &str) -> Result<SessionId, String> {
+        divert::validate_session_id(id).map(|()| SessionId(id.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[derive(Debug, Default)]
+struct SessionState {
+    /// Our lease token, once the first batch took the lease.
+    lease_token: Option<String>,
+    /// The seq the next message gets, when known.
+    next_seq: Option<i64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("could not create {path}: {source}")]
+    Home { path: PathBuf, source: std::io::Error },
+    #[error("SQLite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// One handle on a turnsafe home.
+pub struct SessionStore {
+    home: PathBuf,
+    db_path: PathBuf,
+    divert_dir: PathBuf,
+    opts: StoreOptions,
+    conn: Option<Connection>,
+    sticky: Option<Cause>,
+    counters: Counters,
+    sessions: HashMap<String, SessionState>,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn random_u64() -> u64 {
+    let b = uuid::Uuid::new_v4().into_bytes();
+    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
+/// A fresh random id (uids, lease tokens, batch ids).
+pub fn mint_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+impl SessionStore {
+    /// A handle on `home` (`home/state.db`, diverts in `home/sessions/`).
+    /// The database is opened here; if that fails the handle still exists
+    /// and every batch is answered (see [`SessionStore::append_batch`]).
+    pub fn new(home: &Path, opts: StoreOptions) -> SessionStore {
+        let mut s = SessionStore {
+            home: home.to_path_buf(),
+            db_path: home.join("state.db"),
+            divert_dir: home.join("sessions"),
+            opts,
+            conn: None,
+            sticky: None,
+            counters: Counters::default(),
+            sessions: HashMap::new(),
+        };
+        let _ = s.ensure_open();
+        s
+    }
+
+    /// Create `home` (0700) if missing, then open a handle on it.
+    pub fn create(home: &Path, opts: StoreOptions) -> Result<SessionStore, StoreError> {
+        use std::os::unix::fs::DirBuilderExt;
+        if !home.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(home)
+                .map_err(|source| StoreError::Home { path: home.to_path_buf(), source })?;
+        }
+        Ok(SessionStore::new(home, opts))
+    }
+
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+    pub fn db_path(&self) -> &Path {
+        &self.db_path
+    }
+    pub fn divert_dir(&self) -> &Path {
+        &self.divert_dir
+    }
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+    pub fn is_open(&self) -> bool {
+        self.conn.is_some()
+    }
+    /// The sticky cause, once the handle refuses to touch the database.
+    pub fn sticky(&self) -> Option<Cause> {
+        self.sticky
+    }
+    /// The identity of the SQLite connection (its `sqlite3*`), for the
+    /// tests that prove a flush never reopens.
+    pub fn handle_identity(&self) -> Option<usize> {
+        self.conn.as_ref().map(|c| unsafe { c.handle() } as usize)
+    }
+    /// The live connection, for tests and read-only commands.
+    pub fn connection(&self) -> Option<&Connection> {
+        self.conn.as_ref()
+    }
+
+    fn ensure_open(&mut self) -> Result<(), (rusqlite::Error, Option<i64>)> {
+        if self.conn.is_some() {
+            return Ok(());
+        }
+        self.counters.open_attempts += 1;
+        // Create the file ourselves so it is 0600; SQLite gives its WAL and
+        // shm the main file's mode. If this fails, SQLite's own open below
+        // reports the failure with its own codes.
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&self.db_path);
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = match Connection::open_with_flags(&self.db_path, flags) {
+            Ok(c) => c,
+            Err(e) => {
+                // The connection is gone, so SQLite's saved errno is too;
+                // the OS errno right after the failed open is the best
+                // witness, and the policy lets it shape only the copy.
+                let errno = std::io::Error::last_os_error().raw_os_error().map(i64::from);
+                return Err((e, errno));
+            }
+        };
+        match self.configure(&conn) {
+            Ok(()) => {
+                self.counters.connections_opened += 1;
+                tracing::debug!(db = %self.db_path.display(), "store opened");
+                self.conn = Some(conn);
+                Ok(())
+            }
+            Err(e) => {
+                let errno = observe::system_errno(&conn);
+                Err((e, errno))
+            }
+        }
+    }
+
+    fn configure(&self, conn: &Connection) -> rusqlite::Result<()> {
+        conn.busy_timeout(self.opts.busy_timeout)?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        let generation = (random_u64() as i32).max(1);
+        // Stamps application_id and state_meta before the switch to WAL.
+        schema::migrate(conn, generation)?;
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                Some(format!("could not switch to WAL (journal_mode is {mode})")),
+            ));
+        }
+        let sync = match self.opts.synchronous {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", sync)?;
+        Ok(())
+    }
+
+    /// Flush one turn's batch. Every message ends committed, diverted with
+    /// a receipt, or handed back; the outcome says which.
+    pub fn append_batch(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
+        let started = Instant::now();
+        let seed = random_u64();
+        let mut minted = Vec::new();
+        let uids: Vec<String> = messages
+            .iter()
+            .map(|m| {
+                m.uid.clone().unwrap_or_else(|| {
+                    let u = mint_id();
+                    minted.push(u.clone());
+                    u
+                })
+            })
+            .collect();
+        let mut flush = Flush { session, messages, uids, minted, attempts: 0, seed, started };
+
+        if let Some(cause) = self.sticky {
+            tracing::warn!(session = session.as_str(), cause = cause.label(), count = messages.len(), "sticky handle: diverting without touching the database");
+            return self.divert_batch(&flush, cause, ActionKind::Divert, None);
+        }
+        if let Err((err, errno)) = self.ensure_open() {
+            let obs = observe::observation(Operation::Open, &err, errno, Vec::new(), 1, 0, seed);
+            let d = turnsafe_policy::decide(&obs);
+            tracing::warn!(session = session.as_str(), code = ?obs.extended_code, errno = ?errno, cause = d.classification.cause.label(), "store open failed");
+            // The open is tried again at the next batch, never within one.
+            let action = match d.action {
+                ActionKind::Retry | ActionKind::DegradeFts | ActionKind::RecreateSession | ActionKind::AdoptContinuation => {
+                    ActionKind::Divert
+                }
+                a => a,
+            };
+            return self.settle(&flush, d, action, errno);
+        }
+
+        let mut plan = WritePlan::default();
+        loop {
+            flush.attempts += 1;
+            self.counters.append_attempts += 1;
+            let failure = match self.write(&flush, &plan) {
+                Ok(()) => return self.persisted(&flush, plan.last),
+                Err(f) => f,
+            };
+            let obs = self.observe(&flush, &failure);
+            let d = turnsafe_policy::decide(&obs);
+            tracing::info!(
+                session = session.as_str(),
+                attempt = flush.attempts,
+                code = ?obs.extended_code,
+                errno = ?obs.errno,
+                cause = d.classification.cause.label(),
+                action = d.action.label(),
+                "append attempt failed"
+            );
+            if d.sticky {
+                self.sticky = Some(d.classification.cause);
+            }
+            match d.action {
+                ActionKind::Retry => {
+                    std::thread::sleep(Duration::from_millis(d.delay_ms.unwrap_or(1)));
+                }
+                ActionKind::DegradeFts => plan.degrade_fts = true,
+                ActionKind::RecreateSession => plan.recreate_session = true,
+                // This host keeps no continuation sessions, so it cannot adopt one.
+                ActionKind::AdoptContinuation => return self.settle(&flush, d, ActionKind::Divert, obs.errno),
+                ActionKind::Divert | ActionKind::FailClosed => return self.settle(&flush, d, d.action, obs.errno),
+            }
+            plan.last = Some(d);
+        }
+    }
+
+    fn observe(&self, flush: &Flush<'_>, failure: &WriteFailure) -> Observation {
+        let elapsed = flush.started.elapsed().as_millis() as u64;
+        match failure {
+            WriteFailure::Sqlite { error, errno } => {
+                observe::observation(Operation::AppendBatch, error, *errno, Vec::new(), flush.attempts, elapsed, flush.seed)
+            }
+            WriteFailure::LeaseLost => Observation {
+                evidence: vec![Evidence::TurnLeaseLost],
+                attempt: flush.attempts,
+                elapsed_ms: elapsed,
+                seed: flush.seed,
+                message: "the session's turn lease is held by another writer".into(),
+                ..Observation::new(Operation::AppendBatch)
+            },
+        }
+    }
+
+    /// Carry out a terminal action.
+    fn settle(&mut self, flush: &Flush<'_>, d: Decision, action: ActionKind, errno: Option<i64>) -> FlushOutcome {
+        match action {
+            ActionKind::Divert => self.divert_batch(flush, d.classification.cause, action, errno),
+            _ => {
+                let cause = d.classification.cause;
+                let n = flush.messages.len();
+                let ctx = CopyContext { session: Some(flush.session.as_str().into()), errno, ..CopyContext::default() };
+                FlushOutcome {
+                    persisted: false,
+                    cause: Some(cause),
+                    action: Some(action),
+                    attempts: flush.attempts,
+                    committed: 0,
+                    diverted: 0,
+                    handed_back: n,
+                    receipt: None,
+                    divert_error: None,
+                    copy: turnsafe_policy::explain(cause, Outcome::HandedBack, &ctx).ok(),
+                    uids: flush.uids.clone(),
+                    minted_uids: flush.minted.clone(),
+                    error: Some(cause.failure_label()),
+                }
+            }
+        }
+    }
+
+    fn divert_batch(&mut self, flush: &Flush<'_>, cause: Cause, action: ActionKind, errno: Option<i64>) -> FlushOutcome {
+        let n = flush.messages.len();
+        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
+        let first_seq = state.next_seq;
+        let lines: Vec<DivertLine<'_>> = flush
+            .messages
+            .iter()
+            .zip(&flush.uids)
+            .enumerate()
+            .map(|(i, (m, uid))| DivertLine { uid, seq: first_seq.map(|s| s + i as i64), message: m })
+            .collect();
+        self.counters.diverts += 1;
+        let batch_id = mint_id();
+        let mut ctx = CopyContext { session: Some(flush.session.as_str().into()), errno, ..CopyContext::default() };
+        let mut out = FlushOutcome {
+            persisted: false,
+            cause: Some(cause),
+            action: Some(action),
+            attempts: flush.attempts,
+            committed: 0,
+            diverted: 0,
+            handed_back: 0,
+            receipt: None,
+            divert_error: None,
+            copy: None,
+            uids: flush.uids.clone(),
+            minted_uids: flush.minted.clone(),
+            error: Some(cause.failure_label()),
+        };
+        match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
+            Ok(receipt) => {
+                if let Some(s) = first_seq {
+                    state.next_seq = Some(s + n as i64);
+                }
+                tracing::warn!(session = flush.session.as_str(), batch = %batch_id, count = n, cause = cause.label(), "batch diverted");
+                ctx.receipt_path = Some(receipt.path.clone());
+                out.copy = turnsafe_policy::explain(cause, Outcome::Diverted, &ctx).ok();
+                out.diverted = n;
+                out.receipt = Some(receipt);
+            }
+            Err(e) => {
+                tracing::error!(
+                    session = flush.session.as_str(),
+                    path = ?e.path,
+                    operation = e.operation,
+                    errno = ?e.errno,
+                    count = n,
+                    cause = cause.label(),
+                    "divert failed; batch handed back"
+                );
+                ctx.divert_failure = Some(e.to_failure());
+                out.copy = turnsafe_policy::explain(cause, Outcome::DivertFailed, &ctx).ok();
+                out.handed_back = n;
+                out.divert_error = Some(e);
+            }
+        }
+        out
+    }
+
+    fn persisted(&mut self, flush: &Flush<'_>, last: Option<Decision>) -> FlushOutcome {
+        let cause = last.map(|d| d.classification.cause);
+        let ctx = CopyContext { session: Some(flush.session.as_str().into()), ..CopyContext::default() };
+        FlushOutcome {
+            persisted: true,
+            cause,
+            action: last.map(|d| d.action),
+            attempts: flush.attempts,
+            committed: flush.messages.len(),
+            diverted: 0,
+            handed_back: 0,
+            receipt: None,
+            divert_error: None,
+            copy: cause.and_then(|c| turnsafe_policy::explain(c, Outcome::Persisted, &ctx).ok()),
+            uids: flush.uids.clone(),
+            minted_uids: flush.minted.clone(),
+            error: None,
+        }
+    }
+
+    /// Release this handle's lease on `session` (end of input).
+    pub fn release_lease(&mut self, session: &SessionId) {
+        let token = self.sessions.get(session.as_str()).and_then(|s| s.lease_token.clone());
+        if let (Some(conn), Some(token), None) = (&self.conn, token, self.sticky) {
+            let _ = conn.execute(
+                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
+                 WHERE id = ?1 AND lease_token = ?2",
+                rusqlite::params![session.as_str(), token],
+            );
+        }
+    }
+
+    /// Rebuild a degraded FTS index and switch the index back on.
+    pub fn rebuild_fts(&mut self) -> rusqlite::Result<()> {
+        let Some(conn) = &self.conn else {
+            return Err(rusqlite::Error::InvalidQuery);
+        };
+        conn.execute_batch(
+            "BEGIN IMMEDIATE;
+             INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+             UPDATE state_meta SET value = '1' WHERE key = 'fts_enabled';
+             COMMIT;",
+        )
+        .inspect_err(|_| {
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+        })
+    }
+}
+
+/// One batch in flight.
+struct Flush<'a> {
+    session: &'a SessionId,
+    messages: &'a [Message],
+    uids: Vec<String>,
+    minted: Vec<String>,
+    attempts: u32,
+    seed: u64,
+    started: Instant,
+}

@@ -1,0 +1,188 @@
+//! One attempt at writing a batch: a single `BEGIN IMMEDIATE` transaction.
+//! Nothing is read before the write lock is held, so a stale snapshot
+//! (`SQLITE_BUSY_SNAPSHOT`) cannot arise.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use turnsafe_policy::Decision;
+
+use super::{Flush, SessionState, SessionStore, now_ms};
+use crate::observe;
+
+/// What the next attempt must do besides writing.
+#[derive(Debug, Default)]
+pub(super) struct WritePlan {
+    /// Clear the FTS flag in the same transaction (policy: `degrade_fts`).
+    pub degrade_fts: bool,
+    /// Insert the session row again (policy: `recreate_session`).
+    pub recreate_session: bool,
+    /// The last decision, once an attempt failed.
+    pub last: Option<Decision>,
+}
+
+pub(super) enum WriteFailure {
+    /// The first SQLite error of the attempt, and the errno SQLite saw.
+    Sqlite { error: rusqlite::Error, errno: Option<i64> },
+    /// Another writer holds this session's turn lease.
+    LeaseLost,
+}
+
+enum Stop {
+    Sqlite(rusqlite::Error),
+    LeaseLost,
+}
+
+impl From<rusqlite::Error> for Stop {
+    fn from(e: rusqlite::Error) -> Self {
+        Stop::Sqlite(e)
+    }
+}
+
+impl SessionStore {
+    pub(super) fn write(&mut self, flush: &Flush<'_>, plan: &WritePlan) -> Result<(), WriteFailure> {
+        let Some(conn) = self.conn.as_ref() else {
+            return Err(WriteFailure::Sqlite { error: rusqlite::Error::InvalidQuery, errno: None });
+        };
+        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
+        let ttl_ms = self.opts.lease_ttl.as_millis() as i64;
+        let holder = self.opts.holder.clone();
+
+        let result = (|| -> Result<(String, i64), Stop> {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            if plan.degrade_fts {
+                conn.execute("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'", [])?;
+            }
+            let token = take_lease(conn, flush, state, plan.recreate_session, &holder, ttl_ms)?;
+            let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq)?;
+            let created = now_ms();
+            let mut insert = conn.prepare_cached(
+                "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?;
+            for (m, uid) in flush.messages.iter().zip(&flush.uids) {
+                let (content, is_json) = m.content_text();
+                let extra = m.extra_text();
+                match insert.execute(params![flush.session.as_str(), uid, seq, m.role, content, is_json, extra, created]) {
+                    Ok(_) => seq += 1,
+                    Err(e) if is_unique_violation(&e) => {
+                        // Idempotent resend: an identical stored row counts
+                        // as committed; different content is a conflict.
+                        if !same_row(conn, flush.session.as_str(), uid, &m.role, &content, is_json, &extra)? {
+                            return Err(Stop::Sqlite(e));
+                        }
+                    }
+                    Err(e) => return Err(Stop::Sqlite(e)),
+                }
+            }
+            conn.execute(
+                "UPDATE sessions SET lease_expires_ms = ?3 WHERE id = ?1 AND lease_token = ?2",
+                params![flush.session.as_str(), token, created + ttl_ms],
+            )?;
+            crate::failpoint::hit("flush.before_commit");
+            conn.execute_batch("COMMIT")?;
+            crate::failpoint::hit("flush.after_commit");
+            Ok((token, seq))
+        })();
+
+        match result {
+            Ok((token, seq)) => {
+                state.lease_token = Some(token);
+                state.next_seq = Some(seq);
+                Ok(())
+            }
+            Err(stop) => {
+                // Read the errno before anything else can overwrite it.
+                let errno = observe::system_errno(conn);
+                // FULL and IOERR at COMMIT have already rolled back; roll
+                // back only what is still open, and ignore the follow-up.
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                Err(match stop {
+                    Stop::Sqlite(error) => WriteFailure::Sqlite { error, errno },
+                    Stop::LeaseLost => WriteFailure::LeaseLost,
+                })
+            }
+        }
+    }
+}
+
+/// Take or confirm the session's turn lease; insert the session row at the
+/// first batch (or when the policy said `recreate_session`).
+fn take_lease(
+    conn: &Connection,
+    flush: &Flush<'_>,
+    state: &SessionState,
+    recreate: bool,
+    holder: &str,
+    ttl_ms: i64,
+) -> Result<String, Stop> {
+    let now = now_ms();
+    let row: Option<(Option<String>, Option<i64>)> = conn
+        .query_row(
+            "SELECT lease_token, lease_expires_ms FROM sessions WHERE id = ?1",
+            [flush.session.as_str()],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let ours = state.lease_token.clone();
+    match (row, ours) {
+        (Some((Some(t), _)), Some(mine)) if t == mine => Ok(mine),
+        // We held the lease and someone else took it: fenced, whatever its expiry.
+        (Some(_), Some(_)) => Err(Stop::LeaseLost),
+        (Some((token, expires)), None) => {
+            let live = token.is_some() && expires.is_some_and(|e| e > now);
+            if live {
+                return Err(Stop::LeaseLost);
+            }
+            let mine = super::mint_id();
+            conn.execute(
+                "UPDATE sessions SET lease_token = ?2, lease_holder = ?3, lease_expires_ms = ?4 WHERE id = ?1",
+                params![flush.session.as_str(), mine, holder, now + ttl_ms],
+            )?;
+            Ok(mine)
+        }
+        (None, ours) => {
+            // A session row that vanished after our first batch is left
+            // missing, so the insert fails with a foreign-key error and the
+            // policy decides (`recreate_session`).
+            if ours.is_some() && !recreate {
+                return Ok(ours.unwrap_or_default());
+            }
+            let mine = ours.unwrap_or_else(super::mint_id);
+            conn.execute(
+                "INSERT INTO sessions(id, created_ms, lease_token, lease_holder, lease_expires_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![flush.session.as_str(), now, mine, holder, now + ttl_ms],
+            )?;
+            Ok(mine)
+        }
+    }
+}
+
+fn next_seq(conn: &Connection, session: &str, known: Option<i64>) -> rusqlite::Result<i64> {
+    let stored: i64 =
+        conn.query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1", [session], |r| r.get(0))?;
+    Ok(known.map_or(stored, |k| k.max(stored)))
+}
+
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
+}
+
+fn same_row(
+    conn: &Connection,
+    session: &str,
+    uid: &str,
+    role: &str,
+    content: &str,
+    is_json: bool,
+    extra: &str,
+) -> rusqlite::Result<bool> {
+    let row: Option<(String, String, bool, String)> = conn
+        .query_row(
+            "SELECT role, content, content_json, extra FROM messages WHERE session_id = ?1 AND uid = ?2",
+            [session, uid],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()?;
+    Ok(row.is_some_and(|(r, c, j, x)| r == role && c == content && j == is_json && x == extra))
+}
