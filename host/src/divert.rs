@@ -66,7 +66,10 @@ impl DivertError {
     }
 
     pub fn to_failure(&self) -> turnsafe_policy::DivertFailure {
-        turnsafe_policy::DivertFailure { operation: self.operation.to_string(), errno: self.errno }
+        turnsafe_policy::DivertFailure {
+            operation: self.operation.to_string(),
+            errno: self.errno,
+        }
     }
 }
 
@@ -79,7 +82,10 @@ pub fn validate_session_id(id: &str) -> Result<(), String> {
     if id.starts_with('.') || id.contains("..") {
         return Err("session id must not start with `.` or contain `..`".into());
     }
-    if !id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':')) {
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    {
         return Err("session id may hold only ASCII letters, digits, `-`, `_`, `.` and `:`".into());
     }
     Ok(())
@@ -126,7 +132,10 @@ pub fn divert(
     let mut buf = Vec::with_capacity(lines.len() * 256);
     // A torn last line from an earlier crash stays detectable: start ours
     // on a fresh line.
-    let size = file.metadata().map_err(|e| DivertError::io("stat", &path, &e))?.len();
+    let size = file
+        .metadata()
+        .map_err(|e| DivertError::io("stat", &path, &e))?
+        .len();
     if size > 0 && !ends_with_newline(&file, size) {
         buf.push(b'\n');
     }
@@ -152,9 +161,11 @@ pub fn divert(
         buf.push(b'\n');
     }
     crate::failpoint::hit("divert.before_write");
-    file.write_all(&buf).map_err(|e| DivertError::io("write", &path, &e))?;
+    file.write_all(&buf)
+        .map_err(|e| DivertError::io("write", &path, &e))?;
     crate::failpoint::hit("divert.before_fsync");
-    file.sync_all().map_err(|e| DivertError::io("fsync", &path, &e))?;
+    file.sync_all()
+        .map_err(|e| DivertError::io("fsync", &path, &e))?;
     if created {
         sync_dir(dir).map_err(|e| DivertError::io("fsync_dir", dir, &e))?;
     }
@@ -177,11 +188,21 @@ fn ends_with_newline(file: &File, size: u64) -> bool {
 /// Open for append without following a symlink; report whether we created it.
 fn open_append(path: &Path) -> io::Result<(File, bool)> {
     let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    match OpenOptions::new().append(true).create_new(true).mode(0o600).custom_flags(flags).open(path) {
+    match OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(flags)
+        .open(path)
+    {
         Ok(f) => Ok((f, true)),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            OpenOptions::new().append(true).custom_flags(flags).open(path).map(|f| (f, false))
-        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => OpenOptions::new()
+            .read(true)
+            .append(true)
+            .custom_flags(flags)
+            .open(path)
+            .map(|f| (f, false)),
         Err(e) => Err(e),
     }
 }
@@ -195,7 +216,9 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 pub fn verify_receipt(r: &Receipt) -> io::Result<bool> {
     let data = std::fs::read(&r.path)?;
     let (start, end) = (r.offset as usize, (r.offset + r.length) as usize);
-    let Some(range) = data.get(start..end) else { return Ok(false) };
+    let Some(range) = data.get(start..end) else {
+        return Ok(false);
+    };
     let lines = range.iter().filter(|b| **b == b'\n').count() as u64;
     Ok(hex::encode(Sha256::digest(range)) == r.sha256 && lines == r.count)
 }

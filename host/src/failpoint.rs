@@ -2,8 +2,8 @@
 //! the process kills itself (SIGKILL) the n-th time it reaches `<point>`.
 //! Without the variable this is one relaxed atomic load.
 
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 static STATE: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 off, 2 on
 static HITS: AtomicU32 = AtomicU32::new(0);
@@ -38,6 +38,7 @@ pub fn hit(point: &str) {
         && p == point
         && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *n
     {
-        let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     }
 }

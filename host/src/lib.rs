@@ -6,9 +6,9 @@
 //! component ([`engine::COMPONENT`]) and can run either implementation.
 
 pub mod cli;
+pub mod divert;
 pub mod engine;
 pub mod exit;
-pub mod divert;
 pub mod failpoint;
 pub mod message;
 pub mod observe;

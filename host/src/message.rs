@@ -28,7 +28,12 @@ pub enum MessageError {
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Message {
-        Message { uid: None, role: role.into(), content: Value::String(content.into()), extra: Map::new() }
+        Message {
+            uid: None,
+            role: role.into(),
+            content: Value::String(content.into()),
+            extra: Map::new(),
+        }
     }
 
     pub fn with_uid(mut self, uid: &str) -> Message {
@@ -38,7 +43,11 @@ impl Message {
 
     pub fn from_value(index: usize, v: &Value) -> Result<Message, MessageError> {
         let obj = v.as_object().ok_or(MessageError::NotAnObject { index })?;
-        let role = obj.get("role").and_then(Value::as_str).ok_or(MessageError::Role { index })?.to_string();
+        let role = obj
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or(MessageError::Role { index })?
+            .to_string();
         let content = match obj.get("content") {
             None => return Err(MessageError::Content { index }),
             Some(c) => c.clone(),
@@ -53,14 +62,23 @@ impl Message {
             .filter(|(k, _)| !matches!(k.as_str(), "role" | "content" | "uid"))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        Ok(Message { uid, role, content, extra })
+        Ok(Message {
+            uid,
+            role,
+            content,
+            extra,
+        })
     }
 
     /// Parse one input line: a JSON array of message objects.
     pub fn batch_from_json(line: &str) -> Result<Vec<Message>, MessageError> {
         let v: Value = serde_json::from_str(line).map_err(|_| MessageError::NotAnArray)?;
         let items = v.as_array().ok_or(MessageError::NotAnArray)?;
-        items.iter().enumerate().map(|(i, m)| Message::from_value(i, m)).collect()
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Message::from_value(i, m))
+            .collect()
     }
 
     /// The stored form of the content: text as is, other JSON as its text.

@@ -41,5 +41,15 @@ pub fn observation(
     }
     evidence.sort();
     evidence.dedup();
-    Observation { operation, code, extended_code, message, errno, evidence, attempt, elapsed_ms, seed }
+    Observation {
+        operation,
+        code,
+        extended_code,
+        message,
+        errno,
+        evidence,
+        attempt,
+        elapsed_ms,
+        seed,
+    }
 }

@@ -44,7 +44,11 @@ pub fn run(args: Args) -> i32 {
             return exit::USAGE;
         }
     };
-    let mut opts = StoreOptions { lease_ttl: Duration::from_secs(args.lease_ttl), synchronous: args.synchronous, ..StoreOptions::default() };
+    let mut opts = StoreOptions {
+        lease_ttl: Duration::from_secs(args.lease_ttl),
+        synchronous: args.synchronous,
+        ..StoreOptions::default()
+    };
     if let Some(h) = args.holder {
         opts.holder = h;
     }
@@ -94,5 +98,9 @@ pub fn run(args: Args) -> i32 {
         }
     }
     store.release_lease(&session);
-    if all_persisted { exit::OK } else { exit::NOT_PERSISTED }
+    if all_persisted {
+        exit::OK
+    } else {
+        exit::NOT_PERSISTED
+    }
 }

@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
-use turnsafe_policy::{ActionKind, Cause, CopyContext, Decision, Evidence, Observation, Operation, Outcome};
+use turnsafe_policy::{
+    ActionKind, Cause, CopyContext, Decision, Evidence, Observation, Operation, Outcome,
+};
 
 use crate::divert::{self, DivertLine};
 use crate::message::Message;
@@ -44,6 +46,8 @@ pub struct StoreOptions {
     /// Name of this writer in the turn lease.
     pub holder: String,
     pub lease_ttl: Duration,
+    /// Open with `SQLITE_OPEN_READ_ONLY` (every write then fails with SQLite's own READONLY).
+    pub read_only: bool,
 }
 
 impl Default for StoreOptions {
@@ -53,6 +57,7 @@ impl Default for StoreOptions {
             busy_timeout: Duration::from_millis(10),
             holder: format!("pid-{}", std::process::id()),
             lease_ttl: Duration::from_secs(30),
+            read_only: false,
         }
     }
 }
@@ -90,7 +95,10 @@ struct SessionState {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("could not create {path}: {source}")]
-    Home { path: PathBuf, source: std::io::Error },
+    Home {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("SQLite: {0}")]
     Sqlite(#[from] rusqlite::Error),
 }
@@ -108,7 +116,9 @@ pub struct SessionStore {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn random_u64() -> u64 {
@@ -148,7 +158,10 @@ impl SessionStore {
                 .recursive(true)
                 .mode(0o700)
                 .create(home)
-                .map_err(|source| StoreError::Home { path: home.to_path_buf(), source })?;
+                .map_err(|source| StoreError::Home {
+                    path: home.to_path_buf(),
+                    source,
+                })?;
         }
         Ok(SessionStore::new(home, opts))
     }
@@ -190,21 +203,29 @@ impl SessionStore {
         // Create the file ourselves so it is 0600; SQLite gives its WAL and
         // shm the main file's mode. If this fails, SQLite's own open below
         // reports the failure with its own codes.
-        let _ = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&self.db_path);
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let flags = if self.opts.read_only {
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        } else {
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&self.db_path);
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        };
         let conn = match Connection::open_with_flags(&self.db_path, flags) {
             Ok(c) => c,
             Err(e) => {
                 // The connection is gone, so SQLite's saved errno is too;
                 // the OS errno right after the failed open is the best
                 // witness, and the policy lets it shape only the copy.
-                let errno = std::io::Error::last_os_error().raw_os_error().map(i64::from);
+                let errno = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .map(i64::from);
                 return Err((e, errno));
             }
         };
@@ -259,21 +280,36 @@ impl SessionStore {
                 })
             })
             .collect();
-        let mut flush = Flush { session, messages, uids, minted, attempts: 0, seed, started };
+        let mut flush = Flush {
+            session,
+            messages,
+            uids,
+            minted,
+            attempts: 0,
+            seed,
+            started,
+        };
 
         if let Some(cause) = self.sticky {
-            tracing::warn!(session = session.as_str(), cause = cause.label(), count = messages.len(), "sticky handle: diverting without touching the database");
+            tracing::warn!(
+                session = session.as_str(),
+                cause = cause.label(),
+                count = messages.len(),
+                "sticky handle: diverting without touching the database"
+            );
             return self.divert_batch(&flush, cause, ActionKind::Divert, None);
         }
         if let Err((err, errno)) = self.ensure_open() {
             let obs = observe::observation(Operation::Open, &err, errno, Vec::new(), 1, 0, seed);
             let d = turnsafe_policy::decide(&obs);
             tracing::warn!(session = session.as_str(), code = ?obs.extended_code, errno = ?errno, cause = d.classification.cause.label(), "store open failed");
+            flush.attempts = 1;
             // The open is tried again at the next batch, never within one.
             let action = match d.action {
-                ActionKind::Retry | ActionKind::DegradeFts | ActionKind::RecreateSession | ActionKind::AdoptContinuation => {
-                    ActionKind::Divert
-                }
+                ActionKind::Retry
+                | ActionKind::DegradeFts
+                | ActionKind::RecreateSession
+                | ActionKind::AdoptContinuation => ActionKind::Divert,
                 a => a,
             };
             return self.settle(&flush, d, action, errno);
@@ -308,8 +344,12 @@ impl SessionStore {
                 ActionKind::DegradeFts => plan.degrade_fts = true,
                 ActionKind::RecreateSession => plan.recreate_session = true,
                 // This host keeps no continuation sessions, so it cannot adopt one.
-                ActionKind::AdoptContinuation => return self.settle(&flush, d, ActionKind::Divert, obs.errno),
-                ActionKind::Divert | ActionKind::FailClosed => return self.settle(&flush, d, d.action, obs.errno),
+                ActionKind::AdoptContinuation => {
+                    return self.settle(&flush, d, ActionKind::Divert, obs.errno);
+                }
+                ActionKind::Divert | ActionKind::FailClosed => {
+                    return self.settle(&flush, d, d.action, obs.errno);
+                }
             }
             plan.last = Some(d);
         }
@@ -318,9 +358,15 @@ impl SessionStore {
     fn observe(&self, flush: &Flush<'_>, failure: &WriteFailure) -> Observation {
         let elapsed = flush.started.elapsed().as_millis() as u64;
         match failure {
-            WriteFailure::Sqlite { error, errno } => {
-                observe::observation(Operation::AppendBatch, error, *errno, Vec::new(), flush.attempts, elapsed, flush.seed)
-            }
+            WriteFailure::Sqlite { error, errno } => observe::observation(
+                Operation::AppendBatch,
+                error,
+                *errno,
+                Vec::new(),
+                flush.attempts,
+                elapsed,
+                flush.seed,
+            ),
             WriteFailure::LeaseLost => Observation {
                 evidence: vec![Evidence::TurnLeaseLost],
                 attempt: flush.attempts,
@@ -333,13 +379,23 @@ impl SessionStore {
     }
 
     /// Carry out a terminal action.
-    fn settle(&mut self, flush: &Flush<'_>, d: Decision, action: ActionKind, errno: Option<i64>) -> FlushOutcome {
+    fn settle(
+        &mut self,
+        flush: &Flush<'_>,
+        d: Decision,
+        action: ActionKind,
+        errno: Option<i64>,
+    ) -> FlushOutcome {
         match action {
             ActionKind::Divert => self.divert_batch(flush, d.classification.cause, action, errno),
             _ => {
                 let cause = d.classification.cause;
                 let n = flush.messages.len();
-                let ctx = CopyContext { session: Some(flush.session.as_str().into()), errno, ..CopyContext::default() };
+                let ctx = CopyContext {
+                    session: Some(flush.session.as_str().into()),
+                    errno,
+                    ..CopyContext::default()
+                };
                 FlushOutcome {
                     persisted: false,
                     cause: Some(cause),
@@ -359,20 +415,37 @@ impl SessionStore {
         }
     }
 
-    fn divert_batch(&mut self, flush: &Flush<'_>, cause: Cause, action: ActionKind, errno: Option<i64>) -> FlushOutcome {
+    fn divert_batch(
+        &mut self,
+        flush: &Flush<'_>,
+        cause: Cause,
+        action: ActionKind,
+        errno: Option<i64>,
+    ) -> FlushOutcome {
         let n = flush.messages.len();
-        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
+        let state = self
+            .sessions
+            .entry(flush.session.as_str().to_string())
+            .or_default();
         let first_seq = state.next_seq;
         let lines: Vec<DivertLine<'_>> = flush
             .messages
             .iter()
             .zip(&flush.uids)
             .enumerate()
-            .map(|(i, (m, uid))| DivertLine { uid, seq: first_seq.map(|s| s + i as i64), message: m })
+            .map(|(i, (m, uid))| DivertLine {
+                uid,
+                seq: first_seq.map(|s| s + i as i64),
+                message: m,
+            })
             .collect();
         self.counters.diverts += 1;
         let batch_id = mint_id();
-        let mut ctx = CopyContext { session: Some(flush.session.as_str().into()), errno, ..CopyContext::default() };
+        let mut ctx = CopyContext {
+            session: Some(flush.session.as_str().into()),
+            errno,
+            ..CopyContext::default()
+        };
         let mut out = FlushOutcome {
             persisted: false,
             cause: Some(cause),
@@ -388,7 +461,13 @@ impl SessionStore {
             minted_uids: flush.minted.clone(),
             error: Some(cause.failure_label()),
         };
-        match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
+        match divert::divert(
+            &self.divert_dir,
+            flush.session.as_str(),
+            &batch_id,
+            cause,
+            &lines,
+        ) {
             Ok(receipt) => {
                 if let Some(s) = first_seq {
                     state.next_seq = Some(s + n as i64);
@@ -420,7 +499,10 @@ impl SessionStore {
 
     fn persisted(&mut self, flush: &Flush<'_>, last: Option<Decision>) -> FlushOutcome {
         let cause = last.map(|d| d.classification.cause);
-        let ctx = CopyContext { session: Some(flush.session.as_str().into()), ..CopyContext::default() };
+        let ctx = CopyContext {
+            session: Some(flush.session.as_str().into()),
+            ..CopyContext::default()
+        };
         FlushOutcome {
             persisted: true,
             cause,
@@ -440,13 +522,32 @@ impl SessionStore {
 
     /// Release this handle's lease on `session` (end of input).
     pub fn release_lease(&mut self, session: &SessionId) {
-        let token = self.sessions.get(session.as_str()).and_then(|s| s.lease_token.clone());
+        let token = self
+            .sessions
+            .get(session.as_str())
+            .and_then(|s| s.lease_token.clone());
         if let (Some(conn), Some(token), None) = (&self.conn, token, self.sticky) {
+            if let Some(s) = self.sessions.get_mut(session.as_str()) {
+                s.lease_token = None;
+            }
             let _ = conn.execute(
                 "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
                  WHERE id = ?1 AND lease_token = ?2",
                 rusqlite::params![session.as_str(), token],
             );
+        }
+    }
+
+    /// Release every lease this handle holds.
+    pub fn release_all_leases(&mut self) {
+        let held: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.lease_token.is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for id in held {
+            self.release_lease(&SessionId(id));
         }
     }
 
@@ -466,6 +567,14 @@ impl SessionStore {
                 let _ = conn.execute_batch("ROLLBACK");
             }
         })
+    }
+}
+
+impl Drop for SessionStore {
+    /// End of input: give the turn back so the next writer need not wait
+    /// for the lease to expire.
+    fn drop(&mut self) {
+        self.release_all_leases();
     }
 }
 

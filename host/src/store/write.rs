@@ -21,7 +21,10 @@ pub(super) struct WritePlan {
 
 pub(super) enum WriteFailure {
     /// The first SQLite error of the attempt, and the errno SQLite saw.
-    Sqlite { error: rusqlite::Error, errno: Option<i64> },
+    Sqlite {
+        error: rusqlite::Error,
+        errno: Option<i64>,
+    },
     /// Another writer holds this session's turn lease.
     LeaseLost,
 }
@@ -38,21 +41,36 @@ impl From<rusqlite::Error> for Stop {
 }
 
 impl SessionStore {
-    pub(super) fn write(&mut self, flush: &Flush<'_>, plan: &WritePlan) -> Result<(), WriteFailure> {
+    pub(super) fn write(
+        &mut self,
+        flush: &Flush<'_>,
+        plan: &WritePlan,
+    ) -> Result<(), WriteFailure> {
         let Some(conn) = self.conn.as_ref() else {
-            return Err(WriteFailure::Sqlite { error: rusqlite::Error::InvalidQuery, errno: None });
+            return Err(WriteFailure::Sqlite {
+                error: rusqlite::Error::InvalidQuery,
+                errno: None,
+            });
         };
-        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
+        let state = self
+            .sessions
+            .entry(flush.session.as_str().to_string())
+            .or_default();
         let ttl_ms = self.opts.lease_ttl.as_millis() as i64;
         let holder = self.opts.holder.clone();
 
+        let mut first_seq = None;
         let result = (|| -> Result<(String, i64), Stop> {
             conn.execute_batch("BEGIN IMMEDIATE")?;
+            let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq)?;
+            first_seq = Some(seq);
             if plan.degrade_fts {
-                conn.execute("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'", [])?;
+                conn.execute(
+                    "UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'",
+                    [],
+                )?;
             }
             let token = take_lease(conn, flush, state, plan.recreate_session, &holder, ttl_ms)?;
-            let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq)?;
             let created = now_ms();
             let mut insert = conn.prepare_cached(
                 "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
@@ -61,12 +79,29 @@ impl SessionStore {
             for (m, uid) in flush.messages.iter().zip(&flush.uids) {
                 let (content, is_json) = m.content_text();
                 let extra = m.extra_text();
-                match insert.execute(params![flush.session.as_str(), uid, seq, m.role, content, is_json, extra, created]) {
+                match insert.execute(params![
+                    flush.session.as_str(),
+                    uid,
+                    seq,
+                    m.role,
+                    content,
+                    is_json,
+                    extra,
+                    created
+                ]) {
                     Ok(_) => seq += 1,
                     Err(e) if is_unique_violation(&e) => {
                         // Idempotent resend: an identical stored row counts
                         // as committed; different content is a conflict.
-                        if !same_row(conn, flush.session.as_str(), uid, &m.role, &content, is_json, &extra)? {
+                        if !same_row(
+                            conn,
+                            flush.session.as_str(),
+                            uid,
+                            &m.role,
+                            &content,
+                            is_json,
+                            &extra,
+                        )? {
                             return Err(Stop::Sqlite(e));
                         }
                     }
@@ -92,6 +127,11 @@ impl SessionStore {
             Err(stop) => {
                 // Read the errno before anything else can overwrite it.
                 let errno = observe::system_errno(conn);
+                // The transcript position read under the lock still tells a
+                // divert where these messages belong.
+                if state.next_seq.is_none() {
+                    state.next_seq = first_seq;
+                }
                 // FULL and IOERR at COMMIT have already rolled back; roll
                 // back only what is still open, and ignore the follow-up.
                 if !conn.is_autocommit() {
@@ -159,8 +199,11 @@ fn take_lease(
 }
 
 fn next_seq(conn: &Connection, session: &str, known: Option<i64>) -> rusqlite::Result<i64> {
-    let stored: i64 =
-        conn.query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1", [session], |r| r.get(0))?;
+    let stored: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1",
+        [session],
+        |r| r.get(0),
+    )?;
     Ok(known.map_or(stored, |k| k.max(stored)))
 }
 
