@@ -146,3 +146,19 @@ pub fn corrupt_table_page(home: &Home, table: &str) {
         )
         .unwrap();
 }
+
+/// Hold the write lock (`BEGIN IMMEDIATE`) from another connection for
+/// `hold`, on a thread. Returns once the lock is held.
+pub fn hold_write_lock(home: &Home, hold: std::time::Duration) -> std::thread::JoinHandle<()> {
+    let db = home.db();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let c = Connection::open(db).unwrap();
+        c.execute_batch("BEGIN IMMEDIATE").unwrap();
+        tx.send(()).unwrap();
+        std::thread::sleep(hold);
+        c.execute_batch("COMMIT").unwrap();
+    });
+    rx.recv().expect("lock taken");
+    t
+}

@@ -1,0 +1,104 @@
+//! Time per policy decision (classify + decide + copy), native and through
+//! the embedded component with one instance reused, plus component sizes.
+//!
+//! Run: `cargo bench -p turnsafe-host --bench policy`.
+
+use std::io::Write;
+use std::time::Instant;
+
+use turnsafe_host::engine::{COMPONENT, COMPONENT_UNSTRIPPED_LEN, PolicyEngine, WasmEngine, wit};
+use turnsafe_policy::{CopyContext, Observation, Operation, Outcome, decide, explain};
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let n = 200_000u32;
+    let mut obs = Observation::new(Operation::AppendBatch);
+    obs.code = Some(14);
+    obs.errno = Some(24);
+    obs.message = "unable to open database file".into();
+    let ctx = CopyContext {
+        receipt_path: Some("/h/sessions/s1.jsonl".into()),
+        ..CopyContext::default()
+    };
+
+    let t = Instant::now();
+    let mut sink = 0usize;
+    for i in 0..n {
+        obs.seed = u64::from(i);
+        let d = decide(&obs);
+        let c = explain(d.classification.cause, Outcome::Diverted, &ctx).unwrap();
+        sink += c.body.len();
+    }
+    let native = t.elapsed().as_secs_f64() / f64::from(n);
+
+    let mut engine = WasmEngine::new().unwrap();
+    let wobs = wit::Observation {
+        operation: wit::Operation::AppendBatch,
+        code: Some(14),
+        extended_code: None,
+        message: "unable to open database file".into(),
+        errno: Some(24),
+        evidence: vec![],
+        attempt: 1,
+        elapsed_ms: 0,
+        seed: 0,
+    };
+    let wctx = wit::CopyContext {
+        session: None,
+        receipt_path: Some("/h/sessions/s1.jsonl".into()),
+        divert_failure: None,
+        errno: None,
+    };
+    let m = 20_000u32;
+    let t = Instant::now();
+    for _ in 0..m {
+        let d = engine.call(|g, s| g.call_decide(&mut *s, &wobs)).unwrap();
+        let c = engine
+            .call(|g, s| {
+                g.call_explain(
+                    &mut *s,
+                    d.classification.cause,
+                    wit::Outcome::Diverted,
+                    &wctx,
+                )
+            })
+            .unwrap()
+            .unwrap();
+        sink += c.body.len();
+    }
+    let wasm = t.elapsed().as_secs_f64() / f64::from(m);
+
+    let line =
+        r#"{"operation":"open","code":14,"errno":24,"message":"unable to open database file"}"#;
+    let t = Instant::now();
+    for _ in 0..m {
+        sink += engine.classify_json(line).unwrap().len();
+    }
+    let wasm_json = t.elapsed().as_secs_f64() / f64::from(m);
+
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(COMPONENT).unwrap();
+    let gz = gz.finish().unwrap().len();
+
+    println!("policy decision (classify + decide + copy)");
+    println!("  native           {:>8.3} us/decision", native * 1e6);
+    println!(
+        "  wasmtime typed   {:>8.3} us/decision  ({:.1}x native)",
+        wasm * 1e6,
+        wasm / native
+    );
+    println!(
+        "  wasmtime json    {:>8.3} us/classify-json",
+        wasm_json * 1e6
+    );
+    println!(
+        "component (wasm32-unknown-unknown + wit-component, imports: {:?})",
+        engine.imports()
+    );
+    println!("  raw (unstripped) {COMPONENT_UNSTRIPPED_LEN} B");
+    println!("  stripped         {} B (embedded)", COMPONENT.len());
+    println!("  gzip -9          {gz} B");
+    std::hint::black_box(sink);
+}

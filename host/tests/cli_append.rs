@@ -1,0 +1,193 @@
+//! The `turnsafe append` and `turnsafe show` streaming contracts.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+fn bin() -> std::path::PathBuf {
+    assert_cmd::cargo::cargo_bin("turnsafe")
+}
+
+struct Live {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Live {
+    fn start(home: &std::path::Path, session: &str) -> Live {
+        let mut child = Command::new(bin())
+            .args(["append", "--home"])
+            .arg(home)
+            .args(["--session", session])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Live {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+    fn send(&mut self, line: &str) -> Value {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut out = String::new();
+        self.stdout.read_line(&mut out).unwrap();
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    }
+    fn finish(self) -> i32 {
+        drop(self.stdin);
+        let mut child = self.child;
+        child.wait().unwrap().code().unwrap()
+    }
+}
+
+fn check_sums(v: &Value, n: u64) {
+    let sum = v["committed"].as_u64().unwrap()
+        + v["diverted"].as_u64().unwrap()
+        + v["handed_back"].as_u64().unwrap();
+    assert_eq!(sum, n, "{v}");
+    if v["persisted"] == false {
+        assert_eq!(
+            v["error"],
+            format!(
+                "session_persistence_failed:{}",
+                v["cause"].as_str().unwrap()
+            )
+        );
+    }
+}
+
+#[test]
+fn first_try_commits_print_nulls_and_exit_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("new-home");
+    let out = assert_cmd::Command::new(bin())
+        .args(["append", "--home"])
+        .arg(&home)
+        .args(["--session", "s1"])
+        .write_stdin("[{\"role\":\"user\",\"content\":\"hi\",\"uid\":\"u1\"},{\"role\":\"assistant\",\"content\":\"yo\"}]\n\n[{\"role\":\"user\",\"content\":\"more\",\"lang\":\"en\"}]\n")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for key in [
+        "persisted",
+        "cause",
+        "action",
+        "attempts",
+        "committed",
+        "diverted",
+        "handed_back",
+        "receipt",
+        "copy",
+        "error",
+        "uids",
+        "minted_uids",
+    ] {
+        assert!(lines[0].get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(lines[0]["persisted"], true);
+    assert!(
+        lines[0]["cause"].is_null() && lines[0]["action"].is_null() && lines[0]["copy"].is_null()
+    );
+    assert!(lines[0]["receipt"].is_null());
+    assert_eq!(lines[0]["attempts"], 1);
+    assert_eq!(lines[0]["minted_uids"].as_array().unwrap().len(), 1);
+    assert_eq!(lines[0]["uids"][0], "u1");
+    check_sums(&lines[0], 2);
+    check_sums(&lines[1], 1);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&home).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+
+    let show = assert_cmd::Command::new(bin())
+        .args(["show", "--home"])
+        .arg(&home)
+        .args(["--session", "s1", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(show.status.code(), Some(0));
+    let msgs: Vec<Value> = String::from_utf8(show.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(msgs.len(), 3);
+    assert!(msgs.iter().all(|m| m["type"] == "message"));
+    assert_eq!(msgs[0]["data"]["uid"], "u1");
+    assert_eq!(msgs[0]["data"]["content"], "hi");
+    assert_eq!(msgs[2]["data"]["lang"], "en", "other fields are kept");
+}
+
+#[test]
+fn a_line_that_is_not_a_batch_is_answered_and_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = assert_cmd::Command::new(bin())
+        .args(["append", "--home"])
+        .arg(dir.path())
+        .args(["--session", "s1"])
+        .write_stdin("{\"role\":\"user\"}\n[{\"role\":\"user\",\"content\":\"ok\"}]\n[{\"content\":\"no role\"}]\n")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0]["line"], 1);
+    assert!(lines[0]["error"].is_string());
+    assert_eq!(lines[1]["persisted"], true);
+    assert_eq!(lines[2]["line"], 3);
+}
+
+#[test]
+fn an_unopenable_store_answers_every_batch_and_reopens_at_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    std::fs::create_dir(home.join("state.db")).unwrap();
+    let mut live = Live::start(home, "s1");
+    let first = live.send("[{\"role\":\"user\",\"content\":\"one\",\"uid\":\"m1\"},{\"role\":\"user\",\"content\":\"two\",\"uid\":\"m2\"}]");
+    assert_eq!(first["persisted"], false);
+    assert_eq!(first["cause"], "disk");
+    assert_eq!(first["action"], "divert");
+    assert_eq!(first["diverted"], 2);
+    check_sums(&first, 2);
+    let path = first["receipt"]["path"].as_str().unwrap().to_string();
+    assert!(first["copy"]["body"].as_str().unwrap().contains(&path));
+    // Fix the store between batches: the next batch opens it and commits.
+    std::fs::remove_dir(home.join("state.db")).unwrap();
+    let second = live.send("[{\"role\":\"user\",\"content\":\"three\",\"uid\":\"m3\"}]");
+    assert_eq!(second["persisted"], true, "{second}");
+    assert_eq!(live.finish(), 3, "one batch was not persisted");
+}
+
+#[test]
+fn an_invalid_session_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = assert_cmd::Command::new(bin())
+        .args(["append", "--home"])
+        .arg(dir.path())
+        .args(["--session", "../escape"])
+        .write_stdin("[]\n")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(!dir.path().join("state.db").exists());
+}
