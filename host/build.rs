@@ -70,21 +70,15 @@ fn run() -> Result<(), String> {
         .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
         .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
         .env("CARGO_PROFILE_RELEASE_INCREMENTAL", "false");
-    let status = cmd
-        .status()
-        .map_err(|e| format!("could not run cargo: {e}"))?;
+    let status = cmd.status().map_err(|e| format!("could not run cargo: {e}"))?;
     if !status.success() {
         return Err(format!(
             "`cargo build -p turnsafe-policy --target {TARGET}` failed ({status}). \
              Is the target installed? Run `rustup target add {TARGET}`."
         ));
     }
-    let core_path = target_dir
-        .join(TARGET)
-        .join("release")
-        .join("turnsafe_policy.wasm");
-    let core =
-        std::fs::read(&core_path).map_err(|e| format!("reading {}: {e}", core_path.display()))?;
+    let core_path = target_dir.join(TARGET).join("release").join("turnsafe_policy.wasm");
+    let core = std::fs::read(&core_path).map_err(|e| format!("reading {}: {e}", core_path.display()))?;
 
     let raw = encode(&core)?;
     let stripped_core = strip_custom_sections(&core)?;
@@ -92,10 +86,7 @@ fn run() -> Result<(), String> {
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     write(&out_dir.join("turnsafe_policy.component.wasm"), &component)?;
-    println!(
-        "cargo:rustc-env=TURNSAFE_COMPONENT_UNSTRIPPED_LEN={}",
-        raw.len()
-    );
+    println!("cargo:rustc-env=TURNSAFE_COMPONENT_UNSTRIPPED_LEN={}", raw.len());
     Ok(())
 }
 

@@ -13,10 +13,7 @@ fn the_component_imports_nothing() {
     );
     assert_eq!(
         engine.exports(),
-        vec![format!(
-            "turnsafe:policy/engine@{}",
-            env!("CARGO_PKG_VERSION")
-        )]
+        vec![format!("turnsafe:policy/engine@{}", env!("CARGO_PKG_VERSION"))]
     );
 }
 

@@ -2,9 +2,7 @@
 //! each the JSON copy object. A changed word is a reviewed snapshot change.
 
 use turnsafe_policy::json::copy_to_value;
-use turnsafe_policy::{
-    Cause, CopyContext, DivertFailure, Outcome, explain, is_producible, producible_pairs,
-};
+use turnsafe_policy::{Cause, CopyContext, DivertFailure, Outcome, explain, is_producible, producible_pairs};
 
 const RECEIPT: &str = "/home/agent/.turnsafe/sessions/s-7f3a.jsonl";
 
@@ -26,8 +24,7 @@ fn one_snapshot_per_producible_pair() {
     assert!(pairs.len() >= 25, "only {} pairs", pairs.len());
     turnsafe_tests::snapshot_settings().bind(|| {
         for (cause, outcome) in pairs {
-            let copy =
-                explain(cause, outcome, &context_for(outcome)).expect("producible pair explains");
+            let copy = explain(cause, outcome, &context_for(outcome)).expect("producible pair explains");
             insta::assert_json_snapshot!(
                 format!("copy__{}__{}", cause.label(), outcome.label()),
                 copy_to_value(&copy)
@@ -57,8 +54,7 @@ fn only_a_receipt_earns_a_copy_was_kept() {
             };
             let copy = copy_to_value(&explain(cause, outcome, &ctx).expect("explains")).to_string();
             let kept = copy.to_lowercase().contains("a copy was kept");
-            let names_file =
-                copy.contains(RECEIPT) || copy.contains(".jsonl") || copy.contains("sessions/");
+            let names_file = copy.contains(RECEIPT) || copy.contains(".jsonl") || copy.contains("sessions/");
             if outcome == Outcome::Diverted {
                 assert!(
                     kept && copy.contains(RECEIPT),
@@ -66,10 +62,7 @@ fn only_a_receipt_earns_a_copy_was_kept() {
                 );
             } else {
                 assert!(!kept, "{cause:?}/{outcome:?} claims a copy: {copy}");
-                assert!(
-                    !names_file,
-                    "{cause:?}/{outcome:?} names a divert file: {copy}"
-                );
+                assert!(!names_file, "{cause:?}/{outcome:?} names a divert file: {copy}");
             }
         }
     }
@@ -97,12 +90,8 @@ fn a_divert_failure_is_told_by_operation_and_errno_only() {
         divert_failure: Some(failure),
         ..CopyContext::default()
     };
-    let copy =
-        copy_to_value(&explain(Cause::Disk, Outcome::DivertFailed, &ctx).unwrap()).to_string();
-    assert!(
-        copy.contains("open: too many open files (EMFILE)"),
-        "{copy}"
-    );
+    let copy = copy_to_value(&explain(Cause::Disk, Outcome::DivertFailed, &ctx).unwrap()).to_string();
+    assert!(copy.contains("open: too many open files (EMFILE)"), "{copy}");
     assert!(!copy.contains("/home/agent"), "{copy}");
     // An operation word that could carry a path is not repeated.
     let ctx = CopyContext {
@@ -112,8 +101,7 @@ fn a_divert_failure_is_told_by_operation_and_errno_only() {
         }),
         ..CopyContext::default()
     };
-    let copy =
-        copy_to_value(&explain(Cause::Disk, Outcome::DivertFailed, &ctx).unwrap()).to_string();
+    let copy = copy_to_value(&explain(Cause::Disk, Outcome::DivertFailed, &ctx).unwrap()).to_string();
     assert!(!copy.contains("/etc/passwd"), "{copy}");
 }
 

@@ -5,8 +5,8 @@
 use proptest::prelude::*;
 use turnsafe_policy::json::{classify_json, evaluate_json, explain_json};
 use turnsafe_policy::{
-    ActionKind, Cause, CopyContext, DivertFailure, Evidence, Observation, Operation, Outcome,
-    classify, decide, explain, is_producible, possible_actions,
+    ActionKind, Cause, CopyContext, DivertFailure, Evidence, Observation, Operation, Outcome, classify, decide,
+    explain, is_producible, possible_actions,
 };
 
 fn any_code() -> impl Strategy<Value = Option<i64>> {
@@ -14,8 +14,7 @@ fn any_code() -> impl Strategy<Value = Option<i64>> {
         Just(None),
         (0i64..30).prop_map(Some),
         prop::sample::select(vec![
-            261i64, 262, 267, 517, 520, 523, 526, 773, 778, 779, 787, 1032, 1034, 1544, 2067, 5130,
-            8458
+            261i64, 262, 267, 517, 520, 523, 526, 773, 778, 779, 787, 1032, 1034, 1544, 2067, 5130, 8458
         ])
         .prop_map(Some),
         any::<i64>().prop_map(Some),

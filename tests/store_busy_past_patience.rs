@@ -17,22 +17,13 @@ fn a_lock_held_past_patience_is_diverted() {
     assert_eq!(out.cause, Some(Cause::Locked));
     assert_eq!(out.action, Some(ActionKind::Divert));
     assert_eq!((out.committed, out.diverted, out.handed_back), (0, 4, 0));
-    assert_eq!(
-        out.error.as_deref(),
-        Some("session_persistence_failed:locked")
-    );
+    assert_eq!(out.error.as_deref(), Some("session_persistence_failed:locked"));
     let lines = receipt_lines(out.receipt.as_ref().expect("receipt"));
     assert_eq!(
-        lines
-            .iter()
-            .map(|l| l["uid"].as_str().unwrap())
-            .collect::<Vec<_>>(),
+        lines.iter().map(|l| l["uid"].as_str().unwrap()).collect::<Vec<_>>(),
         ["b-0", "b-1", "b-2", "b-3"]
     );
-    assert_eq!(
-        out.copy.as_ref().map(|c| c.code.as_str()),
-        Some("locked.diverted")
-    );
+    assert_eq!(out.copy.as_ref().map(|c| c.code.as_str()), Some("locked.diverted"));
     holder.join().unwrap();
     // Not sticky: the next batch writes normally.
     assert!(store.sticky().is_none());

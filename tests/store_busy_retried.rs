@@ -22,16 +22,10 @@ fn a_two_second_lock_ends_persisted() {
     assert_eq!(out.action, Some(ActionKind::Retry));
     assert!(out.attempts > 2, "retried: {}", out.attempts);
     assert_eq!(out.committed, 10);
-    assert_eq!(
-        out.copy.as_ref().map(|c| c.code.as_str()),
-        Some("locked.persisted")
-    );
+    assert_eq!(out.copy.as_ref().map(|c| c.code.as_str()), Some("locked.persisted"));
     assert_eq!(home.rows("s1").len(), 12);
     let c = store.counters();
-    assert_eq!(
-        (c.connections_opened, c.open_attempts, c.diverts),
-        (1, 1, 0)
-    );
+    assert_eq!((c.connections_opened, c.open_attempts, c.diverts), (1, 1, 0));
     assert_eq!(c.append_attempts, 1 + u64::from(out.attempts));
     assert_eq!(store.handle_identity(), id);
 }

@@ -21,25 +21,15 @@ fn a_blocked_divert_is_reported_as_a_failed_divert() {
     assert_eq!((out.committed, out.diverted, out.handed_back), (0, 0, 3));
     assert!(out.receipt.is_none());
     let err = out.divert_error.as_ref().expect("divert error");
-    assert_eq!(
-        (err.operation, err.errno),
-        ("open", Some(libc::ENOTDIR as i64))
-    );
+    assert_eq!((err.operation, err.errno), ("open", Some(libc::ENOTDIR as i64)));
     let copy = out.copy.as_ref().expect("copy");
     assert_eq!(copy.code, "disk.divert_failed");
     let all = serde_json::to_string(&out.to_value()["copy"]).unwrap();
     assert!(!all.to_lowercase().contains("a copy was kept"), "{all}");
-    assert!(
-        !all.contains("sessions") && !all.contains(".jsonl"),
-        "{all}"
-    );
+    assert!(!all.contains("sessions") && !all.contains(".jsonl"), "{all}");
     assert!(all.contains("open: not a directory (ENOTDIR)"), "{all}");
     // The outcome's own divert_error carries no path either.
-    assert!(
-        !out.to_value()["divert_error"]
-            .to_string()
-            .contains(".jsonl")
-    );
+    assert!(!out.to_value()["divert_error"].to_string().contains(".jsonl"));
     assert_eq!(store.counters().connections_opened, 1);
 }
 
@@ -52,14 +42,8 @@ fn a_missing_home_fails_open_and_divert_and_claims_nothing() {
     let out = store.append_batch(&sid("s1"), &batch("x", 2));
     assert_eq!(out.cause, Some(Cause::Disk));
     assert_eq!(out.handed_back, 2);
-    assert_eq!(
-        out.divert_error.as_ref().map(|e| e.operation),
-        Some("mkdir")
-    );
-    assert_eq!(
-        out.copy.as_ref().map(|c| c.code.as_str()),
-        Some("disk.divert_failed")
-    );
+    assert_eq!(out.divert_error.as_ref().map(|e| e.operation), Some("mkdir"));
+    assert_eq!(out.copy.as_ref().map(|c| c.code.as_str()), Some("disk.divert_failed"));
     // The open was tried once at creation and once more at this batch, never within it.
     assert_eq!(store.counters().open_attempts, 2);
     let out = store.append_batch(&sid("s1"), &batch("y", 1));

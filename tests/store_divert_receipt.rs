@@ -42,10 +42,7 @@ fn a_diverted_batch_is_on_disk_exactly_as_the_receipt_says() {
     assert!(std::path::Path::new(&r.path).is_absolute());
     assert_eq!((r.offset, r.count), (0, 4));
     let lines = receipt_lines(&r);
-    let seqs: Vec<i64> = lines
-        .iter()
-        .map(|l| l["seq"].as_i64().expect("seq known"))
-        .collect();
+    let seqs: Vec<i64> = lines.iter().map(|l| l["seq"].as_i64().expect("seq known")).collect();
     assert_eq!(
         seqs,
         [2, 3, 4, 5],
@@ -53,12 +50,7 @@ fn a_diverted_batch_is_on_disk_exactly_as_the_receipt_says() {
     );
     for (i, l) in lines.iter().enumerate() {
         let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(
-            keys,
-            [
-                "at", "batch", "cause", "message", "seq", "session", "uid", "v"
-            ]
-        );
+        assert_eq!(keys, ["at", "batch", "cause", "message", "seq", "session", "uid", "v"]);
         assert_eq!(l["v"], 1);
         assert_eq!(l["session"], "s1");
         assert_eq!(l["uid"], format!("ro-{i}"));
@@ -72,20 +64,14 @@ fn a_diverted_batch_is_on_disk_exactly_as_the_receipt_says() {
     );
     let copy = out.copy.expect("copy");
     assert_eq!(copy.code, "disk.diverted");
-    assert!(
-        copy.body
-            .contains(&format!("A copy was kept at {}.", r.path))
-    );
+    assert!(copy.body.contains(&format!("A copy was kept at {}.", r.path)));
 
     // A second batch appends after the first: offset moves, file grows.
     let out2 = store.append_batch(&sid("s1"), &batch("ro2", 2));
     let r2 = out2.receipt.expect("receipt");
     assert_eq!(r2.offset, r.length);
     receipt_lines(&r2);
-    assert_eq!(
-        std::fs::metadata(&r.path).unwrap().len(),
-        r.length + r2.length
-    );
+    assert_eq!(std::fs::metadata(&r.path).unwrap().len(), r.length + r2.length);
 
     // Modes: file 0600, folder 0700.
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
@@ -102,11 +88,7 @@ fn a_diverted_batch_is_on_disk_exactly_as_the_receipt_says() {
 fn a_torn_last_line_stays_detectable() {
     let home = Home::new();
     std::fs::create_dir(home.path().join("sessions")).unwrap();
-    std::fs::write(
-        home.divert_file("s1"),
-        b"{\"v\":1,\"session\":\"s1\",\"uid\":\"x",
-    )
-    .unwrap();
+    std::fs::write(home.divert_file("s1"), b"{\"v\":1,\"session\":\"s1\",\"uid\":\"x").unwrap();
     let mut store = home.store_with(StoreOptions {
         read_only: true,
         ..StoreOptions::default()

@@ -7,11 +7,9 @@ use turnsafe_policy::{ActionKind, Cause};
 
 fn fts_enabled(home: &Home) -> String {
     home.other()
-        .query_row(
-            "SELECT value FROM state_meta WHERE key = 'fts_enabled'",
-            [],
-            |r| r.get(0),
-        )
+        .query_row("SELECT value FROM state_meta WHERE key = 'fts_enabled'", [], |r| {
+            r.get(0)
+        })
         .unwrap()
 }
 
@@ -29,17 +27,10 @@ fn search(home: &Home, word: &str) -> i64 {
 fn a_corrupt_index_is_degraded_then_rebuilt() {
     let home = Home::new();
     let mut store = home.store();
-    assert!(
-        store
-            .append_batch(&sid("s1"), &batch("before", 3))
-            .persisted
-    );
+    assert!(store.append_batch(&sid("s1"), &batch("before", 3)).persisted);
     // Damage the index's structure record from another connection.
     home.other()
-        .execute(
-            "UPDATE messages_fts_data SET block = X'FFFFFFFFFFFF' WHERE id = 10",
-            [],
-        )
+        .execute("UPDATE messages_fts_data SET block = X'FFFFFFFFFFFF' WHERE id = 10", [])
         .unwrap();
 
     let out = store.append_batch(&sid("s1"), &batch("during", 2));
@@ -47,10 +38,7 @@ fn a_corrupt_index_is_degraded_then_rebuilt() {
     assert_eq!(out.cause, Some(Cause::FtsIndex));
     assert_eq!(out.action, Some(ActionKind::DegradeFts));
     assert_eq!((out.attempts, out.committed), (2, 2));
-    assert_eq!(
-        out.copy.as_ref().map(|c| c.code.as_str()),
-        Some("fts_index.persisted")
-    );
+    assert_eq!(out.copy.as_ref().map(|c| c.code.as_str()), Some("fts_index.persisted"));
     assert_eq!(fts_enabled(&home), "0");
 
     // Later writes skip the index without failing.

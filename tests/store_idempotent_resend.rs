@@ -16,10 +16,7 @@ fn an_identical_resend_is_committed_without_new_rows() {
 
     let again = store.append_batch(&sid("s1"), &b);
     assert!(again.persisted, "{:?}", again.error);
-    assert_eq!(
-        (again.committed, again.diverted, again.handed_back),
-        (10, 0, 0)
-    );
+    assert_eq!((again.committed, again.diverted, again.handed_back), (10, 0, 0));
     assert_eq!(home.rows("s1").len(), 10, "no duplicate rows");
     // Half old, half new: only the new ones become rows, in order.
     let mut mixed = batch("t1", 5);
@@ -36,12 +33,7 @@ fn an_identical_resend_is_committed_without_new_rows() {
 
     let c = store.counters();
     assert_eq!(
-        (
-            c.connections_opened,
-            c.open_attempts,
-            c.append_attempts,
-            c.diverts
-        ),
+        (c.connections_opened, c.open_attempts, c.append_attempts, c.diverts),
         (1, 1, 3, 0)
     );
     assert_eq!(store.handle_identity(), id, "same connection throughout");

@@ -36,9 +36,6 @@ fn after_corruption_every_batch_is_diverted_without_touching_the_db() {
         c.append_attempts, attempts_after_hit,
         "no write was attempted after the sticky cause"
     );
-    assert_eq!(
-        (c.connections_opened, c.open_attempts, c.diverts),
-        (1, 1, 4)
-    );
+    assert_eq!((c.connections_opened, c.open_attempts, c.diverts), (1, 1, 4));
     assert_eq!(store.handle_identity(), id);
 }

@@ -21,28 +21,15 @@ fn a_conflicting_uid_hands_the_batch_back() {
     assert_eq!(out.action, Some(ActionKind::FailClosed));
     assert_eq!((out.committed, out.diverted, out.handed_back), (0, 0, 2));
     assert!(out.receipt.is_none());
-    assert_eq!(
-        out.error.as_deref(),
-        Some("session_persistence_failed:uid_conflict")
-    );
+    assert_eq!(out.error.as_deref(), Some("session_persistence_failed:uid_conflict"));
     let copy = out.copy.expect("copy");
     assert_eq!(copy.code, "uid_conflict.handed_back");
     assert!(!copy.body.to_lowercase().contains("a copy was kept"));
 
-    assert!(
-        !home.divert_file("s1").exists(),
-        "a conflict is never diverted"
-    );
+    assert!(!home.divert_file("s1").exists(), "a conflict is never diverted");
     let rows = home.rows("s1");
-    assert_eq!(
-        rows.len(),
-        3,
-        "the new message in the refused batch was rolled back"
-    );
+    assert_eq!(rows.len(), 3, "the new message in the refused batch was rolled back");
     assert!(rows.iter().all(|r| r.0 != "fresh-1"));
     let c = store.counters();
-    assert_eq!(
-        (c.connections_opened, c.append_attempts, c.diverts),
-        (1, 2, 0)
-    );
+    assert_eq!((c.connections_opened, c.append_attempts, c.diverts), (1, 2, 0));
 }

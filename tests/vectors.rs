@@ -16,8 +16,7 @@ fn load_vectors() -> Vec<(String, Value)> {
     let mut out = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).expect("readable vector file");
-        let items: Vec<Value> =
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let items: Vec<Value> = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         for v in items {
             let name = v["name"].as_str().expect("vector has a name").to_string();
             out.push((name, v));
@@ -35,14 +34,8 @@ fn there_are_enough_vectors_and_names_are_unique() {
     let before = names.len();
     names.dedup();
     assert_eq!(before, names.len(), "duplicate vector names");
-    let induced = vectors
-        .iter()
-        .filter(|(_, v)| v.get("induced").is_some())
-        .count();
-    assert!(
-        induced >= 5,
-        "only {induced} vectors come from real SQLite failures"
-    );
+    let induced = vectors.iter().filter(|(_, v)| v.get("induced").is_some()).count();
+    assert!(induced >= 5, "only {induced} vectors come from real SQLite failures");
 }
 
 #[test]
@@ -51,28 +44,18 @@ fn every_vector_agrees_natively_and_in_wasm() {
     let mut wasm = WasmEngine::new().expect("component loads");
     let mut failures = Vec::new();
     for (name, v) in load_vectors() {
-        let request =
-            json!({ "observation": v["observation"], "context": v["context"] }).to_string();
+        let request = json!({ "observation": v["observation"], "context": v["context"] }).to_string();
         let n = native.evaluate_json(&request).expect("native never fails");
-        let w = wasm
-            .evaluate_json(&request)
-            .expect("component does not trap");
+        let w = wasm.evaluate_json(&request).expect("component does not trap");
         if n != w {
-            failures.push(format!(
-                "{name}: native and wasm differ\n  native: {n}\n  wasm:   {w}"
-            ));
+            failures.push(format!("{name}: native and wasm differ\n  native: {n}\n  wasm:   {w}"));
             continue;
         }
         // The classify entry point must agree too, byte for byte.
         let obs = v["observation"].to_string();
-        let (nc, wc) = (
-            native.classify_json(&obs).unwrap(),
-            wasm.classify_json(&obs).unwrap(),
-        );
+        let (nc, wc) = (native.classify_json(&obs).unwrap(), wasm.classify_json(&obs).unwrap());
         if nc != wc {
-            failures.push(format!(
-                "{name}: classify differs\n  native: {nc}\n  wasm:   {wc}"
-            ));
+            failures.push(format!("{name}: classify differs\n  native: {nc}\n  wasm:   {wc}"));
         }
         let out: Value = serde_json::from_str(&n).expect("evaluate answers JSON");
         let exp = &v["expected"];

@@ -14,8 +14,7 @@ fn batch(b: usize) -> Vec<Message> {
     (0..10)
         .map(|i| {
             let content = format!("batch {b} message {i} {}", "x".repeat(180));
-            Message::new(if i % 2 == 0 { "user" } else { "assistant" }, &content)
-                .with_uid(&format!("{b}-{i}"))
+            Message::new(if i % 2 == 0 { "user" } else { "assistant" }, &content).with_uid(&format!("{b}-{i}"))
         })
         .collect()
 }
@@ -41,12 +40,13 @@ fn bare(dir: &std::path::Path, batches: usize) -> Vec<Duration> {
         c.execute_batch("BEGIN IMMEDIATE").unwrap();
         {
             let mut ins = c
-                .prepare_cached("INSERT INTO messages(session_id, uid, seq, role, content) VALUES ('s1', ?1, ?2, ?3, ?4)")
+                .prepare_cached(
+                    "INSERT INTO messages(session_id, uid, seq, role, content) VALUES ('s1', ?1, ?2, ?3, ?4)",
+                )
                 .unwrap();
             for m in &msgs {
                 seq += 1;
-                ins.execute(params![m.uid, seq, m.role, m.content.as_str()])
-                    .unwrap();
+                ins.execute(params![m.uid, seq, m.role, m.content.as_str()]).unwrap();
             }
         }
         c.execute_batch("COMMIT").unwrap();
@@ -107,8 +107,5 @@ fn main() {
     println!("flush of 10 x ~200 B messages, WAL, synchronous=FULL, FTS5 on");
     let floor = stats("bare", bare_t);
     let ours = stats("turnsafe", ts_t);
-    println!(
-        "ratio turnsafe/bare (p50): {:.3} (target <= 1.25)",
-        ours / floor
-    );
+    println!("ratio turnsafe/bare (p50): {:.3} (target <= 1.25)", ours / floor);
 }

@@ -56,22 +56,14 @@ fn main() {
     for _ in 0..m {
         let d = engine.call(|g, s| g.call_decide(&mut *s, &wobs)).unwrap();
         let c = engine
-            .call(|g, s| {
-                g.call_explain(
-                    &mut *s,
-                    d.classification.cause,
-                    wit::Outcome::Diverted,
-                    &wctx,
-                )
-            })
+            .call(|g, s| g.call_explain(&mut *s, d.classification.cause, wit::Outcome::Diverted, &wctx))
             .unwrap()
             .unwrap();
         sink += c.body.len();
     }
     let wasm = t.elapsed().as_secs_f64() / f64::from(m);
 
-    let line =
-        r#"{"operation":"open","code":14,"errno":24,"message":"unable to open database file"}"#;
+    let line = r#"{"operation":"open","code":14,"errno":24,"message":"unable to open database file"}"#;
     let t = Instant::now();
     for _ in 0..m {
         sink += engine.classify_json(line).unwrap().len();
@@ -89,10 +81,7 @@ fn main() {
         wasm * 1e6,
         wasm / native
     );
-    println!(
-        "  wasmtime json    {:>8.3} us/classify-json",
-        wasm_json * 1e6
-    );
+    println!("  wasmtime json    {:>8.3} us/classify-json", wasm_json * 1e6);
     println!(
         "component (wasm32-unknown-unknown + wit-component, imports: {:?})",
         engine.imports()

@@ -132,10 +132,7 @@ pub fn divert(
     let mut buf = Vec::with_capacity(lines.len() * 256);
     // A torn last line from an earlier crash stays detectable: start ours
     // on a fresh line.
-    let size = file
-        .metadata()
-        .map_err(|e| DivertError::io("stat", &path, &e))?
-        .len();
+    let size = file.metadata().map_err(|e| DivertError::io("stat", &path, &e))?.len();
     if size > 0 && !ends_with_newline(&file, size) {
         buf.push(b'\n');
     }
@@ -161,11 +158,9 @@ pub fn divert(
         buf.push(b'\n');
     }
     crate::failpoint::hit("divert.before_write");
-    file.write_all(&buf)
-        .map_err(|e| DivertError::io("write", &path, &e))?;
+    file.write_all(&buf).map_err(|e| DivertError::io("write", &path, &e))?;
     crate::failpoint::hit("divert.before_fsync");
-    file.sync_all()
-        .map_err(|e| DivertError::io("fsync", &path, &e))?;
+    file.sync_all().map_err(|e| DivertError::io("fsync", &path, &e))?;
     if created {
         sync_dir(dir).map_err(|e| DivertError::io("fsync_dir", dir, &e))?;
     }

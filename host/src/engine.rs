@@ -8,8 +8,7 @@ use wasmtime::{Config, Engine, Store};
 
 /// The policy component this binary carries, built by `build.rs` from the
 /// workspace's `policy/` and `wit/` at compile time.
-pub static COMPONENT: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/turnsafe_policy.component.wasm"));
+pub static COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/turnsafe_policy.component.wasm"));
 
 /// Size of the component before debug and name sections were stripped.
 pub const COMPONENT_UNSTRIPPED_LEN: &str = env!("TURNSAFE_COMPONENT_UNSTRIPPED_LEN");
@@ -114,8 +113,8 @@ impl WasmEngine {
     fn instance(&mut self) -> Result<&mut (Store<()>, bindings::Policy), EngineError> {
         if self.live.is_none() {
             let mut store = Store::new(&self.engine, ());
-            let policy = bindings::Policy::instantiate(&mut store, &self.component, &self.linker)
-                .map_err(EngineError::Load)?;
+            let policy =
+                bindings::Policy::instantiate(&mut store, &self.component, &self.linker).map_err(EngineError::Load)?;
             self.live = Some((store, policy));
         }
         match self.live.as_mut() {

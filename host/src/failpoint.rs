@@ -38,7 +38,6 @@ pub fn hit(point: &str) {
         && p == point
         && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *n
     {
-        let _ =
-            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+        let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     }
 }

@@ -10,6 +10,8 @@ pub mod divert;
 pub mod engine;
 pub mod exit;
 pub mod failpoint;
+#[cfg(feature = "fault-injection")]
+pub mod faultvfs;
 pub mod message;
 pub mod observe;
 pub mod outcome;

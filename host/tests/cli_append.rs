@@ -28,11 +28,7 @@ impl Live {
             .unwrap();
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
-        Live {
-            child,
-            stdin,
-            stdout,
-        }
+        Live { child, stdin, stdout }
     }
     fn send(&mut self, line: &str) -> Value {
         writeln!(self.stdin, "{line}").unwrap();
@@ -49,17 +45,12 @@ impl Live {
 }
 
 fn check_sums(v: &Value, n: u64) {
-    let sum = v["committed"].as_u64().unwrap()
-        + v["diverted"].as_u64().unwrap()
-        + v["handed_back"].as_u64().unwrap();
+    let sum = v["committed"].as_u64().unwrap() + v["diverted"].as_u64().unwrap() + v["handed_back"].as_u64().unwrap();
     assert_eq!(sum, n, "{v}");
     if v["persisted"] == false {
         assert_eq!(
             v["error"],
-            format!(
-                "session_persistence_failed:{}",
-                v["cause"].as_str().unwrap()
-            )
+            format!("session_persistence_failed:{}", v["cause"].as_str().unwrap())
         );
     }
 }
@@ -99,9 +90,7 @@ fn first_try_commits_print_nulls_and_exit_zero() {
         assert!(lines[0].get(key).is_some(), "missing {key}");
     }
     assert_eq!(lines[0]["persisted"], true);
-    assert!(
-        lines[0]["cause"].is_null() && lines[0]["action"].is_null() && lines[0]["copy"].is_null()
-    );
+    assert!(lines[0]["cause"].is_null() && lines[0]["action"].is_null() && lines[0]["copy"].is_null());
     assert!(lines[0]["receipt"].is_null());
     assert_eq!(lines[0]["attempts"], 1);
     assert_eq!(lines[0]["minted_uids"].as_array().unwrap().len(), 1);
@@ -109,10 +98,7 @@ fn first_try_commits_print_nulls_and_exit_zero() {
     check_sums(&lines[0], 2);
     check_sums(&lines[1], 1);
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(
-        std::fs::metadata(&home).unwrap().permissions().mode() & 0o777,
-        0o700
-    );
+    assert_eq!(std::fs::metadata(&home).unwrap().permissions().mode() & 0o777, 0o700);
 
     let show = assert_cmd::Command::new(bin())
         .args(["show", "--home"])

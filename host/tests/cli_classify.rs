@@ -68,10 +68,7 @@ fn both_engines_print_the_same_bytes() {
             .unwrap()
     };
     let (n, w) = (run("native"), run("wasm"));
-    assert_eq!(
-        String::from_utf8_lossy(&n.stdout),
-        String::from_utf8_lossy(&w.stdout)
-    );
+    assert_eq!(String::from_utf8_lossy(&n.stdout), String::from_utf8_lossy(&w.stdout));
     assert_eq!(n.status.code(), w.status.code());
 }
 

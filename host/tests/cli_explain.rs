@@ -45,14 +45,7 @@ fn a_pair_the_table_cannot_produce_is_a_usage_error() {
         ("disk", "persisted"),
         ("locked", "handed_back"),
     ] {
-        let out = explain(&[
-            "--cause",
-            cause,
-            "--outcome",
-            outcome,
-            "--receipt-path",
-            "/x",
-        ]);
+        let out = explain(&["--cause", cause, "--outcome", outcome, "--receipt-path", "/x"]);
         assert_eq!(out.status.code(), Some(2), "{cause}/{outcome}");
         assert!(out.stdout.is_empty());
         assert!(String::from_utf8_lossy(&out.stderr).contains("never produces"));
@@ -76,10 +69,7 @@ fn a_failed_divert_names_operation_and_errno_not_the_path() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!text.contains("/h/sessions"), "{text}");
     assert!(!text.to_lowercase().contains("a copy was kept"), "{text}");
-    assert!(
-        text.contains("open: no space left on device (ENOSPC)"),
-        "{text}"
-    );
+    assert!(text.contains("open: no space left on device (ENOSPC)"), "{text}");
 }
 
 #[test]

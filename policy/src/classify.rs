@@ -2,7 +2,8 @@
 //!
 //! Precedence (invariant 5), first match wins:
 //! 1. typed evidence from the host's probes;
-//! 2. FTS-scoped corruption (`SQLITE_CORRUPT_VTAB`, or corruption with `fts_scope`);
+//! 2. FTS-scoped corruption (`SQLITE_CORRUPT_VTAB`, or corruption or a
+//!    constraint failure with `fts_scope`);
 //! 3. extended, then primary result codes (errno counts only with IOERR);
 //! 4. message phrases, only when the codes say nothing;
 //! 5. `unknown`.
@@ -84,7 +85,8 @@ fn fts_scoped_corruption(obs: &Observation) -> Option<Classification> {
     if !obs.has(Evidence::FtsScope) {
         return None;
     }
-    let corrupt_code = primary == Some(CORRUPT);
+    // A constraint failure inside the index's shadow tables is index damage too.
+    let corrupt_code = primary == Some(CORRUPT) || primary == Some(CONSTRAINT);
     let corrupt_text = primary.is_none() && phrase_is_corrupt(&lower(&obs.message));
     (corrupt_code || corrupt_text).then_some(Classification {
         cause: Cause::FtsIndex,
@@ -102,9 +104,7 @@ fn from_codes(obs: &Observation) -> Option<Cause> {
             CONSTRAINT_FOREIGNKEY if obs.operation == Operation::AppendBatch => {
                 return Some(Cause::SessionRowMissing);
             }
-            CONSTRAINT_UNIQUE | CONSTRAINT_PRIMARYKEY
-                if obs.operation == Operation::AppendBatch =>
-            {
+            CONSTRAINT_UNIQUE if obs.operation == Operation::AppendBatch => {
                 return Some(Cause::UidConflict);
             }
             _ => {}
@@ -122,9 +122,7 @@ fn from_codes(obs: &Observation) -> Option<Cause> {
         CANTOPEN => {
             // Generic CANTOPEN is `disk` whatever errno says; only a lock
             // named in the text makes it retryable.
-            if ext.is_none_or(|e| e == CANTOPEN)
-                && lower(&obs.message).contains("database is locked")
-            {
+            if ext.is_none_or(|e| e == CANTOPEN) && lower(&obs.message).contains("database is locked") {
                 Cause::Locked
             } else {
                 Cause::Disk

@@ -25,7 +25,6 @@ pub const CORRUPT_INDEX: i64 = 779;
 pub const IOERR_CORRUPTFS: i64 = 8458;
 pub const READONLY_DBMOVED: i64 = 1032;
 pub const CONSTRAINT_FOREIGNKEY: i64 = 787;
-pub const CONSTRAINT_PRIMARYKEY: i64 = 1555;
 pub const CONSTRAINT_UNIQUE: i64 = 2067;
 
 /// The primary code of an extended code (its low byte).

@@ -9,8 +9,8 @@ wit_bindgen::generate!({
 });
 
 use exports::turnsafe::policy::engine::{
-    Action, Basis, Cause, Classification, CopyContext, Decision, Evidence, Guest, Observation,
-    Operation, Outcome, UserCopy,
+    Action, Basis, Cause, Classification, CopyContext, Decision, Evidence, Guest, Observation, Operation, Outcome,
+    UserCopy,
 };
 
 struct Component;

@@ -42,9 +42,7 @@ fn reason(cause: Cause) -> &'static str {
         Cause::Disk => "the session database could not be opened or written",
         Cause::DiskFull => "the disk holding the session database is full",
         Cause::Replaced => "the session database file was moved or replaced while it was open",
-        Cause::DeletedWal => {
-            "the session database's write-ahead log was deleted or replaced while it was open"
-        }
+        Cause::DeletedWal => "the session database's write-ahead log was deleted or replaced while it was open",
         Cause::Corrupt => "the session database is damaged",
         Cause::FtsIndex => "the search index of the session database is damaged",
         Cause::TurnLease => "another process took over this conversation turn",
@@ -60,9 +58,7 @@ fn reason(cause: Cause) -> &'static str {
 fn remedy(cause: Cause) -> &'static str {
     match cause {
         Cause::Locked | Cause::Compression => "waited and tried again",
-        Cause::FtsIndex => {
-            "saved them without updating the search index, which is marked for rebuild"
-        }
+        Cause::FtsIndex => "saved them without updating the search index, which is marked for rebuild",
         Cause::CompressionClosed => "saved them to the continuation session",
         Cause::SessionRowMissing => "recreated the session record",
         _ => "tried again",
@@ -91,9 +87,9 @@ fn remediation(cause: Cause, outcome: Outcome) -> Vec<String> {
             "Stop writing to this state.db.",
             "Run `turnsafe recover --source state.db --output <new.db>` to copy what is readable into a fresh database.",
         ],
-        Cause::FtsIndex => vec![
-            "Rebuild the search index with `turnsafe doctor --repair-fts` when no writer is running.",
-        ],
+        Cause::FtsIndex => {
+            vec!["Rebuild the search index with `turnsafe doctor --repair-fts` when no writer is running."]
+        }
         Cause::TurnLease => vec![
             "Let the process that now holds this turn finish; send the messages again in a later turn if they are still needed.",
         ],
@@ -104,11 +100,10 @@ fn remediation(cause: Cause, outcome: Outcome) -> Vec<String> {
     };
     match outcome {
         Outcome::Persisted => steps.clear(),
-        Outcome::Diverted => {
-            steps.push("When storage is fixed, run `turnsafe replay` to import the kept copy.")
+        Outcome::Diverted => steps.push("When storage is fixed, run `turnsafe replay` to import the kept copy."),
+        Outcome::DivertFailed => {
+            steps.push("Fix the cause above for the session folder too, then send the messages again.")
         }
-        Outcome::DivertFailed => steps
-            .push("Fix the cause above for the session folder too, then send the messages again."),
         Outcome::HandedBack => {}
     }
     steps.into_iter().map(String::from).collect()
@@ -117,8 +112,7 @@ fn remediation(cause: Cause, outcome: Outcome) -> Vec<String> {
 /// A divert failure's operation is a short word (`open`, `fsync`, ...).
 /// Anything else could carry a path, so it is not repeated.
 fn safe_operation(op: &str) -> &str {
-    let ok =
-        !op.is_empty() && op.len() <= 32 && op.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+    let ok = !op.is_empty() && op.len() <= 32 && op.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
     if ok { op } else { "write" }
 }
 
@@ -134,22 +128,17 @@ pub fn parse_divert_failure(text: &str) -> DivertFailure {
         .to_string();
     let mut errno_value = None;
     if let Some(i) = lower.find("os error ") {
-        let digits: String = lower[i + 9..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit())
-            .collect();
+        let digits: String = lower[i + 9..].chars().take_while(|c| c.is_ascii_digit()).collect();
         errno_value = digits.parse().ok();
     }
     if errno_value.is_none() {
-        errno_value = text
-            .split(|c: char| !c.is_ascii_alphanumeric())
-            .find_map(|w| {
-                if w.len() > 1 && w.starts_with('E') && w.bytes().all(|b| b.is_ascii_uppercase()) {
-                    errno::from_name(w)
-                } else {
-                    None
-                }
-            });
+        errno_value = text.split(|c: char| !c.is_ascii_alphanumeric()).find_map(|w| {
+            if w.len() > 1 && w.starts_with('E') && w.bytes().all(|b| b.is_ascii_uppercase()) {
+                errno::from_name(w)
+            } else {
+                None
+            }
+        });
     }
     if errno_value.is_none() && !text.contains('/') {
         errno_value = text
@@ -194,16 +183,10 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
     let (title, body) = match outcome {
         Outcome::Persisted => (
             "Messages saved after a retry".to_string(),
-            format!(
-                "{why}; turnsafe {} and this turn's messages were saved.",
-                remedy(cause)
-            ),
+            format!("{why}; turnsafe {} and this turn's messages were saved.", remedy(cause)),
         ),
         Outcome::Diverted => {
-            let path = ctx
-                .receipt_path
-                .as_deref()
-                .ok_or(CopyError::MissingReceipt)?;
+            let path = ctx.receipt_path.as_deref().ok_or(CopyError::MissingReceipt)?;
             (
                 "Messages not saved to the database; a copy was kept".to_string(),
                 format!(
@@ -249,10 +232,7 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
     if outcome == Outcome::DivertFailed
         && let Some(f) = &ctx.divert_failure
     {
-        details.push((
-            "divert_operation".to_string(),
-            safe_operation(&f.operation).to_string(),
-        ));
+        details.push(("divert_operation".to_string(), safe_operation(&f.operation).to_string()));
         if let Some(e) = f.errno {
             details.push(("divert_errno".to_string(), errno::human(e)));
         }

@@ -1,9 +1,7 @@
 //! The action table: classification -> what the host does next.
 
 use crate::classify::classify;
-use crate::model::{
-    ActionKind, Cause, Classification, CopyContext, Decision, Observation, Operation, Outcome,
-};
+use crate::model::{ActionKind, Cause, Classification, CopyContext, Decision, Observation, Operation, Outcome};
 use crate::retry::RetryPlan;
 
 /// Decide with the default retry plan.
@@ -38,12 +36,10 @@ fn action_for(obs: &Observation, c: Classification, plan: &RetryPlan) -> (Action
     // the same kind means the remedy did not help.
     let first = obs.attempt <= 1;
     match c.cause {
-        Cause::Locked | Cause::Compression => {
-            match plan.next_delay(obs.attempt, obs.elapsed_ms, obs.seed) {
-                Some(d) => (ActionKind::Retry, Some(d)),
-                None => (fallback, None),
-            }
-        }
+        Cause::Locked | Cause::Compression => match plan.next_delay(obs.attempt, obs.elapsed_ms, obs.seed) {
+            Some(d) => (ActionKind::Retry, Some(d)),
+            None => (fallback, None),
+        },
         Cause::FtsIndex if first => (ActionKind::DegradeFts, None),
         Cause::CompressionClosed if first => (ActionKind::AdoptContinuation, None),
         Cause::SessionRowMissing if first => (ActionKind::RecreateSession, None),
@@ -80,22 +76,18 @@ pub fn possible_actions(cause: Cause) -> &'static [ActionKind] {
         Cause::CompressionClosed => &[ActionKind::AdoptContinuation, ActionKind::Divert],
         Cause::SessionRowMissing => &[ActionKind::RecreateSession, ActionKind::Divert],
         Cause::TurnLease | Cause::UidConflict => &[ActionKind::FailClosed],
-        Cause::Disk
-        | Cause::DiskFull
-        | Cause::Replaced
-        | Cause::DeletedWal
-        | Cause::Corrupt
-        | Cause::Unknown => &[ActionKind::Divert],
+        Cause::Disk | Cause::DiskFull | Cause::Replaced | Cause::DeletedWal | Cause::Corrupt | Cause::Unknown => {
+            &[ActionKind::Divert]
+        }
     }
 }
 
 /// The outcomes an action can end in.
 pub fn outcomes_of(action: ActionKind) -> &'static [Outcome] {
     match action {
-        ActionKind::Retry
-        | ActionKind::DegradeFts
-        | ActionKind::AdoptContinuation
-        | ActionKind::RecreateSession => &[Outcome::Persisted],
+        ActionKind::Retry | ActionKind::DegradeFts | ActionKind::AdoptContinuation | ActionKind::RecreateSession => {
+            &[Outcome::Persisted]
+        }
         ActionKind::Divert => &[Outcome::Diverted, Outcome::DivertFailed],
         ActionKind::FailClosed => &[Outcome::HandedBack],
     }
@@ -129,10 +121,9 @@ pub fn outcome_for(operation: Operation, action: ActionKind, ctx: &CopyContext) 
         Operation::Open | Operation::AppendBatch | Operation::Checkpoint => {}
     }
     match action {
-        ActionKind::Retry
-        | ActionKind::DegradeFts
-        | ActionKind::AdoptContinuation
-        | ActionKind::RecreateSession => Some(Outcome::Persisted),
+        ActionKind::Retry | ActionKind::DegradeFts | ActionKind::AdoptContinuation | ActionKind::RecreateSession => {
+            Some(Outcome::Persisted)
+        }
         ActionKind::Divert => {
             if ctx.divert_failure.is_some() {
                 Some(Outcome::DivertFailed)

@@ -13,9 +13,7 @@ use serde_json::{Map, Value, json};
 
 use crate::copy::{explain, parse_divert_failure};
 use crate::decide::{decide, outcome_for};
-use crate::model::{
-    Cause, Copy, CopyContext, Decision, DivertFailure, Evidence, Observation, Operation, Outcome,
-};
+use crate::model::{Cause, Copy, CopyContext, Decision, DivertFailure, Evidence, Observation, Operation, Outcome};
 
 /// Parse an observation from a JSON value.
 pub fn observation_from_value(v: &Value) -> Result<Observation, String> {
@@ -104,10 +102,7 @@ pub fn decision_to_value(d: &Decision) -> Value {
     }
     m.insert("sticky".into(), d.sticky.into());
     m.insert("capture".into(), d.capture.into());
-    m.insert(
-        "error".into(),
-        d.classification.cause.failure_label().into(),
-    );
+    m.insert("error".into(), d.classification.cause.failure_label().into());
     Value::Object(m)
 }
 
@@ -228,18 +223,14 @@ pub fn evaluate_json(request: &str) -> String {
         }
         let d = decide(&obs);
         let cause = d.classification.cause;
-        let copy = match ctx_value
-            .and_then(|c| c.get("outcome"))
-            .and_then(Value::as_str)
-        {
+        let copy = match ctx_value.and_then(|c| c.get("outcome")).and_then(Value::as_str) {
             Some(label) => {
                 let o = Outcome::from_label(label).ok_or("unknown `context.outcome`")?;
                 Some(explain(cause, o, &ctx).map_err(|e| e.to_string())?)
             }
             // A derived outcome the table cannot pair with this cause (a
             // fenced write that reached the divert step) has no user copy.
-            None => outcome_for(obs.operation, d.action, &ctx)
-                .and_then(|o| explain(cause, o, &ctx).ok()),
+            None => outcome_for(obs.operation, d.action, &ctx).and_then(|o| explain(cause, o, &ctx).ok()),
         };
         let mut out = decision_to_value(&d);
         let (outcome_v, copy_v) = match copy {

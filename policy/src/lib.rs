@@ -38,12 +38,12 @@ mod component;
 pub use classify::classify;
 pub use copy::{CopyError, KNOWN_DIVERT_OPS, explain, parse_divert_failure};
 pub use decide::{
-    decide, decide_with, is_producible, is_sticky, needs_capture, outcome_for, outcomes_of,
-    possible_actions, producible_pairs,
+    decide, decide_with, is_producible, is_sticky, needs_capture, outcome_for, outcomes_of, possible_actions,
+    producible_pairs,
 };
 pub use model::{
-    ActionKind, Basis, Cause, Classification, Copy, CopyContext, Decision, DivertFailure, Evidence,
-    Observation, Operation, Outcome,
+    ActionKind, Basis, Cause, Classification, Copy, CopyContext, Decision, DivertFailure, Evidence, Observation,
+    Operation, Outcome,
 };
 pub use retry::RetryPlan;
 

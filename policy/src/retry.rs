@@ -45,14 +45,9 @@ impl RetryPlan {
             return None;
         }
         let exp = (attempt - 1).min(32);
-        let ceiling = self
-            .base_ms
-            .saturating_mul(1u64 << exp)
-            .min(self.cap_ms)
-            .max(1);
+        let ceiling = self.base_ms.saturating_mul(1u64 << exp).min(self.cap_ms).max(1);
         let half = ceiling / 2;
-        let jitter = mix(seed ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            % (ceiling - half + 1);
+        let jitter = mix(seed ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15)) % (ceiling - half + 1);
         let delay = half + jitter;
         Some(delay.min(self.patience_ms - elapsed_ms).max(1))
     }
@@ -118,8 +113,7 @@ mod tests {
     fn jitter_depends_on_seed_only_deterministically() {
         let plan = RetryPlan::DEFAULT;
         assert_eq!(plan.next_delay(6, 0, 99), plan.next_delay(6, 0, 99));
-        let distinct: std::collections::BTreeSet<_> =
-            (0..64).filter_map(|s| plan.next_delay(6, 0, s)).collect();
+        let distinct: std::collections::BTreeSet<_> = (0..64).filter_map(|s| plan.next_delay(6, 0, s)).collect();
         assert!(distinct.len() > 10, "jitter barely varies: {distinct:?}");
     }
 }

@@ -27,9 +27,7 @@ impl Home {
         self.path().join("state.db")
     }
     pub fn divert_file(&self, session: &str) -> PathBuf {
-        self.path()
-            .join("sessions")
-            .join(format!("{session}.jsonl"))
+        self.path().join("sessions").join(format!("{session}.jsonl"))
     }
     pub fn store(&self) -> SessionStore {
         SessionStore::new(self.path(), StoreOptions::default())
@@ -46,9 +44,7 @@ impl Home {
     pub fn rows(&self, session: &str) -> Vec<(String, i64, String)> {
         let c = self.other();
         let mut s = c
-            .prepare(
-                "SELECT uid, seq, content FROM messages WHERE session_id = ?1 ORDER BY seq, id",
-            )
+            .prepare("SELECT uid, seq, content FROM messages WHERE session_id = ?1 ORDER BY seq, id")
             .unwrap();
         s.query_map([session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .unwrap()
@@ -66,11 +62,8 @@ pub fn batch(tag: &str, n: usize) -> Vec<Message> {
     (0..n)
         .map(|i| {
             let role = if i % 2 == 0 { "user" } else { "assistant" };
-            Message::new(
-                role,
-                &format!("{tag} message {i}: {}", "lorem ipsum ".repeat(16)),
-            )
-            .with_uid(&format!("{tag}-{i}"))
+            Message::new(role, &format!("{tag} message {i}: {}", "lorem ipsum ".repeat(16)))
+                .with_uid(&format!("{tag}-{i}"))
         })
         .collect()
 }
@@ -80,11 +73,7 @@ pub fn receipt_lines(r: &Receipt) -> Vec<Value> {
     use sha2::Digest;
     let data = std::fs::read(&r.path).expect("receipt path exists");
     let range = &data[r.offset as usize..(r.offset + r.length) as usize];
-    assert_eq!(
-        hex::encode(sha2::Sha256::digest(range)),
-        r.sha256,
-        "receipt checksum"
-    );
+    assert_eq!(hex::encode(sha2::Sha256::digest(range)), r.sha256, "receipt checksum");
     let lines: Vec<Value> = std::str::from_utf8(range)
         .expect("utf-8")
         .lines()
@@ -122,28 +111,17 @@ pub fn corrupt_table_page(home: &Home, table: &str) {
         })
         .unwrap();
     let root: i64 = other
-        .query_row(
-            "SELECT rootpage FROM sqlite_schema WHERE name = ?1",
-            [table],
-            |r| r.get(0),
-        )
+        .query_row("SELECT rootpage FROM sqlite_schema WHERE name = ?1", [table], |r| {
+            r.get(0)
+        })
         .unwrap();
-    let page_size: i64 = other
-        .query_row("PRAGMA page_size", [], |r| r.get(0))
-        .unwrap();
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(home.db())
-        .unwrap();
-    f.seek(SeekFrom::Start(((root - 1) * page_size) as u64))
-        .unwrap();
+    let page_size: i64 = other.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(home.db()).unwrap();
+    f.seek(SeekFrom::Start(((root - 1) * page_size) as u64)).unwrap();
     f.write_all(&vec![0xA5u8; page_size as usize]).unwrap();
     f.sync_all().unwrap();
     other
-        .execute(
-            "UPDATE state_meta SET value = value WHERE key = 'schema_version'",
-            [],
-        )
+        .execute("UPDATE state_meta SET value = value WHERE key = 'schema_version'", [])
         .unwrap();
 }
 

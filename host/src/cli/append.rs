@@ -98,9 +98,5 @@ pub fn run(args: Args) -> i32 {
         }
     }
     store.release_lease(&session);
-    if all_persisted {
-        exit::OK
-    } else {
-        exit::NOT_PERSISTED
-    }
+    if all_persisted { exit::OK } else { exit::NOT_PERSISTED }
 }

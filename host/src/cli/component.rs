@@ -19,9 +19,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> i32 {
     if args.out.is_none() && !args.list {
-        eprintln!(
-            "error: give `--out FILE` to write the component, or `--list` to show its imports and exports"
-        );
+        eprintln!("error: give `--out FILE` to write the component, or `--list` to show its imports and exports");
         return exit::USAGE;
     }
     if let Some(out) = &args.out {

@@ -45,9 +45,8 @@ fn parse_cause(s: &str) -> Result<Cause, String> {
 }
 
 fn parse_outcome(s: &str) -> Result<Outcome, String> {
-    Outcome::from_label(s).ok_or_else(|| {
-        format!("unknown outcome `{s}`; expected persisted, diverted, divert_failed or handed_back")
-    })
+    Outcome::from_label(s)
+        .ok_or_else(|| format!("unknown outcome `{s}`; expected persisted, diverted, divert_failed or handed_back"))
 }
 
 pub fn run(args: Args) -> i32 {
@@ -66,9 +65,7 @@ pub fn run(args: Args) -> i32 {
         return exit::USAGE;
     }
     if args.outcome == Outcome::Diverted && args.receipt_path.is_none() {
-        eprintln!(
-            "error: `--outcome diverted` needs `--receipt-path`: a copy is only claimed with a receipt"
-        );
+        eprintln!("error: `--outcome diverted` needs `--receipt-path`: a copy is only claimed with a receipt");
         return exit::USAGE;
     }
     let mut request = json!({ "cause": args.cause.label(), "outcome": args.outcome.label() });
@@ -83,14 +80,13 @@ pub fn run(args: Args) -> i32 {
             m.insert("session".into(), s.clone().into());
         }
     }
-    let answer =
-        match engine::open(args.engine).and_then(|mut e| e.explain_json(&request.to_string())) {
-            Ok(a) => a,
-            Err(e) => {
-                eprintln!("turnsafe explain: {e}");
-                return exit::FAILURE;
-            }
-        };
+    let answer = match engine::open(args.engine).and_then(|mut e| e.explain_json(&request.to_string())) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("turnsafe explain: {e}");
+            return exit::FAILURE;
+        }
+    };
     let copy: Value = match serde_json::from_str(&answer) {
         Ok(v) => v,
         Err(e) => {
@@ -112,12 +108,7 @@ pub fn run(args: Args) -> i32 {
 
 /// Plain-text rendering of a copy object.
 pub fn render(copy: &Value) -> String {
-    let s = |k: &str| {
-        copy.get(k)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
+    let s = |k: &str| copy.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
     let mut out = format!("{}\n\n{}\n", s("title"), s("body"));
     if let Some(steps) = copy.get("remediation").and_then(Value::as_array)
         && !steps.is_empty()

@@ -44,11 +44,7 @@ pub fn main() -> i32 {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() {
-                exit::USAGE
-            } else {
-                exit::OK
-            };
+            return if e.use_stderr() { exit::USAGE } else { exit::OK };
         }
     };
     init_logging();

@@ -28,35 +28,21 @@ pub fn stored_messages(conn: &Connection, session: &str) -> rusqlite::Result<Vec
     let mut stmt = conn.prepare(
         "SELECT uid, seq, role, content, content_json, extra FROM messages WHERE session_id = ?1 ORDER BY seq, id",
     )?;
-    let rows =
-        stmt.query_map([session], |r| {
-            let (uid, seq, role, content, is_json, extra): (
-                String,
-                i64,
-                String,
-                String,
-                bool,
-                String,
-            ) = (
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-            );
-            let mut m: Map<String, Value> = serde_json::from_str(&extra).unwrap_or_default();
-            let content = if is_json {
-                serde_json::from_str(&content).unwrap_or(Value::String(content))
-            } else {
-                Value::String(content)
-            };
-            m.insert("uid".into(), uid.into());
-            m.insert("seq".into(), seq.into());
-            m.insert("role".into(), role.into());
-            m.insert("content".into(), content);
-            Ok(Value::Object(m))
-        })?;
+    let rows = stmt.query_map([session], |r| {
+        let (uid, seq, role, content, is_json, extra): (String, i64, String, String, bool, String) =
+            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?);
+        let mut m: Map<String, Value> = serde_json::from_str(&extra).unwrap_or_default();
+        let content = if is_json {
+            serde_json::from_str(&content).unwrap_or(Value::String(content))
+        } else {
+            Value::String(content)
+        };
+        m.insert("uid".into(), uid.into());
+        m.insert("seq".into(), seq.into());
+        m.insert("role".into(), role.into());
+        m.insert("content".into(), content);
+        Ok(Value::Object(m))
+    })?;
     rows.collect()
 }
 
@@ -66,16 +52,14 @@ pub fn run(args: Args) -> i32 {
         eprintln!("error: no turnsafe store at {}", db.display());
         return exit::FAILURE;
     }
-    let conn = match Connection::open_with_flags(
-        &db,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    ) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: opening {}: {e}", db.display());
-            return exit::FAILURE;
-        }
-    };
+    let conn =
+        match Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: opening {}: {e}", db.display());
+                return exit::FAILURE;
+            }
+        };
     let messages = match stored_messages(&conn, &args.session) {
         Ok(m) => m,
         Err(e) => {

@@ -18,9 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
-use turnsafe_policy::{
-    ActionKind, Cause, CopyContext, Decision, Evidence, Observation, Operation, Outcome,
-};
+use turnsafe_policy::{ActionKind, Cause, CopyContext, Decision, Evidence, Observation, Operation, Outcome};
 
 use crate::divert::{self, DivertLine};
 use crate::message::Message;
@@ -48,6 +46,8 @@ pub struct StoreOptions {
     pub lease_ttl: Duration,
     /// Open with `SQLITE_OPEN_READ_ONLY` (every write then fails with SQLite's own READONLY).
     pub read_only: bool,
+    /// Open through a named SQLite VFS (the fault-injecting one in tests and the demo).
+    pub vfs: Option<String>,
 }
 
 impl Default for StoreOptions {
@@ -58,6 +58,7 @@ impl Default for StoreOptions {
             holder: format!("pid-{}", std::process::id()),
             lease_ttl: Duration::from_secs(30),
             read_only: false,
+            vfs: None,
         }
     }
 }
@@ -95,10 +96,7 @@ struct SessionState {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("could not create {path}: {source}")]
-    Home {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Home { path: PathBuf, source: std::io::Error },
     #[error("SQLite: {0}")]
     Sqlite(#[from] rusqlite::Error),
 }
@@ -213,19 +211,19 @@ impl SessionStore {
                 .mode(0o600)
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&self.db_path);
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
         };
-        let conn = match Connection::open_with_flags(&self.db_path, flags) {
+        let opened = match &self.opts.vfs {
+            Some(vfs) => Connection::open_with_flags_and_vfs(&self.db_path, flags, vfs.as_str()),
+            None => Connection::open_with_flags(&self.db_path, flags),
+        };
+        let conn = match opened {
             Ok(c) => c,
             Err(e) => {
                 // The connection is gone, so SQLite's saved errno is too;
                 // the OS errno right after the failed open is the best
                 // witness, and the policy lets it shape only the copy.
-                let errno = std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .map(i64::from);
+                let errno = std::io::Error::last_os_error().raw_os_error().map(i64::from);
                 return Err((e, errno));
             }
         };
@@ -332,7 +330,7 @@ impl SessionStore {
                 errno = ?obs.errno,
                 cause = d.classification.cause.label(),
                 action = d.action.label(),
-                "append attempt failed"
+                msg = %obs.message, "append attempt failed"
             );
             if d.sticky {
                 self.sticky = Some(d.classification.cause);
@@ -358,11 +356,11 @@ impl SessionStore {
     fn observe(&self, flush: &Flush<'_>, failure: &WriteFailure) -> Observation {
         let elapsed = flush.started.elapsed().as_millis() as u64;
         match failure {
-            WriteFailure::Sqlite { error, errno } => observe::observation(
+            WriteFailure::Sqlite { error, errno, evidence } => observe::observation(
                 Operation::AppendBatch,
                 error,
                 *errno,
-                Vec::new(),
+                evidence.clone(),
                 flush.attempts,
                 elapsed,
                 flush.seed,
@@ -379,13 +377,7 @@ impl SessionStore {
     }
 
     /// Carry out a terminal action.
-    fn settle(
-        &mut self,
-        flush: &Flush<'_>,
-        d: Decision,
-        action: ActionKind,
-        errno: Option<i64>,
-    ) -> FlushOutcome {
+    fn settle(&mut self, flush: &Flush<'_>, d: Decision, action: ActionKind, errno: Option<i64>) -> FlushOutcome {
         match action {
             ActionKind::Divert => self.divert_batch(flush, d.classification.cause, action, errno),
             _ => {
@@ -423,10 +415,7 @@ impl SessionStore {
         errno: Option<i64>,
     ) -> FlushOutcome {
         let n = flush.messages.len();
-        let state = self
-            .sessions
-            .entry(flush.session.as_str().to_string())
-            .or_default();
+        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
         let first_seq = state.next_seq;
         let lines: Vec<DivertLine<'_>> = flush
             .messages
@@ -461,13 +450,7 @@ impl SessionStore {
             minted_uids: flush.minted.clone(),
             error: Some(cause.failure_label()),
         };
-        match divert::divert(
-            &self.divert_dir,
-            flush.session.as_str(),
-            &batch_id,
-            cause,
-            &lines,
-        ) {
+        match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
             Ok(receipt) => {
                 if let Some(s) = first_seq {
                     state.next_seq = Some(s + n as i64);
@@ -522,10 +505,7 @@ impl SessionStore {
 
     /// Release this handle's lease on `session` (end of input).
     pub fn release_lease(&mut self, session: &SessionId) {
-        let token = self
-            .sessions
-            .get(session.as_str())
-            .and_then(|s| s.lease_token.clone());
+        let token = self.sessions.get(session.as_str()).and_then(|s| s.lease_token.clone());
         if let (Some(conn), Some(token), None) = (&self.conn, token, self.sticky) {
             if let Some(s) = self.sessions.get_mut(session.as_str()) {
                 s.lease_token = None;

@@ -3,7 +3,7 @@
 //! (`SQLITE_BUSY_SNAPSHOT`) cannot arise.
 
 use rusqlite::{Connection, OptionalExtension, params};
-use turnsafe_policy::Decision;
+use turnsafe_policy::{Decision, Evidence};
 
 use super::{Flush, SessionState, SessionStore, now_ms};
 use crate::observe;
@@ -24,6 +24,7 @@ pub(super) enum WriteFailure {
     Sqlite {
         error: rusqlite::Error,
         errno: Option<i64>,
+        evidence: Vec<Evidence>,
     },
     /// Another writer holds this session's turn lease.
     LeaseLost,
@@ -31,6 +32,9 @@ pub(super) enum WriteFailure {
 
 enum Stop {
     Sqlite(rusqlite::Error),
+    /// A message insert failed on something other than our own constraints:
+    /// the FTS trigger is the only other thing that statement touches.
+    Fts(rusqlite::Error),
     LeaseLost,
 }
 
@@ -41,21 +45,15 @@ impl From<rusqlite::Error> for Stop {
 }
 
 impl SessionStore {
-    pub(super) fn write(
-        &mut self,
-        flush: &Flush<'_>,
-        plan: &WritePlan,
-    ) -> Result<(), WriteFailure> {
+    pub(super) fn write(&mut self, flush: &Flush<'_>, plan: &WritePlan) -> Result<(), WriteFailure> {
         let Some(conn) = self.conn.as_ref() else {
             return Err(WriteFailure::Sqlite {
                 error: rusqlite::Error::InvalidQuery,
                 errno: None,
+                evidence: Vec::new(),
             });
         };
-        let state = self
-            .sessions
-            .entry(flush.session.as_str().to_string())
-            .or_default();
+        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
         let ttl_ms = self.opts.lease_ttl.as_millis() as i64;
         let holder = self.opts.holder.clone();
 
@@ -65,10 +63,7 @@ impl SessionStore {
             let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq)?;
             first_seq = Some(seq);
             if plan.degrade_fts {
-                conn.execute(
-                    "UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'",
-                    [],
-                )?;
+                conn.execute("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'", [])?;
             }
             let token = take_lease(conn, flush, state, plan.recreate_session, &holder, ttl_ms)?;
             let created = now_ms();
@@ -93,18 +88,11 @@ impl SessionStore {
                     Err(e) if is_unique_violation(&e) => {
                         // Idempotent resend: an identical stored row counts
                         // as committed; different content is a conflict.
-                        if !same_row(
-                            conn,
-                            flush.session.as_str(),
-                            uid,
-                            &m.role,
-                            &content,
-                            is_json,
-                            &extra,
-                        )? {
+                        if !same_row(conn, flush.session.as_str(), uid, &m.role, &content, is_json, &extra)? {
                             return Err(Stop::Sqlite(e));
                         }
                     }
+                    Err(e) if is_foreign_constraint(&e) => return Err(Stop::Fts(e)),
                     Err(e) => return Err(Stop::Sqlite(e)),
                 }
             }
@@ -113,7 +101,15 @@ impl SessionStore {
                 params![flush.session.as_str(), token, created + ttl_ms],
             )?;
             crate::failpoint::hit("flush.before_commit");
-            conn.execute_batch("COMMIT")?;
+            // FTS5 flushes its pending terms at COMMIT; a constraint failure
+            // there comes from its shadow tables, as ours are all immediate.
+            conn.execute_batch("COMMIT").map_err(|e| {
+                if is_constraint(&e) {
+                    Stop::Fts(e)
+                } else {
+                    Stop::Sqlite(e)
+                }
+            })?;
             crate::failpoint::hit("flush.after_commit");
             Ok((token, seq))
         })();
@@ -138,7 +134,16 @@ impl SessionStore {
                     let _ = conn.execute_batch("ROLLBACK");
                 }
                 Err(match stop {
-                    Stop::Sqlite(error) => WriteFailure::Sqlite { error, errno },
+                    Stop::Sqlite(error) => WriteFailure::Sqlite {
+                        error,
+                        errno,
+                        evidence: Vec::new(),
+                    },
+                    Stop::Fts(error) => WriteFailure::Sqlite {
+                        error,
+                        errno,
+                        evidence: vec![Evidence::FtsScope],
+                    },
                     Stop::LeaseLost => WriteFailure::LeaseLost,
                 })
             }
@@ -207,8 +212,25 @@ fn next_seq(conn: &Connection, session: &str, known: Option<i64>) -> rusqlite::R
     Ok(known.map_or(stored, |k| k.max(stored)))
 }
 
+fn is_constraint(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code & 0xff == rusqlite::ffi::SQLITE_CONSTRAINT)
+}
+
+/// A constraint failure of a message insert that is neither the session
+/// foreign key nor the (session, uid) uniqueness.
+fn is_foreign_constraint(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if f.extended_code & 0xff == rusqlite::ffi::SQLITE_CONSTRAINT
+            && f.extended_code != rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY)
+        && !is_unique_violation(e)
+}
+
+/// The (session, uid) uniqueness of `messages`, and nothing else: a UNIQUE
+/// failure inside the FTS shadow tables is index damage, not a resend.
 fn is_unique_violation(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
+    matches!(e, rusqlite::Error::SqliteFailure(f, Some(msg))
+        if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+            && msg.contains("messages.session_id, messages.uid"))
 }
 
 fn same_row(
