@@ -477,7 +477,7 @@ unsafe extern "C" fn f_shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) ->
 
 unsafe extern "C" fn f_fetch(file: *mut ffi::sqlite3_file, off: i64, amt: c_int, pp: *mut *mut c_void) -> c_int {
     unsafe {
-        if (*methods(file)).iVersion < 3 {
+        if methods(file).iVersion < 3 {
             *pp = std::ptr::null_mut();
             return ffi::SQLITE_OK;
         }
@@ -487,7 +487,7 @@ unsafe extern "C" fn f_fetch(file: *mut ffi::sqlite3_file, off: i64, amt: c_int,
 
 unsafe extern "C" fn f_unfetch(file: *mut ffi::sqlite3_file, off: i64, p: *mut c_void) -> c_int {
     unsafe {
-        if (*methods(file)).iVersion < 3 {
+        if methods(file).iVersion < 3 {
             return ffi::SQLITE_OK;
         }
     }
