@@ -34,6 +34,27 @@ pub struct Args {
     /// `PRAGMA synchronous` for the store.
     #[arg(long, value_enum, default_value = "full")]
     synchronous: Synchronous,
+    /// Testing aid: after N batches (0: before the store is opened), lower
+    /// RLIMIT_NOFILE so that no new file descriptor can be opened.
+    #[arg(long, hide = true, value_name = "N")]
+    exhaust_fds_after: Option<u64>,
+}
+
+/// Lower the soft RLIMIT_NOFILE to the lowest free descriptor number, so
+/// every later open fails with EMFILE while held descriptors keep working.
+pub fn exhaust_fds() -> std::io::Result<u64> {
+    let mut lowest = 0u64;
+    while lowest < 65_536 {
+        // SAFETY: F_GETFD only queries whether the descriptor number is open.
+        if unsafe { libc::fcntl(lowest as i32, libc::F_GETFD) } == -1 {
+            break;
+        }
+        lowest += 1;
+    }
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let new = rustix::process::Rlimit { current: Some(lowest), maximum: lim.maximum };
+    rustix::process::setrlimit(rustix::process::Resource::Nofile, new).map_err(std::io::Error::from)?;
+    Ok(lowest)
 }
 
 pub fn run(args: Args) -> i32 {
@@ -52,6 +73,15 @@ pub fn run(args: Args) -> i32 {
     if let Some(h) = args.holder {
         opts.holder = h;
     }
+    let exhaust = |when: u64| {
+        if args.exhaust_fds_after == Some(when) {
+            match exhaust_fds() {
+                Ok(n) => tracing::warn!(limit = n, "RLIMIT_NOFILE lowered: no new descriptors can be opened"),
+                Err(e) => tracing::error!(error = %e, "could not lower RLIMIT_NOFILE"),
+            }
+        }
+    };
+    exhaust(0);
     // A home that cannot be created still gets every batch answered: the
     // open fails, the policy decides, and the outcome says what happened.
     let mut store = match SessionStore::create(&args.home, opts.clone()) {
@@ -64,7 +94,7 @@ pub fn run(args: Args) -> i32 {
     let stdin = std::io::stdin();
     let mut reader = stdin.lock();
     let mut buf = Vec::new();
-    let (mut line_no, mut all_persisted) = (0u64, true);
+    let (mut line_no, mut all_persisted, mut batches) = (0u64, true, 0u64);
     loop {
         buf.clear();
         match reader.read_until(b'\n', &mut buf) {
@@ -86,6 +116,8 @@ pub fn run(args: Args) -> i32 {
             Ok(batch) => {
                 let outcome = store.append_batch(&session, &batch);
                 all_persisted &= outcome.persisted;
+                batches += 1;
+                exhaust(batches);
                 outcome.to_value()
             }
             Err(e) => {

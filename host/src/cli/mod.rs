@@ -7,6 +7,8 @@
 mod append;
 mod classify;
 mod component;
+#[cfg(feature = "fault-injection")]
+mod demo;
 mod explain;
 mod show;
 
@@ -36,6 +38,8 @@ enum Command {
     Classify(classify::Args),
     Explain(explain::Args),
     Component(component::Args),
+    #[cfg(feature = "fault-injection")]
+    Demo(demo::Args),
 }
 
 /// Parse the command line, run, and return the process exit code.
@@ -54,6 +58,8 @@ pub fn main() -> i32 {
         Command::Classify(a) => classify::run(a),
         Command::Explain(a) => explain::run(a),
         Command::Component(a) => component::run(a),
+        #[cfg(feature = "fault-injection")]
+        Command::Demo(a) => demo::run(a),
     }
 }
 

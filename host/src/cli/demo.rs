@@ -1,0 +1,401 @@
+//! `turnsafe demo`: a scripted conversation through the real host, with
+//! real failures injected one after another, then a recount from disk that
+//! proves every message sent is in exactly one place.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::divert::{self, Receipt};
+use crate::exit;
+use crate::faultvfs::{self, Fault, FileKind, Op};
+use crate::message::Message;
+use crate::outcome::FlushOutcome;
+use crate::store::{SessionId, SessionStore, StoreOptions};
+
+/// Run a scripted conversation with real injected failures and verify that
+/// every message ends committed, diverted with a receipt, or handed back.
+///
+/// Failures: injected WAL write and fsync errors (fault VFS), SQLITE_FULL
+/// (max_page_count), fd exhaustion in a child process (RLIMIT_NOFILE), a
+/// write lock held by another connection, a corrupt FTS index, and a
+/// divert blocked by a file where `sessions/` should be. Exit 4 if the
+/// recount does not add up.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Keep the demo home in DIR (must not exist or be empty) instead of a temporary folder.
+    #[arg(long)]
+    keep: Option<PathBuf>,
+}
+
+struct Row {
+    failure: &'static str,
+    cause: String,
+    action: String,
+    committed: usize,
+    diverted: usize,
+    handed_back: usize,
+    copy: String,
+}
+
+/// What the recount needs from each batch.
+#[derive(Default)]
+struct Ledger {
+    sent: Vec<String>,
+    receipts: Vec<Receipt>,
+    handed_back: Vec<String>,
+    claims: Vec<(String, Option<String>)>,
+}
+
+impl Ledger {
+    fn record(&mut self, out: &FlushOutcome) {
+        self.sent.extend(out.uids.iter().cloned());
+        if out.handed_back > 0 {
+            self.handed_back.extend(out.uids.iter().cloned());
+        }
+        if let Some(r) = &out.receipt {
+            self.receipts.push(r.clone());
+        }
+        if let Some(c) = &out.copy {
+            self.claims.push((c.body.clone(), out.receipt.as_ref().map(|r| r.path.clone())));
+        }
+    }
+}
+
+fn row(failure: &'static str, out: &FlushOutcome) -> Row {
+    Row {
+        failure,
+        cause: out.cause.map_or("-".into(), |c| c.label().into()),
+        action: out.action.map_or("-".into(), |a| a.label().into()),
+        committed: out.committed,
+        diverted: out.diverted,
+        handed_back: out.handed_back,
+        copy: out.copy.as_ref().map_or("-".into(), |c| c.code.clone()),
+    }
+}
+
+fn turn(n: usize, size: usize) -> Vec<Message> {
+    (0..n)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            Message::new(role, &format!("turn message {i}: {}", "the quick brown fox ".repeat(size / 20 + 1)))
+        })
+        .collect()
+}
+
+pub fn run(args: Args) -> i32 {
+    let started = Instant::now();
+    let temp;
+    let home: PathBuf = match &args.keep {
+        Some(dir) => dir.clone(),
+        None => match tempfile::tempdir() {
+            Ok(t) => {
+                temp = t;
+                temp.path().to_path_buf()
+            }
+            Err(e) => {
+                eprintln!("turnsafe demo: no temporary folder: {e}");
+                return exit::FAILURE;
+            }
+        },
+    };
+    if let Err(e) = faultvfs::register() {
+        eprintln!("turnsafe demo: cannot register the fault VFS: {e}");
+        return exit::FAILURE;
+    }
+    match demo(&home) {
+        Ok((rows, ledger)) => {
+            print_table(&rows);
+            let ok = verify(&home, &ledger);
+            println!("finished in {:.1} s; home: {}", started.elapsed().as_secs_f64(), home.display());
+            if ok { exit::OK } else { exit::UNACCOUNTED }
+        }
+        Err(e) => {
+            eprintln!("turnsafe demo: {e}");
+            exit::FAILURE
+        }
+    }
+}
+
+fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
+    let opts = StoreOptions { vfs: Some(faultvfs::VFS_NAME.into()), holder: "demo".into(), ..StoreOptions::default() };
+    let mut store = SessionStore::create(home, opts).map_err(|e| e.to_string())?;
+    let session = SessionId::new("demo-session").map_err(|e| e)?;
+    let tag = home.to_string_lossy().into_owned();
+    let mut rows = Vec::new();
+    let mut ledger = Ledger::default();
+    let mut step = |failure: &'static str, out: FlushOutcome, rows: &mut Vec<Row>| {
+        ledger.record(&out);
+        rows.push(row(failure, &out));
+    };
+
+    step("none", store.append_batch(&session, &turn(10, 200)), &mut rows);
+
+    let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1)).map_err(|e| e)?;
+    let out = store.append_batch(&session, &turn(10, 200));
+    drop(g);
+    step("I/O error at WAL write (fault VFS)", out, &mut rows);
+
+    let g = faultvfs::arm(Fault::new(&tag, Op::Sync, FileKind::Wal, 1).persistent()).map_err(|e| e)?;
+    let out = store.append_batch(&session, &turn(10, 200));
+    drop(g);
+    step("I/O error at WAL fsync (fault VFS)", out, &mut rows);
+
+    let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1).errno(libc::ENOSPC)).map_err(|e| e)?;
+    let out = store.append_batch(&session, &turn(10, 200));
+    drop(g);
+    step("ENOSPC at WAL write (fault VFS)", out, &mut rows);
+
+    if let Some(c) = store.connection() {
+        let pages: i64 = c.query_row("PRAGMA page_count", [], |r| r.get(0)).map_err(|e| e.to_string())?;
+        c.pragma_update(None, "max_page_count", pages).map_err(|e| e.to_string())?;
+    }
+    let out = store.append_batch(&session, &turn(10, 4000));
+    if let Some(c) = store.connection() {
+        c.pragma_update(None, "max_page_count", 1_073_741_823i64).map_err(|e| e.to_string())?;
+    }
+    step("SQLITE_FULL (max_page_count)", out, &mut rows);
+
+    let out = fd_exhausted_child(home, &turn(4, 200))?;
+    step("fd exhaustion in a child (RLIMIT_NOFILE)", out, &mut rows);
+
+    let holder = hold_lock(&home.join("state.db"), Duration::from_millis(1200))?;
+    let out = store.append_batch(&session, &turn(10, 200));
+    let _ = holder.join();
+    step("write lock held 1.2 s by another process", out, &mut rows);
+
+    {
+        let other = rusqlite::Connection::open(home.join("state.db")).map_err(|e| e.to_string())?;
+        other
+            .execute("UPDATE messages_fts_data SET block = X'FFFFFFFFFFFF' WHERE id = 10", [])
+            .map_err(|e| e.to_string())?;
+    }
+    let out = store.append_batch(&session, &turn(10, 200));
+    step("corrupt FTS5 index", out, &mut rows);
+    store.rebuild_fts().map_err(|e| e.to_string())?;
+
+    let sessions = home.join("sessions");
+    let aside = home.join("sessions.aside");
+    std::fs::rename(&sessions, &aside).map_err(|e| e.to_string())?;
+    std::fs::write(&sessions, b"a file where the sessions folder should be").map_err(|e| e.to_string())?;
+    let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1)).map_err(|e| e)?;
+    let out = store.append_batch(&session, &turn(10, 200));
+    drop(g);
+    std::fs::remove_file(&sessions).map_err(|e| e.to_string())?;
+    std::fs::rename(&aside, &sessions).map_err(|e| e.to_string())?;
+    step("I/O error, and the divert blocked", out, &mut rows);
+
+    step("none", store.append_batch(&session, &turn(10, 200)), &mut rows);
+    drop(store);
+    Ok((rows, ledger))
+}
+
+/// Another connection holds `BEGIN IMMEDIATE` for `hold`.
+fn hold_lock(db: &Path, hold: Duration) -> Result<std::thread::JoinHandle<()>, String> {
+    let c = rusqlite::Connection::open(db).map_err(|e| e.to_string())?;
+    c.execute_batch("BEGIN IMMEDIATE").map_err(|e| e.to_string())?;
+    Ok(std::thread::spawn(move || {
+        std::thread::sleep(hold);
+        let _ = c.execute_batch("COMMIT");
+    }))
+}
+
+/// `turnsafe append` in a child whose RLIMIT_NOFILE leaves no free descriptor.
+fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<FlushOutcome, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["append", "--session", "demo-session", "--holder", "demo-child", "--exhaust-fds-after", "0", "--home"])
+        .arg(home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().map_err(|e| format!("spawning the child: {e}"))?;
+    let line: Vec<Value> = batch
+        .iter()
+        .map(|m| {
+            let mut v = m.to_value(&crate::store::mint_id());
+            if let Value::Object(o) = &mut v {
+                o.remove("uid");
+            }
+            v
+        })
+        .collect();
+    let mut stdin = child.stdin.take().ok_or("no child stdin")?;
+    writeln!(stdin, "{}", Value::Array(line)).map_err(|e| e.to_string())?;
+    drop(stdin);
+    let stdout = child.stdout.take().ok_or("no child stdout")?;
+    let mut text = String::new();
+    BufReader::new(stdout).read_line(&mut text).map_err(|e| e.to_string())?;
+    let _ = child.wait();
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("child answered {text:?}: {e}"))?;
+    Ok(outcome_from_json(&v))
+}
+
+/// Rebuild the fields of an outcome the demo needs from `append`'s JSON.
+fn outcome_from_json(v: &Value) -> FlushOutcome {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0) as usize;
+    let strings = |k: &str| -> Vec<String> {
+        v[k].as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default()
+    };
+    let receipt = serde_json::from_value::<ReceiptJson>(v["receipt"].clone()).ok().map(|r| Receipt {
+        path: r.path,
+        offset: r.offset,
+        length: r.length,
+        count: r.count,
+        sha256: r.sha256,
+    });
+    let copy = v["copy"].as_object().map(|c| turnsafe_policy::Copy {
+        code: c.get("code").and_then(Value::as_str).unwrap_or_default().into(),
+        cause: c.get("cause").and_then(Value::as_str).and_then(turnsafe_policy::Cause::from_label).unwrap_or(turnsafe_policy::Cause::Unknown),
+        outcome: c.get("outcome").and_then(Value::as_str).and_then(turnsafe_policy::Outcome::from_label).unwrap_or(turnsafe_policy::Outcome::HandedBack),
+        title: c.get("title").and_then(Value::as_str).unwrap_or_default().into(),
+        body: c.get("body").and_then(Value::as_str).unwrap_or_default().into(),
+        remediation: Vec::new(),
+        details: Vec::new(),
+    });
+    FlushOutcome {
+        persisted: v["persisted"].as_bool().unwrap_or(false),
+        cause: v["cause"].as_str().and_then(turnsafe_policy::Cause::from_label),
+        action: v["action"].as_str().and_then(|a| turnsafe_policy::ActionKind::ALL.into_iter().find(|k| k.label() == a)),
+        attempts: n("attempts") as u32,
+        committed: n("committed"),
+        diverted: n("diverted"),
+        handed_back: n("handed_back"),
+        receipt,
+        divert_error: None,
+        copy,
+        uids: strings("uids"),
+        minted_uids: strings("minted_uids"),
+        error: v["error"].as_str().map(String::from),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ReceiptJson {
+    path: String,
+    offset: u64,
+    length: u64,
+    count: u64,
+    sha256: String,
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "{:<42} {:<10} {:<12} {:>9} {:>8} {:>11}  copy shown",
+        "failure", "cause", "action", "committed", "diverted", "handed back"
+    );
+    println!("{}", "-".repeat(120));
+    for r in rows {
+        println!(
+            "{:<42} {:<10} {:<12} {:>9} {:>8} {:>11}  {}",
+            r.failure, r.cause, r.action, r.committed, r.diverted, r.handed_back, r.copy
+        );
+    }
+    println!();
+}
+
+/// Recount from disk: rows in state.db, lines inside each receipt's range,
+/// and the messages handed back. Every uid sent must appear exactly once.
+fn verify(home: &Path, ledger: &Ledger) -> bool {
+    let mut seen: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
+    let mut problems = Vec::new();
+    let db_rows = match rusqlite::Connection::open(home.join("state.db")).and_then(|c| {
+        let mut s = c.prepare("SELECT uid FROM messages WHERE session_id = 'demo-session'")?;
+        s.query_map([], |r| r.get::<_, String>(0))?.collect::<rusqlite::Result<Vec<_>>>()
+    }) {
+        Ok(r) => r,
+        Err(e) => {
+            println!("recount: cannot read state.db: {e}");
+            return false;
+        }
+    };
+    for uid in &db_rows {
+        seen.entry(uid.clone()).or_default().push("state.db");
+    }
+    let mut diverted_lines = 0;
+    for r in &ledger.receipts {
+        match divert::verify_receipt(r) {
+            Ok(true) => {}
+            _ => problems.push(format!("receipt {} [{}+{}] does not match its sha256", r.path, r.offset, r.length)),
+        }
+        if let Ok(data) = std::fs::read(&r.path)
+            && let Some(range) = data.get(r.offset as usize..(r.offset + r.length) as usize)
+        {
+            for line in String::from_utf8_lossy(range).lines() {
+                if let Some(uid) = serde_json::from_str::<Value>(line).ok().and_then(|v| v["uid"].as_str().map(String::from)) {
+                    diverted_lines += 1;
+                    seen.entry(uid).or_default().push("divert");
+                }
+            }
+        }
+    }
+    for uid in &ledger.handed_back {
+        seen.entry(uid.clone()).or_default().push("handed back");
+    }
+    for uid in &ledger.sent {
+        match seen.get(uid).map(Vec::len) {
+            Some(1) => {}
+            Some(n) => problems.push(format!("message {uid} is in {n} places: {:?}", seen[uid])),
+            None => problems.push(format!("message {uid} is nowhere")),
+        }
+    }
+    if seen.len() != ledger.sent.len() {
+        problems.push(format!("{} messages found but {} sent", seen.len(), ledger.sent.len()));
+    }
+    for (body, receipt) in &ledger.claims {
+        let claims = body.to_lowercase().contains("a copy was kept");
+        match (claims, receipt) {
+            (true, None) => problems.push(format!("copy claims a kept copy without a receipt: {body}")),
+            (true, Some(p)) if !body.contains(p.as_str()) => problems.push(format!("copy names another path: {body}")),
+            _ => {}
+        }
+    }
+    println!(
+        "recount: sent {}, in state.db {}, in receipts {}, handed back {}",
+        ledger.sent.len(),
+        db_rows.len(),
+        diverted_lines,
+        ledger.handed_back.len()
+    );
+    if problems.is_empty() {
+        println!("verified: every message is accounted for exactly once, and no copy claims a divert without a receipt");
+        true
+    } else {
+        for p in &problems {
+            println!("NOT VERIFIED: {p}");
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recount_fails_when_a_message_is_nowhere_or_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SessionStore::create(dir.path(), StoreOptions::default()).unwrap();
+        let s = SessionId::new("demo-session").unwrap();
+        let out = store.append_batch(&s, &turn(2, 10));
+        drop(store);
+        let mut ledger = Ledger::default();
+        ledger.record(&out);
+        assert!(verify(dir.path(), &ledger));
+        // A message the recount cannot find.
+        ledger.sent.push("ghost".into());
+        assert!(!verify(dir.path(), &ledger));
+        ledger.sent.pop();
+        // A committed message also reported as handed back.
+        ledger.handed_back.push(out.uids[0].clone());
+        assert!(!verify(dir.path(), &ledger));
+        ledger.handed_back.clear();
+        // A copy that claims a kept copy without a receipt.
+        ledger.claims.push(("A copy was kept at /nowhere.".into(), None));
+        assert!(!verify(dir.path(), &ledger));
+    }
+}
