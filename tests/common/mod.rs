@@ -2,6 +2,9 @@
 //! connection for inducing failures, and readers that recount from disk.
 #![allow(dead_code)]
 
+#[macro_use]
+pub mod privileged;
+
 use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;

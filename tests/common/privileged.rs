@@ -1,0 +1,82 @@
+//! Fixtures that need root: an immutable file (`chattr +i`) and a small
+//! tmpfs mount. Each undoes itself in `Drop`, which also runs while a
+//! failing test unwinds. When the machine cannot do it, `new` says why and
+//! the test prints that reason and returns.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
+    let out = Command::new(cmd).args(args).output().map_err(|e| format!("{cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd} {:?}: {}", args, String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// `chattr +i` on a path, undone on drop.
+pub struct Immutable {
+    path: PathBuf,
+}
+
+impl Immutable {
+    pub fn new(path: &Path) -> Result<Immutable, String> {
+        run("chattr", &["+i".as_ref(), path.as_os_str()])?;
+        Ok(Immutable { path: path.to_path_buf() })
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = run("chattr", &["-i".as_ref(), self.path.as_os_str()]);
+    }
+}
+
+/// A tmpfs of `size` mounted at `dir`, unmounted on drop.
+pub struct Tmpfs {
+    dir: PathBuf,
+}
+
+impl Tmpfs {
+    pub fn new(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let opts = format!("size={size},mode=0700");
+        run("mount", &["-t".as_ref(), "tmpfs".as_ref(), "-o".as_ref(), opts.as_ref(), "tmpfs".as_ref(), dir.as_os_str()])?;
+        Ok(Tmpfs { dir: dir.to_path_buf() })
+    }
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = run("umount", &["-l".as_ref(), self.dir.as_os_str()]);
+    }
+}
+
+/// Fill the filesystem holding `dir` until a write fails with ENOSPC.
+pub fn fill(dir: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(dir.join("filler")).unwrap();
+    let chunk = vec![0u8; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    let _ = f.sync_all();
+}
+
+/// Print why a test is skipped, so it is never silent.
+#[macro_export]
+macro_rules! skip_unless {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(why) => {
+                eprintln!("SKIPPED {}: {}", module_path!(), why);
+                println!("SKIPPED {}: {}", module_path!(), why);
+                return;
+            }
+        }
+    };
+}
