@@ -28,7 +28,9 @@ fn an_immutable_wal_diverts() {
     drop(first);
     // The last close checkpointed and removed the WAL; recreate it.
     let other = home.other();
-    other.execute_batch("PRAGMA journal_mode=WAL; UPDATE state_meta SET value = value WHERE key = 'generation'").unwrap();
+    other
+        .execute_batch("PRAGMA journal_mode=WAL; UPDATE state_meta SET value = value WHERE key = 'generation'")
+        .unwrap();
     assert!(home.path().join("state.db-wal").exists());
     let _imm = skip_unless!(Immutable::new(&home.path().join("state.db-wal")));
     let mut store = home.store();

@@ -8,11 +8,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
-    let out = Command::new(cmd).args(args).output().map_err(|e| format!("{cmd}: {e}"))?;
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("{cmd} {:?}: {}", args, String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "{cmd} {:?}: {}",
+            args,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
@@ -24,7 +31,9 @@ pub struct Immutable {
 impl Immutable {
     pub fn new(path: &Path) -> Result<Immutable, String> {
         run("chattr", &["+i".as_ref(), path.as_os_str()])?;
-        Ok(Immutable { path: path.to_path_buf() })
+        Ok(Immutable {
+            path: path.to_path_buf(),
+        })
     }
 }
 
@@ -43,7 +52,17 @@ impl Tmpfs {
     pub fn new(dir: &Path, size: &str) -> Result<Tmpfs, String> {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         let opts = format!("size={size},mode=0700");
-        run("mount", &["-t".as_ref(), "tmpfs".as_ref(), "-o".as_ref(), opts.as_ref(), "tmpfs".as_ref(), dir.as_os_str()])?;
+        run(
+            "mount",
+            &[
+                "-t".as_ref(),
+                "tmpfs".as_ref(),
+                "-o".as_ref(),
+                opts.as_ref(),
+                "tmpfs".as_ref(),
+                dir.as_os_str(),
+            ],
+        )?;
         Ok(Tmpfs { dir: dir.to_path_buf() })
     }
     pub fn path(&self) -> &Path {

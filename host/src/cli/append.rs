@@ -52,7 +52,10 @@ pub fn exhaust_fds() -> std::io::Result<u64> {
         lowest += 1;
     }
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
-    let new = rustix::process::Rlimit { current: Some(lowest), maximum: lim.maximum };
+    let new = rustix::process::Rlimit {
+        current: Some(lowest),
+        maximum: lim.maximum,
+    };
     rustix::process::setrlimit(rustix::process::Resource::Nofile, new).map_err(std::io::Error::from)?;
     Ok(lowest)
 }

@@ -61,7 +61,8 @@ impl Ledger {
             self.receipts.push(r.clone());
         }
         if let Some(c) = &out.copy {
-            self.claims.push((c.body.clone(), out.receipt.as_ref().map(|r| r.path.clone())));
+            self.claims
+                .push((c.body.clone(), out.receipt.as_ref().map(|r| r.path.clone())));
         }
     }
 }
@@ -82,7 +83,10 @@ fn turn(n: usize, size: usize) -> Vec<Message> {
     (0..n)
         .map(|i| {
             let role = if i % 2 == 0 { "user" } else { "assistant" };
-            Message::new(role, &format!("turn message {i}: {}", "the quick brown fox ".repeat(size / 20 + 1)))
+            Message::new(
+                role,
+                &format!("turn message {i}: {}", "the quick brown fox ".repeat(size / 20 + 1)),
+            )
         })
         .collect()
 }
@@ -111,7 +115,11 @@ pub fn run(args: Args) -> i32 {
         Ok((rows, ledger)) => {
             print_table(&rows);
             let ok = verify(&home, &ledger);
-            println!("finished in {:.1} s; home: {}", started.elapsed().as_secs_f64(), home.display());
+            println!(
+                "finished in {:.1} s; home: {}",
+                started.elapsed().as_secs_f64(),
+                home.display()
+            );
             if ok { exit::OK } else { exit::UNACCOUNTED }
         }
         Err(e) => {
@@ -122,7 +130,11 @@ pub fn run(args: Args) -> i32 {
 }
 
 fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
-    let opts = StoreOptions { vfs: Some(faultvfs::VFS_NAME.into()), holder: "demo".into(), ..StoreOptions::default() };
+    let opts = StoreOptions {
+        vfs: Some(faultvfs::VFS_NAME.into()),
+        holder: "demo".into(),
+        ..StoreOptions::default()
+    };
     let mut store = SessionStore::create(home, opts).map_err(|e| e.to_string())?;
     let session = SessionId::new("demo-session").map_err(|e| e)?;
     let tag = home.to_string_lossy().into_owned();
@@ -151,12 +163,16 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
     step("ENOSPC at WAL write (fault VFS)", out, &mut rows);
 
     if let Some(c) = store.connection() {
-        let pages: i64 = c.query_row("PRAGMA page_count", [], |r| r.get(0)).map_err(|e| e.to_string())?;
-        c.pragma_update(None, "max_page_count", pages).map_err(|e| e.to_string())?;
+        let pages: i64 = c
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .map_err(|e| e.to_string())?;
+        c.pragma_update(None, "max_page_count", pages)
+            .map_err(|e| e.to_string())?;
     }
     let out = store.append_batch(&session, &turn(10, 4000));
     if let Some(c) = store.connection() {
-        c.pragma_update(None, "max_page_count", 1_073_741_823i64).map_err(|e| e.to_string())?;
+        c.pragma_update(None, "max_page_count", 1_073_741_823i64)
+            .map_err(|e| e.to_string())?;
     }
     step("SQLITE_FULL (max_page_count)", out, &mut rows);
 
@@ -208,11 +224,20 @@ fn hold_lock(db: &Path, hold: Duration) -> Result<std::thread::JoinHandle<()>, S
 fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<FlushOutcome, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
-    cmd.args(["append", "--session", "demo-session", "--holder", "demo-child", "--exhaust-fds-after", "0", "--home"])
-        .arg(home)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    cmd.args([
+        "append",
+        "--session",
+        "demo-session",
+        "--holder",
+        "demo-child",
+        "--exhaust-fds-after",
+        "0",
+        "--home",
+    ])
+    .arg(home)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
     let mut child = cmd.spawn().map_err(|e| format!("spawning the child: {e}"))?;
     let line: Vec<Value> = batch
         .iter()
@@ -239,19 +264,31 @@ fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<FlushOutcome, St
 fn outcome_from_json(v: &Value) -> FlushOutcome {
     let n = |k: &str| v[k].as_u64().unwrap_or(0) as usize;
     let strings = |k: &str| -> Vec<String> {
-        v[k].as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default()
+        v[k].as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+            .unwrap_or_default()
     };
-    let receipt = serde_json::from_value::<ReceiptJson>(v["receipt"].clone()).ok().map(|r| Receipt {
-        path: r.path,
-        offset: r.offset,
-        length: r.length,
-        count: r.count,
-        sha256: r.sha256,
-    });
+    let receipt = serde_json::from_value::<ReceiptJson>(v["receipt"].clone())
+        .ok()
+        .map(|r| Receipt {
+            path: r.path,
+            offset: r.offset,
+            length: r.length,
+            count: r.count,
+            sha256: r.sha256,
+        });
     let copy = v["copy"].as_object().map(|c| turnsafe_policy::Copy {
         code: c.get("code").and_then(Value::as_str).unwrap_or_default().into(),
-        cause: c.get("cause").and_then(Value::as_str).and_then(turnsafe_policy::Cause::from_label).unwrap_or(turnsafe_policy::Cause::Unknown),
-        outcome: c.get("outcome").and_then(Value::as_str).and_then(turnsafe_policy::Outcome::from_label).unwrap_or(turnsafe_policy::Outcome::HandedBack),
+        cause: c
+            .get("cause")
+            .and_then(Value::as_str)
+            .and_then(turnsafe_policy::Cause::from_label)
+            .unwrap_or(turnsafe_policy::Cause::Unknown),
+        outcome: c
+            .get("outcome")
+            .and_then(Value::as_str)
+            .and_then(turnsafe_policy::Outcome::from_label)
+            .unwrap_or(turnsafe_policy::Outcome::HandedBack),
         title: c.get("title").and_then(Value::as_str).unwrap_or_default().into(),
         body: c.get("body").and_then(Value::as_str).unwrap_or_default().into(),
         remediation: Vec::new(),
@@ -260,7 +297,9 @@ fn outcome_from_json(v: &Value) -> FlushOutcome {
     FlushOutcome {
         persisted: v["persisted"].as_bool().unwrap_or(false),
         cause: v["cause"].as_str().and_then(turnsafe_policy::Cause::from_label),
-        action: v["action"].as_str().and_then(|a| turnsafe_policy::ActionKind::ALL.into_iter().find(|k| k.label() == a)),
+        action: v["action"]
+            .as_str()
+            .and_then(|a| turnsafe_policy::ActionKind::ALL.into_iter().find(|k| k.label() == a)),
         attempts: n("attempts") as u32,
         committed: n("committed"),
         diverted: n("diverted"),
@@ -305,7 +344,8 @@ fn verify(home: &Path, ledger: &Ledger) -> bool {
     let mut problems = Vec::new();
     let db_rows = match rusqlite::Connection::open(home.join("state.db")).and_then(|c| {
         let mut s = c.prepare("SELECT uid FROM messages WHERE session_id = 'demo-session'")?;
-        s.query_map([], |r| r.get::<_, String>(0))?.collect::<rusqlite::Result<Vec<_>>>()
+        s.query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()
     }) {
         Ok(r) => r,
         Err(e) => {
@@ -320,13 +360,19 @@ fn verify(home: &Path, ledger: &Ledger) -> bool {
     for r in &ledger.receipts {
         match divert::verify_receipt(r) {
             Ok(true) => {}
-            _ => problems.push(format!("receipt {} [{}+{}] does not match its sha256", r.path, r.offset, r.length)),
+            _ => problems.push(format!(
+                "receipt {} [{}+{}] does not match its sha256",
+                r.path, r.offset, r.length
+            )),
         }
         if let Ok(data) = std::fs::read(&r.path)
             && let Some(range) = data.get(r.offset as usize..(r.offset + r.length) as usize)
         {
             for line in String::from_utf8_lossy(range).lines() {
-                if let Some(uid) = serde_json::from_str::<Value>(line).ok().and_then(|v| v["uid"].as_str().map(String::from)) {
+                if let Some(uid) = serde_json::from_str::<Value>(line)
+                    .ok()
+                    .and_then(|v| v["uid"].as_str().map(String::from))
+                {
                     diverted_lines += 1;
                     seen.entry(uid).or_default().push("divert");
                 }
@@ -362,7 +408,9 @@ fn verify(home: &Path, ledger: &Ledger) -> bool {
         ledger.handed_back.len()
     );
     if problems.is_empty() {
-        println!("verified: every message is accounted for exactly once, and no copy claims a divert without a receipt");
+        println!(
+            "verified: every message is accounted for exactly once, and no copy claims a divert without a receipt"
+        );
         true
     } else {
         for p in &problems {
