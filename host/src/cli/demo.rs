@@ -136,7 +136,7 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
         ..StoreOptions::default()
     };
     let mut store = SessionStore::create(home, opts).map_err(|e| e.to_string())?;
-    let session = SessionId::new("demo-session").map_err(|e| e)?;
+    let session = SessionId::new("demo-session")?;
     let tag = home.to_string_lossy().into_owned();
     let mut rows = Vec::new();
     let mut ledger = Ledger::default();
@@ -147,17 +147,17 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
 
     step("none", store.append_batch(&session, &turn(10, 200)), &mut rows);
 
-    let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1)).map_err(|e| e)?;
+    let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1))?;
     let out = store.append_batch(&session, &turn(10, 200));
     drop(g);
     step("I/O error at WAL write (fault VFS)", out, &mut rows);
 
-    let g = faultvfs::arm(Fault::new(&tag, Op::Sync, FileKind::Wal, 1).persistent()).map_err(|e| e)?;
+    let g = faultvfs::arm(Fault::new(&tag, Op::Sync, FileKind::Wal, 1).persistent())?;
     let out = store.append_batch(&session, &turn(10, 200));
     drop(g);
     step("I/O error at WAL fsync (fault VFS)", out, &mut rows);
 
-    let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1).errno(libc::ENOSPC)).map_err(|e| e)?;
+    let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1).errno(libc::ENOSPC))?;
     let out = store.append_batch(&session, &turn(10, 200));
     drop(g);
     step("ENOSPC at WAL write (fault VFS)", out, &mut rows);
@@ -198,7 +198,7 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
     let aside = home.join("sessions.aside");
     std::fs::rename(&sessions, &aside).map_err(|e| e.to_string())?;
     std::fs::write(&sessions, b"a file where the sessions folder should be").map_err(|e| e.to_string())?;
-    let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1)).map_err(|e| e)?;
+    let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1))?;
     let out = store.append_batch(&session, &turn(10, 200));
     drop(g);
     std::fs::remove_file(&sessions).map_err(|e| e.to_string())?;
