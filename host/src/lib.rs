@@ -5,6 +5,7 @@
 //! what each failure means. This crate also carries the policy as a WASM
 //! component ([`engine::COMPONENT`]) and can run either implementation.
 
+pub mod capture;
 pub mod cli;
 pub mod divert;
 pub mod engine;
@@ -12,6 +13,7 @@ pub mod exit;
 pub mod failpoint;
 #[cfg(feature = "fault-injection")]
 pub mod faultvfs;
+pub mod guard;
 pub mod message;
 pub mod observe;
 pub mod outcome;

@@ -3,6 +3,7 @@
 use serde_json::{Value, json};
 use turnsafe_policy::{ActionKind, Cause, Copy};
 
+use crate::capture::Capture;
 use crate::divert::{DivertError, Receipt};
 
 /// The result of `append_batch`. `committed + diverted + handed_back` is
@@ -28,6 +29,8 @@ pub struct FlushOutcome {
     pub minted_uids: Vec<String>,
     /// Why the flush failed: `session_persistence_failed:<cause>`.
     pub error: Option<String>,
+    /// The capture of a retired generation this flush made, or why it failed.
+    pub capture: Option<Result<Capture, String>>,
 }
 
 impl FlushOutcome {
@@ -47,6 +50,11 @@ impl FlushOutcome {
             "error": self.error,
             "uids": self.uids,
             "minted_uids": self.minted_uids,
+            "capture": match &self.capture {
+                None => Value::Null,
+                Some(Ok(c)) => json!({ "path": c.path, "files": c.files }),
+                Some(Err(e)) => json!({ "error": e }),
+            },
         })
     }
 }

@@ -310,6 +310,7 @@ fn outcome_from_json(v: &Value) -> FlushOutcome {
         uids: strings("uids"),
         minted_uids: strings("minted_uids"),
         error: v["error"].as_str().map(String::from),
+        capture: None,
     }
 }
 

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, OpenFlags};
 use turnsafe_policy::{ActionKind, Cause, CopyContext, Decision, Evidence, Observation, Operation, Outcome};
 
+use crate::capture::{self, Capture};
 use crate::divert::{self, DivertLine};
+use crate::guard::{self, Guard, Verdict};
 use crate::message::Message;
 use crate::observe;
 use crate::outcome::FlushOutcome;
@@ -108,7 +110,9 @@ pub struct SessionStore {
     divert_dir: PathBuf,
     opts: StoreOptions,
     conn: Option<Connection>,
+    guard: Option<Guard>,
     sticky: Option<Cause>,
+    captured: bool,
     counters: Counters,
     sessions: HashMap<String, SessionState>,
 }
@@ -140,7 +144,9 @@ impl SessionStore {
             divert_dir: home.join("sessions"),
             opts,
             conn: None,
+            guard: None,
             sticky: None,
+            captured: false,
             counters: Counters::default(),
             sessions: HashMap::new(),
         };
@@ -230,7 +236,18 @@ impl SessionStore {
         match self.configure(&conn) {
             Ok(()) => {
                 self.counters.connections_opened += 1;
-                tracing::debug!(db = %self.db_path.display(), "store opened");
+                // Record the generation the handle writes to. A probe that
+                // cannot run leaves the store closed: fail closed as `disk`.
+                let guard = match Guard::record(&self.db_path, &conn) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::error!(error = %e, "guard could not record the store's files");
+                        let errno = e.source.raw_os_error().map(i64::from);
+                        return Err((probe_error(&e), errno));
+                    }
+                };
+                tracing::debug!(db = %self.db_path.display(), generation = guard.generation(), "store opened");
+                self.guard = Some(guard);
                 self.conn = Some(conn);
                 Ok(())
             }
@@ -314,6 +331,7 @@ impl SessionStore {
         }
 
         let mut plan = WritePlan::default();
+        let mut pending_capture = None;
         loop {
             flush.attempts += 1;
             self.counters.append_attempts += 1;
@@ -335,6 +353,9 @@ impl SessionStore {
             if d.sticky {
                 self.sticky = Some(d.classification.cause);
             }
+            if d.capture {
+                pending_capture = self.retire_generation(&format!("flush: {}", obs.message));
+            }
             match d.action {
                 ActionKind::Retry => {
                     std::thread::sleep(Duration::from_millis(d.delay_ms.unwrap_or(1)));
@@ -342,15 +363,67 @@ impl SessionStore {
                 ActionKind::DegradeFts => plan.degrade_fts = true,
                 ActionKind::RecreateSession => plan.recreate_session = true,
                 // This host keeps no continuation sessions, so it cannot adopt one.
-                ActionKind::AdoptContinuation => {
-                    return self.settle(&flush, d, ActionKind::Divert, obs.errno);
-                }
-                ActionKind::Divert | ActionKind::FailClosed => {
-                    return self.settle(&flush, d, d.action, obs.errno);
+                ActionKind::AdoptContinuation | ActionKind::Divert | ActionKind::FailClosed => {
+                    let action = if d.action == ActionKind::AdoptContinuation {
+                        ActionKind::Divert
+                    } else {
+                        d.action
+                    };
+                    let mut out = self.settle(&flush, d, action, obs.errno);
+                    out.capture = pending_capture;
+                    return out;
                 }
             }
             plan.last = Some(d);
         }
+    }
+
+    /// The retired generation must never be checkpointed into whatever file
+    /// is at the path now; capture it once for the operator.
+    fn retire_generation(&mut self, trigger: &str) -> Option<Result<Capture, String>> {
+        if let Some(conn) = &self.conn {
+            let _ = conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
+        }
+        if self.captured {
+            return None;
+        }
+        self.captured = true;
+        let guard = self.guard.as_ref()?;
+        let result = capture::capture(guard, trigger).map_err(|e| e.to_string());
+        match &result {
+            Ok(c) => tracing::warn!(capture = %c.path, files = c.files.len(), "retired generation captured"),
+            Err(e) => tracing::error!(error = %e, "CAPTURE FAILED: the retired generation was not saved"),
+        }
+        Some(result)
+    }
+
+    /// Check the generation one last time, then close without ever
+    /// checkpointing a retired generation into the wrong file.
+    pub fn close(mut self) -> Option<Result<Capture, String>> {
+        self.close_inner()
+    }
+
+    fn close_inner(&mut self) -> Option<Result<Capture, String>> {
+        self.release_all_leases();
+        let mut capture = None;
+        if let (Some(conn), Some(guard)) = (&self.conn, &mut self.guard) {
+            match guard.check(conn) {
+                Ok(Verdict::Intact) if self.sticky.is_none() => {}
+                Ok(Verdict::Intact) => capture = self.retire_generation("close after a sticky cause"),
+                Ok(Verdict::Mismatch { detail, .. }) => {
+                    tracing::warn!(detail = %detail, "generation changed before close");
+                    capture = self.retire_generation(&format!("close: {detail}"));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "guard probe failed at close; not checkpointing");
+                    if let Some(conn) = &self.conn {
+                        let _ = conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
+                    }
+                }
+            }
+        }
+        self.conn = None;
+        capture
     }
 
     fn observe(&self, flush: &Flush<'_>, failure: &WriteFailure) -> Observation {
@@ -365,6 +438,27 @@ impl SessionStore {
                 elapsed,
                 flush.seed,
             ),
+            WriteFailure::Guard { evidence, detail } => Observation {
+                evidence: vec![*evidence],
+                attempt: flush.attempts,
+                elapsed_ms: elapsed,
+                seed: flush.seed,
+                message: format!("turnsafe guard: {detail}"),
+                ..Observation::new(Operation::AppendBatch)
+            },
+            WriteFailure::Probe(e) => {
+                let err = probe_error(e);
+                let errno = e.source.raw_os_error().map(i64::from);
+                observe::observation(
+                    Operation::AppendBatch,
+                    &err,
+                    errno,
+                    Vec::new(),
+                    flush.attempts,
+                    elapsed,
+                    flush.seed,
+                )
+            }
             WriteFailure::LeaseLost => Observation {
                 evidence: vec![Evidence::TurnLeaseLost],
                 attempt: flush.attempts,
@@ -402,6 +496,7 @@ impl SessionStore {
                     uids: flush.uids.clone(),
                     minted_uids: flush.minted.clone(),
                     error: Some(cause.failure_label()),
+                    capture: None,
                 }
             }
         }
@@ -449,6 +544,7 @@ impl SessionStore {
             uids: flush.uids.clone(),
             minted_uids: flush.minted.clone(),
             error: Some(cause.failure_label()),
+            capture: None,
         };
         match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
             Ok(receipt) => {
@@ -500,6 +596,7 @@ impl SessionStore {
             uids: flush.uids.clone(),
             minted_uids: flush.minted.clone(),
             error: None,
+            capture: None,
         }
     }
 
@@ -554,8 +651,17 @@ impl Drop for SessionStore {
     /// End of input: give the turn back so the next writer need not wait
     /// for the lease to expire.
     fn drop(&mut self) {
-        self.release_all_leases();
+        let _ = self.close_inner();
     }
+}
+
+/// A guard probe failure as the SQLite-shaped error the policy reads:
+/// an I/O error, so the store fails closed as `disk`.
+fn probe_error(e: &guard::ProbeError) -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+        Some(format!("turnsafe {e}")),
+    )
 }
 
 /// One batch in flight.

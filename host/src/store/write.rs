@@ -28,9 +28,15 @@ pub(super) enum WriteFailure {
     },
     /// Another writer holds this session's turn lease.
     LeaseLost,
+    /// The guard found the generation changed under the handle.
+    Guard { evidence: Evidence, detail: String },
+    /// A guard probe itself failed.
+    Probe(crate::guard::ProbeError),
 }
 
 enum Stop {
+    Guard(Evidence, String),
+    Probe(crate::guard::ProbeError),
     Sqlite(rusqlite::Error),
     /// A message insert failed on something other than our own constraints:
     /// the FTS trigger is the only other thing that statement touches.
@@ -54,12 +60,23 @@ impl SessionStore {
             });
         };
         let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
+        let guard = &mut self.guard;
         let ttl_ms = self.opts.lease_ttl.as_millis() as i64;
         let holder = self.opts.holder.clone();
 
         let mut first_seq = None;
         let result = (|| -> Result<(String, i64), Stop> {
             conn.execute_batch("BEGIN IMMEDIATE")?;
+            // Under the write lock: is this still the generation we opened?
+            if let Some(g) = guard.as_mut() {
+                match g.check(conn) {
+                    Ok(crate::guard::Verdict::Intact) => {}
+                    Ok(crate::guard::Verdict::Mismatch { evidence, detail }) => {
+                        return Err(Stop::Guard(evidence, detail));
+                    }
+                    Err(e) => return Err(Stop::Probe(e)),
+                }
+            }
             let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq)?;
             first_seq = Some(seq);
             if plan.degrade_fts {
@@ -145,6 +162,8 @@ impl SessionStore {
                         evidence: vec![Evidence::FtsScope],
                     },
                     Stop::LeaseLost => WriteFailure::LeaseLost,
+                    Stop::Guard(evidence, detail) => WriteFailure::Guard { evidence, detail },
+                    Stop::Probe(e) => WriteFailure::Probe(e),
                 })
             }
         }

@@ -1,0 +1,133 @@
+//! Capture of a retired WAL generation: the files the handle still holds
+//! (main image, WAL, shm) are copied through the held descriptors, chosen
+//! by identity, never by path, into
+//! `<home>/state.db.retired-<yyyymmddThhmmssZ>-<pid>/` with a manifest.
+//! Each file goes to a temporary name, is fsynced and renamed; then the
+//! folder is fsynced. Nothing is ever merged back automatically.
+
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::{BorrowedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::divert::sync_dir;
+use crate::guard::{Guard, Part};
+
+/// A finished capture.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Capture {
+    pub path: String,
+    pub files: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("capture of the retired generation failed at {step}: {source}")]
+pub struct CaptureError {
+    pub step: String,
+    #[source]
+    pub source: io::Error,
+}
+
+fn err(step: impl Into<String>) -> impl FnOnce(io::Error) -> CaptureError {
+    let step = step.into();
+    move |source| CaptureError { step, source }
+}
+
+/// Read a whole file through a held descriptor. A short read is an error.
+fn read_through(fd: RawFd) -> io::Result<Vec<u8>> {
+    // SAFETY: the descriptor is held by this process's SQLite connection.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    let size = rustix::fs::fstat(b)?.st_size as usize;
+    let mut buf = vec![0u8; size];
+    let mut done = 0;
+    while done < size {
+        let n = rustix::io::pread(b, &mut buf[done..], done as u64)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("short read: {done} of {size} bytes through fd {fd}"),
+            ));
+        }
+        done += n;
+    }
+    Ok(buf)
+}
+
+fn write_durably(dir: &Path, name: &str, data: &[u8]) -> Result<(), CaptureError> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .map_err(err(format!("create {name}")))?;
+    f.write_all(data).map_err(err(format!("write {name}")))?;
+    f.sync_all().map_err(err(format!("fsync {name}")))?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name)).map_err(err(format!("rename {name}")))
+}
+
+/// Capture what the guard recorded into a new folder next to the db.
+pub fn capture(guard: &Guard, trigger: &str) -> Result<Capture, CaptureError> {
+    let db = guard.db_path();
+    let parent = db.parent().unwrap_or(Path::new("."));
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .replace(['-', ':'], "");
+    let dir: PathBuf = parent.join(format!("state.db.retired-{stamp}-{}", std::process::id()));
+    crate::failpoint::hit("capture.before_mkdir");
+    DirBuilder::new().mode(0o700).create(&dir).map_err(err("mkdir"))?;
+    let mut files = Vec::new();
+    let mut manifest_files = Vec::new();
+    for part in Part::ALL {
+        let Some(held) = guard.held(part) else { continue };
+        let Some(fd) = held.fd else { continue };
+        let name = format!("state.db{}", part.suffix());
+        let data = read_through(fd).map_err(err(format!("read {name} through fd {fd}")))?;
+        crate::failpoint::hit("capture.before_write");
+        write_durably(&dir, &name, &data)?;
+        manifest_files.push(json!({
+            "name": name,
+            "dev": held.id.dev,
+            "ino": held.id.ino,
+            "fd": fd,
+            "size": data.len(),
+            "sha256": hex::encode(Sha256::digest(&data)),
+        }));
+        files.push(name);
+    }
+    let manifest = json!({
+        "format": 1,
+        "trigger": trigger,
+        "source": db.to_string_lossy(),
+        "generation": guard.generation(),
+        "pid": std::process::id(),
+        "captured_at": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        "files": manifest_files,
+        "versions": {
+            "turnsafe": env!("CARGO_PKG_VERSION"),
+            "sqlite": rusqlite::version(),
+        },
+    });
+    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| err("manifest")(io::Error::other(e)))?;
+    write_durably(&dir, "manifest.json", &text)?;
+    sync_dir(&dir).map_err(err("fsync folder"))?;
+    sync_dir(parent).map_err(err("fsync parent"))?;
+    Ok(Capture {
+        path: dir.to_string_lossy().into_owned(),
+        files,
+    })
+}
+
+/// Open a file for reading without following links (used by recover).
+pub fn open_nofollow(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
