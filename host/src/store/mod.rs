@@ -261,7 +261,11 @@ impl SessionStore {
     fn configure(&self, conn: &Connection) -> rusqlite::Result<()> {
         conn.busy_timeout(self.opts.busy_timeout)?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        let generation = (random_u64() as i32).max(1);
+        // Any nonzero 32-bit value; zero means "never stamped".
+        let generation = match random_u64() as i32 {
+            0 => 1,
+            g => g,
+        };
         // Stamps application_id and state_meta before the switch to WAL.
         schema::migrate(conn, generation)?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;

@@ -56,6 +56,9 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
             return Ok(());
         }
         conn.execute_batch(V1)?;
+        // The generation also lives in the header (application_id, bytes
+        // 68-71), written before the switch to WAL so the main file has it.
+        conn.execute_batch(&format!("PRAGMA application_id = {generation}"))?;
         conn.execute(
             "INSERT OR IGNORE INTO state_meta(key, value) VALUES ('generation', ?1), ('fts_enabled', '1'), ('schema_version', ?2)",
             params![generation.to_string(), VERSION.to_string()],
