@@ -38,11 +38,15 @@ pub struct Args {
     /// RLIMIT_NOFILE so that no new file descriptor can be opened.
     #[arg(long, hide = true, value_name = "N")]
     exhaust_fds_after: Option<u64>,
+    /// Testing aid, with `--exhaust-fds-after`: leave K descriptors free.
+    #[arg(long, hide = true, value_name = "K", default_value_t = 0)]
+    fd_headroom: u64,
 }
 
-/// Lower the soft RLIMIT_NOFILE to the lowest free descriptor number, so
-/// every later open fails with EMFILE while held descriptors keep working.
-pub fn exhaust_fds() -> std::io::Result<u64> {
+/// Lower the soft RLIMIT_NOFILE to the lowest free descriptor number (plus
+/// `headroom`), so later opens fail with EMFILE while held descriptors keep
+/// working.
+pub fn exhaust_fds(headroom: u64) -> std::io::Result<u64> {
     let mut lowest = 0u64;
     while lowest < 65_536 {
         // SAFETY: F_GETFD only queries whether the descriptor number is open.
@@ -53,7 +57,7 @@ pub fn exhaust_fds() -> std::io::Result<u64> {
     }
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     let new = rustix::process::Rlimit {
-        current: Some(lowest),
+        current: Some(lowest + headroom),
         maximum: lim.maximum,
     };
     rustix::process::setrlimit(rustix::process::Resource::Nofile, new).map_err(std::io::Error::from)?;
@@ -78,7 +82,7 @@ pub fn run(args: Args) -> i32 {
     }
     let exhaust = |when: u64| {
         if args.exhaust_fds_after == Some(when) {
-            match exhaust_fds() {
+            match exhaust_fds(args.fd_headroom) {
                 Ok(n) => tracing::warn!(limit = n, "RLIMIT_NOFILE lowered: no new descriptors can be opened"),
                 Err(e) => tracing::error!(error = %e, "could not lower RLIMIT_NOFILE"),
             }
