@@ -55,9 +55,16 @@ fn bare(dir: &std::path::Path, batches: usize) -> Vec<Duration> {
     times
 }
 
-fn turnsafe(dir: &std::path::Path, batches: usize) -> Vec<Duration> {
-    let home = dir.join("home");
-    let mut store = SessionStore::create(&home, StoreOptions::default()).unwrap();
+fn turnsafe(dir: &std::path::Path, batches: usize, guard: bool) -> Vec<Duration> {
+    let home = dir.join(if guard { "home" } else { "home-unguarded" });
+    let mut store = SessionStore::create(
+        &home,
+        StoreOptions {
+            guard,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
     let s = SessionId::new("s1").unwrap();
     let mut times = Vec::with_capacity(batches);
     for b in 0..batches {
@@ -97,15 +104,18 @@ fn main() {
         .unwrap_or(300);
     let dir = tempfile::tempdir().unwrap();
     // Interleave rounds so both see the same machine conditions.
-    let (mut bare_t, mut ts_t) = (Vec::new(), Vec::new());
+    let (mut bare_t, mut ts_t, mut nog_t) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..3 {
         let d = dir.path().join(format!("r{round}"));
         std::fs::create_dir(&d).unwrap();
         bare_t.extend(bare(&d, batches / 3));
-        ts_t.extend(turnsafe(&d, batches / 3));
+        ts_t.extend(turnsafe(&d, batches / 3, true));
+        nog_t.extend(turnsafe(&d, batches / 3, false));
     }
     println!("flush of 10 x ~200 B messages, WAL, synchronous=FULL, FTS5 on");
     let floor = stats("bare", bare_t);
     let ours = stats("turnsafe", ts_t);
+    let unguarded = stats("no guard", nog_t);
     println!("ratio turnsafe/bare (p50): {:.3} (target <= 1.25)", ours / floor);
+    println!("guard cost: flush with guard / without (p50): {:.3}", ours / unguarded);
 }
