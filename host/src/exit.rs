@@ -10,5 +10,10 @@ pub const USAGE: i32 = 2;
 pub const NOT_PERSISTED: i32 = 3;
 /// A verification found messages not accounted for exactly once.
 pub const UNACCOUNTED: i32 = 4;
+/// A command refused to act because doing so could lose data (a live
+/// lease, or a process still holding a file it would replace).
+pub const REFUSED: i32 = 5;
+/// `doctor` found problems.
+pub const PROBLEMS: i32 = 6;
 /// At least one input line could not be read as the command expects.
 pub const DATAERR: i32 = 65;

@@ -8,13 +8,17 @@
 pub mod capture;
 pub mod cli;
 pub mod divert;
+pub mod doctor;
 pub mod engine;
 pub mod exit;
 pub mod failpoint;
 #[cfg(feature = "fault-injection")]
 pub mod faultvfs;
 pub mod guard;
+pub mod holders;
 pub mod message;
 pub mod observe;
 pub mod outcome;
+pub mod recover;
+pub mod replay;
 pub mod store;

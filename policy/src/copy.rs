@@ -65,8 +65,13 @@ fn remedy(cause: Cause) -> &'static str {
     }
 }
 
-fn remediation(cause: Cause, outcome: Outcome) -> Vec<String> {
-    let mut steps: Vec<&str> = match cause {
+/// What an operator can do about a cause, whatever the outcome.
+pub fn cause_remediation(cause: Cause) -> Vec<String> {
+    cause_steps(cause).into_iter().map(String::from).collect()
+}
+
+fn cause_steps(cause: Cause) -> Vec<&'static str> {
+    match cause {
         Cause::Locked => {
             vec!["Check for another process writing the same state.db (`turnsafe doctor`)."]
         }
@@ -97,7 +102,11 @@ fn remediation(cause: Cause, outcome: Outcome) -> Vec<String> {
         Cause::SessionRowMissing => vec!["Run `turnsafe doctor` if sessions keep disappearing."],
         Cause::UidConflict => vec!["Send the message with a new uid, or resend it unchanged."],
         Cause::Unknown => vec!["Run `turnsafe doctor` and report the details below."],
-    };
+    }
+}
+
+fn remediation(cause: Cause, outcome: Outcome) -> Vec<String> {
+    let mut steps = cause_steps(cause);
     match outcome {
         Outcome::Persisted => steps.clear(),
         Outcome::Diverted => steps.push("When storage is fixed, run `turnsafe replay` to import the kept copy."),

@@ -36,7 +36,7 @@ pub mod table;
 mod component;
 
 pub use classify::classify;
-pub use copy::{CopyError, KNOWN_DIVERT_OPS, explain, parse_divert_failure};
+pub use copy::{CopyError, KNOWN_DIVERT_OPS, cause_remediation, explain, parse_divert_failure};
 pub use decide::{
     decide, decide_with, is_producible, is_sticky, needs_capture, outcome_for, outcomes_of, possible_actions,
     producible_pairs,

@@ -9,7 +9,10 @@ mod classify;
 mod component;
 #[cfg(feature = "fault-injection")]
 mod demo;
+mod doctor;
 mod explain;
+mod recover;
+mod replay;
 mod show;
 
 use clap::{Parser, Subcommand};
@@ -24,7 +27,8 @@ use crate::exit;
     long_about = "turnsafe decides what to do when saving a conversation turn to state.db fails \
                   (retry, divert to a durable JSONL copy, or fail closed) and says so truthfully.\n\n\
                   Exit codes: 0 ok; 1 internal error; 2 usage; 3 a batch was not persisted; \
-                  4 verification failed; 65 unreadable input lines."
+                  4 verification failed; 5 refused (a live lease, or a process holds a file it would \
+                  replace); 6 doctor found problems; 65 unreadable input lines."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -35,6 +39,9 @@ pub struct Cli {
 enum Command {
     Append(append::Args),
     Show(show::Args),
+    Replay(replay::Args),
+    Recover(recover::Args),
+    Doctor(doctor::Args),
     Classify(classify::Args),
     Explain(explain::Args),
     Component(component::Args),
@@ -55,6 +62,9 @@ pub fn main() -> i32 {
     match cli.command {
         Command::Append(a) => append::run(a),
         Command::Show(a) => show::run(a),
+        Command::Replay(a) => replay::run(a),
+        Command::Recover(a) => recover::run(a),
+        Command::Doctor(a) => doctor::run(a),
         Command::Classify(a) => classify::run(a),
         Command::Explain(a) => explain::run(a),
         Command::Component(a) => component::run(a),

@@ -9,7 +9,7 @@
 //! store that could not be opened tries again at the next batch, never
 //! within one.
 
-mod schema;
+pub mod schema;
 mod write;
 
 use std::collections::HashMap;
@@ -28,6 +28,7 @@ use crate::observe;
 use crate::outcome::FlushOutcome;
 
 pub use schema::VERSION as SCHEMA_VERSION;
+pub(crate) use write::same_row;
 use write::{WriteFailure, WritePlan};
 
 /// `PRAGMA synchronous` for the store.
@@ -267,28 +268,7 @@ impl SessionStore {
     }
 
     fn configure(&self, conn: &Connection) -> rusqlite::Result<()> {
-        conn.busy_timeout(self.opts.busy_timeout)?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        // Any nonzero 32-bit value; zero means "never stamped".
-        let generation = match random_u64() as i32 {
-            0 => 1,
-            g => g,
-        };
-        // Stamps application_id and state_meta before the switch to WAL.
-        schema::migrate(conn, generation)?;
-        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
-                Some(format!("could not switch to WAL (journal_mode is {mode})")),
-            ));
-        }
-        let sync = match self.opts.synchronous {
-            Synchronous::Full => "FULL",
-            Synchronous::Normal => "NORMAL",
-        };
-        conn.pragma_update(None, "synchronous", sync)?;
-        Ok(())
+        configure(conn, &self.opts)
     }
 
     /// Flush one turn's batch. Every message ends committed, diverted with
@@ -665,6 +645,34 @@ impl Drop for SessionStore {
     fn drop(&mut self) {
         let _ = self.close_inner();
     }
+}
+
+/// Configure a connection the way every turnsafe writer does: busy timeout,
+/// foreign keys, schema (which stamps the generation before WAL), WAL, and
+/// `synchronous`.
+pub fn configure(conn: &Connection, opts: &StoreOptions) -> rusqlite::Result<()> {
+    conn.busy_timeout(opts.busy_timeout)?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    // Any nonzero 32-bit value; zero means "never stamped".
+    let generation = match random_u64() as i32 {
+        0 => 1,
+        g => g,
+    };
+    // Stamps application_id and state_meta before the switch to WAL.
+    schema::migrate(conn, generation)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+            Some(format!("could not switch to WAL (journal_mode is {mode})")),
+        ));
+    }
+    let sync = match opts.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    Ok(())
 }
 
 /// A guard probe failure as the SQLite-shaped error the policy reads:

@@ -252,7 +252,7 @@ fn is_unique_violation(e: &rusqlite::Error) -> bool {
             && msg.contains("messages.session_id, messages.uid"))
 }
 
-fn same_row(
+pub(crate) fn same_row(
     conn: &Connection,
     session: &str,
     uid: &str,

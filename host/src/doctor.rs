@@ -1,0 +1,263 @@
+//! `doctor`: what is wrong with a turnsafe home, and what to do about it.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags};
+use serde_json::{Value, json};
+use turnsafe_policy::Cause;
+
+use crate::holders;
+
+/// One finding, with the policy's remediation for its cause.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Finding {
+    pub kind: &'static str,
+    /// `ok`, `warning` or `error`.
+    pub severity: &'static str,
+    pub message: String,
+    pub cause: Option<&'static str>,
+    pub remediation: Vec<String>,
+}
+
+fn finding(kind: &'static str, severity: &'static str, message: String, cause: Option<Cause>) -> Finding {
+    // The policy's own words for the cause.
+    let remediation = cause.map(turnsafe_policy::cause_remediation).unwrap_or_default();
+    Finding {
+        kind,
+        severity,
+        message,
+        cause: cause.map(|c| c.label()),
+        remediation,
+    }
+}
+
+/// Examine `home`. With `repair_fts`, rebuild a degraded index when no
+/// other process holds the database.
+pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {
+    let db = home.join("state.db");
+    let mut out = Vec::new();
+    let mut facts = serde_json::Map::new();
+
+    let files = holders::db_files(&db);
+    let held = holders::scan(&files, true).unwrap_or_default();
+    facts.insert("holders".into(), json!(held.by_pid));
+    if held.is_empty() {
+        out.push(finding(
+            "holders",
+            "ok",
+            "no process holds state.db or its sidecars".into(),
+            None,
+        ));
+    } else {
+        let deleted: Vec<u32> = held
+            .by_pid
+            .iter()
+            .filter(|(_, f)| f.iter().any(|p| p.ends_with(" (deleted)")))
+            .map(|(p, _)| *p)
+            .collect();
+        out.push(finding(
+            "holders",
+            "ok",
+            format!("held open by pid(s) {:?}", held.pids()),
+            None,
+        ));
+        if !deleted.is_empty() {
+            out.push(finding(
+                "holders",
+                "error",
+                format!(
+                    "pid(s) {deleted:?} still write to a deleted state.db file or sidecar: their commits will be lost"
+                ),
+                Some(Cause::DeletedWal),
+            ));
+        }
+    }
+    if !held.unreadable.is_empty() {
+        out.push(finding(
+            "holders",
+            "warning",
+            format!("cannot read the descriptors of pid(s) {:?}", held.unreadable),
+            None,
+        ));
+    }
+
+    // Retired generations and captures.
+    let mut captures = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(home) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("state.db.retired-") {
+                captures.push(name);
+            }
+        }
+    }
+    captures.sort();
+    facts.insert("captures".into(), json!(captures));
+    if !captures.is_empty() {
+        out.push(finding(
+            "captures",
+            "warning",
+            format!(
+                "{} retired generation(s) captured: {}",
+                captures.len(),
+                captures.join(", ")
+            ),
+            Some(Cause::DeletedWal),
+        ));
+    }
+
+    // Pending diverts and quarantined lines.
+    let sessions = home.join("sessions");
+    let (mut files_n, mut bytes) = (0u64, 0u64);
+    for dir in [sessions.clone(), sessions.join("settling")] {
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.ends_with(".jsonl") && n != "ledger.jsonl" {
+                    files_n += 1;
+                    bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
+                }
+            }
+        }
+    }
+    let quarantined = std::fs::read_to_string(sessions.join("ledger.jsonl"))
+        .map(|t| t.lines().filter(|l| l.contains("\"state\":\"quarantined\"")).count())
+        .unwrap_or(0);
+    facts.insert("pending_divert_files".into(), files_n.into());
+    facts.insert("pending_divert_bytes".into(), bytes.into());
+    facts.insert("quarantined_lines".into(), quarantined.into());
+    if files_n > 0 {
+        out.push(finding(
+            "pending_diverts",
+            "warning",
+            format!("{files_n} diverted file(s), {bytes} bytes, wait for `turnsafe replay`"),
+            Some(Cause::Disk),
+        ));
+    }
+    if quarantined > 0 {
+        out.push(finding(
+            "quarantine",
+            "warning",
+            format!("{quarantined} diverted line(s) quarantined; see sessions/ledger.jsonl"),
+            None,
+        ));
+    }
+
+    // fd limit and free space.
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let in_use = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
+    facts.insert(
+        "fd_limit".into(),
+        json!({ "soft": lim.current, "hard": lim.maximum, "in_use": in_use }),
+    );
+    if lim.current.is_some_and(|c| c < 256) {
+        out.push(finding(
+            "fd_limit",
+            "warning",
+            format!("open-file limit is only {:?}", lim.current),
+            Some(Cause::Disk),
+        ));
+    }
+    if let Ok(st) = rustix::fs::statvfs(home) {
+        let free = st.f_bavail * st.f_frsize;
+        facts.insert("free_bytes".into(), free.into());
+        if free < 64 * 1024 * 1024 {
+            out.push(finding(
+                "free_space",
+                "error",
+                format!("only {free} bytes free"),
+                Some(Cause::DiskFull),
+            ));
+        }
+    }
+
+    // Integrity: on a copy when someone holds the db, in place (read-only) otherwise.
+    if db.is_file() {
+        let check = if held.is_empty() {
+            quick_check(&db).map_err(|e| e.to_string())
+        } else {
+            quick_check_copy(&db)
+        };
+        match check {
+            Ok(result) if result == ["ok"] => out.push(finding("integrity", "ok", "quick_check: ok".into(), None)),
+            Ok(result) => out.push(finding(
+                "integrity",
+                "error",
+                format!("quick_check: {}", result.join("; ")),
+                Some(Cause::Corrupt),
+            )),
+            Err(e) => out.push(finding(
+                "integrity",
+                "error",
+                format!("cannot check: {e}"),
+                Some(Cause::Corrupt),
+            )),
+        }
+        let fts: Option<String> = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .ok()
+            .and_then(|c| {
+                c.query_row("SELECT value FROM state_meta WHERE key = 'fts_enabled'", [], |r| {
+                    r.get(0)
+                })
+                .ok()
+            });
+        if fts.as_deref() == Some("0") {
+            if repair_fts && held.is_empty() {
+                match rebuild_fts(&db) {
+                    Ok(()) => out.push(finding("fts", "ok", "search index rebuilt".into(), None)),
+                    Err(e) => out.push(finding(
+                        "fts",
+                        "error",
+                        format!("rebuild failed: {e}"),
+                        Some(Cause::FtsIndex),
+                    )),
+                }
+            } else if repair_fts {
+                out.push(finding(
+                    "fts",
+                    "warning",
+                    "search index degraded; not rebuilt while a writer holds the db".into(),
+                    Some(Cause::FtsIndex),
+                ));
+            } else {
+                out.push(finding(
+                    "fts",
+                    "warning",
+                    "search index degraded (messages are intact)".into(),
+                    Some(Cause::FtsIndex),
+                ));
+            }
+        }
+    } else {
+        out.push(finding(
+            "integrity",
+            "warning",
+            format!("no database at {}", db.display()),
+            None,
+        ));
+    }
+    (out, Value::Object(facts))
+}
+
+fn quick_check(db: &Path) -> rusqlite::Result<Vec<String>> {
+    let c = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let mut s = c.prepare("PRAGMA quick_check")?;
+    s.query_map([], |r| r.get(0))?.collect()
+}
+
+fn quick_check_copy(db: &Path) -> Result<Vec<String>, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    crate::recover::copy_source(db, dir.path()).map_err(|e| e.to_string())?;
+    quick_check(&dir.path().join("state.db")).map_err(|e| e.to_string())
+}
+
+fn rebuild_fts(db: &Path) -> rusqlite::Result<()> {
+    let c = Connection::open(db)?;
+    c.busy_timeout(std::time::Duration::from_secs(5))?;
+    c.execute_batch(
+        "BEGIN IMMEDIATE;
+         INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+         UPDATE state_meta SET value = '1' WHERE key = 'fts_enabled';
+         COMMIT;",
+    )
+}

@@ -1,0 +1,422 @@
+//! Replay: the idempotent import of diverted JSONL (`docs/DIVERT.md`) back
+//! into `state.db`.
+//!
+//! Each divert file is first taken from under any live writer: its `flock`
+//! is held while it is renamed into `sessions/settling/`. Lines are then
+//! imported in chunks, one transaction each, by (session, uid): a new uid
+//! is `replayed` with its `seq`, an identical stored row is a `duplicate`,
+//! and a torn or invalid line, or a uid whose stored content differs, is
+//! `quarantined` with a reason. Every line's settlement is appended to
+//! `sessions/ledger.jsonl` after its chunk committed. A file whose lines
+//! are all settled moves to `sessions/settled/`; its lines, quarantined
+//! ones included, stay there. Nothing is ever dropped, and a second run
+//! finds nothing to do. A run killed midway is finished by the next one:
+//! already-imported lines come back as duplicates.
+
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::{Value, json};
+
+use crate::divert::{FORMAT_VERSION, sync_dir, validate_session_id};
+use crate::message::Message;
+use crate::store::{StoreOptions, configure, same_row};
+
+/// Lines imported per transaction.
+const CHUNK: usize = 2_000;
+
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    pub session: Option<String>,
+    pub dry_run: bool,
+    /// Replay even while a live turn lease is held on the session.
+    pub force: bool,
+}
+
+/// How one file settled.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FileReport {
+    pub file: String,
+    pub session: String,
+    pub lines: u64,
+    pub replayed: u64,
+    pub duplicate: u64,
+    pub quarantined: u64,
+    /// Where the settled file now lives (none on a dry run).
+    pub settled_to: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("session {session} has a live turn lease held by {holder}; replay refused (use --force to override)")]
+    LeaseLive { session: String, holder: String },
+    #[error("{context}: {source}")]
+    Io { context: String, source: io::Error },
+    #[error("state.db: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> ReplayError {
+    let context = context.into();
+    move |source| ReplayError::Io { context, source }
+}
+
+/// A line's settlement.
+enum Settled {
+    Replayed,
+    Duplicate,
+    Quarantined(String),
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Replay every pending divert file under `home` (or one session's).
+pub fn replay(home: &Path, opts: &ReplayOptions) -> Result<Vec<FileReport>, ReplayError> {
+    let sessions = home.join("sessions");
+    let settling = sessions.join("settling");
+    let settled = sessions.join("settled");
+    if !sessions.is_dir() {
+        return Ok(Vec::new());
+    }
+    let conn = Connection::open(home.join("state.db"))?;
+    let admin = StoreOptions {
+        busy_timeout: std::time::Duration::from_secs(10),
+        ..StoreOptions::default()
+    };
+    configure(&conn, &admin)?;
+
+    let mut reports = Vec::new();
+    if opts.dry_run {
+        for (session, path) in pending(&sessions, opts)? {
+            reports.push(settle_file(&conn, &session, &path, None, None)?);
+        }
+        return Ok(reports);
+    }
+    for dir in [&settling, &settled] {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_err(format!("mkdir {}", dir.display())))?;
+    }
+    // Take each pending file from under its writers.
+    for (session, path) in pending(&sessions, opts)? {
+        check_lease(&conn, &session, opts.force)?;
+        take(&path, &settling, &session)?;
+    }
+    sync_dir(&settling).map_err(io_err("fsync settling/"))?;
+    sync_dir(&sessions).map_err(io_err("fsync sessions/"))?;
+
+    let fts_was_on = fts_enabled(&conn)?;
+    let ledger_path = sessions.join("ledger.jsonl");
+    let mut ledger = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&ledger_path)
+        .map_err(io_err("open ledger.jsonl"))?;
+    for (session, path) in settling_files(&settling, opts)? {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let target = settled.join(&name);
+        let mut report = settle_file(&conn, &session, &path, Some(&mut ledger), Some(fts_was_on))?;
+        crate::failpoint::hit("replay.before_settle");
+        std::fs::rename(&path, &target).map_err(io_err(format!("settle {name}")))?;
+        sync_dir(&settled).map_err(io_err("fsync settled/"))?;
+        report.settled_to = Some(target.to_string_lossy().into_owned());
+        reports.push(report);
+    }
+    if fts_was_on {
+        // The import ran without the index; rebuild it once, then switch it back on.
+        conn.execute_batch(
+            "BEGIN IMMEDIATE;
+             INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+             UPDATE state_meta SET value = '1' WHERE key = 'fts_enabled';
+             COMMIT;",
+        )?;
+    }
+    Ok(reports)
+}
+
+fn fts_enabled(conn: &Connection) -> rusqlite::Result<bool> {
+    let v: Option<String> = conn
+        .query_row("SELECT value FROM state_meta WHERE key = 'fts_enabled'", [], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    Ok(v.as_deref() == Some("1"))
+}
+
+/// `sessions/<id>.jsonl` files, validated ids only, filtered by session.
+fn pending(sessions: &Path, opts: &ReplayOptions) -> Result<Vec<(String, PathBuf)>, ReplayError> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(sessions).map_err(io_err("list sessions/"))? {
+        let entry = entry.map_err(io_err("list sessions/"))?;
+        let path = entry.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(session) = name.strip_suffix(".jsonl") else {
+            continue;
+        };
+        if session == "ledger" || validate_session_id(session).is_err() || !path.is_file() {
+            continue;
+        }
+        if opts.session.as_deref().is_some_and(|s| s != session) {
+            continue;
+        }
+        out.push((session.to_string(), path));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Files in `settling/`, named `<session>@<stamp>.jsonl`.
+fn settling_files(settling: &Path, opts: &ReplayOptions) -> Result<Vec<(String, PathBuf)>, ReplayError> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(settling).map_err(io_err("list settling/"))? {
+        let path = entry.map_err(io_err("list settling/"))?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some((session, _)) = name.split_once('@') else {
+            continue;
+        };
+        if opts.session.as_deref().is_some_and(|s| s != session) {
+            continue;
+        }
+        out.push((session.to_string(), path));
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn check_lease(conn: &Connection, session: &str, force: bool) -> Result<(), ReplayError> {
+    let row: Option<(Option<String>, Option<i64>, Option<String>)> = conn
+        .query_row(
+            "SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = ?1",
+            [session],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    if let Some((Some(_), Some(exp), holder)) = row
+        && exp > now_ms()
+        && !force
+    {
+        return Err(ReplayError::LeaseLive {
+            session: session.into(),
+            holder: holder.unwrap_or_default(),
+        });
+    }
+    Ok(())
+}
+
+/// Rename a divert file into `settling/` while holding its lock, so no
+/// writer is appending to it at that moment.
+fn take(path: &Path, settling: &Path, session: &str) -> Result<(), ReplayError> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io_err(format!("open {}", path.display())))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| io_err(format!("lock {}", path.display()))(e.into()))?;
+    let stamp = format!("{}-{}", now_ms(), std::process::id());
+    let target = settling.join(format!("{session}@{stamp}.jsonl"));
+    crate::failpoint::hit("replay.before_take");
+    std::fs::rename(path, &target).map_err(io_err(format!("move {} to settling/", path.display())))?;
+    drop(f);
+    Ok(())
+}
+
+/// Settle every line of one file. With no ledger, nothing is written (dry run).
+fn settle_file(
+    conn: &Connection,
+    session: &str,
+    path: &Path,
+    mut ledger: Option<&mut File>,
+    fts_was_on: Option<bool>,
+) -> Result<FileReport, ReplayError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut report = FileReport {
+        file: name.clone(),
+        session: session.into(),
+        ..FileReport::default()
+    };
+    let f = File::open(path).map_err(io_err(format!("open {name}")))?;
+    let mut reader = BufReader::with_capacity(1 << 16, f);
+    let write = ledger.is_some();
+    let (mut offset, mut line_no) = (0u64, 0u64);
+    let mut buf = Vec::new();
+    let mut chunk: Vec<Value> = Vec::new();
+    let mut first_chunk = true;
+    loop {
+        if write {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            if first_chunk && fts_was_on == Some(true) {
+                conn.execute("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'", [])?;
+            }
+            first_chunk = false;
+        }
+        let mut eof = false;
+        let result = (|| -> Result<(), ReplayError> {
+            for _ in 0..CHUNK {
+                buf.clear();
+                let n = reader
+                    .read_until(b'\n', &mut buf)
+                    .map_err(io_err(format!("read {name}")))?;
+                if n == 0 {
+                    eof = true;
+                    break;
+                }
+                line_no += 1;
+                let line_offset = offset;
+                offset += n as u64;
+                let text = String::from_utf8_lossy(&buf);
+                if text.trim().is_empty() {
+                    continue;
+                }
+                let (uid, settled) = settle_line(conn, session, text.trim_end_matches('\n'), !write)?;
+                let (state, reason) = match &settled {
+                    Settled::Replayed => {
+                        report.replayed += 1;
+                        ("replayed", None)
+                    }
+                    Settled::Duplicate => {
+                        report.duplicate += 1;
+                        ("duplicate", None)
+                    }
+                    Settled::Quarantined(r) => {
+                        report.quarantined += 1;
+                        ("quarantined", Some(r.clone()))
+                    }
+                };
+                report.lines += 1;
+                chunk.push(json!({
+                    "file": name, "line": line_no, "offset": line_offset, "session": session,
+                    "uid": uid, "state": state, "reason": reason, "at_ms": now_ms(),
+                }));
+            }
+            Ok(())
+        })();
+        if write {
+            if let Err(e) = result {
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                return Err(e);
+            }
+            crate::failpoint::hit("replay.before_commit");
+            conn.execute_batch("COMMIT")?;
+            crate::failpoint::hit("replay.before_ledger");
+            if let Some(l) = ledger.as_deref_mut() {
+                let mut out = Vec::new();
+                for entry in chunk.drain(..) {
+                    serde_json::to_writer(&mut out, &entry)
+                        .map_err(|e| io_err("encode ledger")(io::Error::other(e)))?;
+                    out.push(b'\n');
+                }
+                l.write_all(&out).map_err(io_err("write ledger.jsonl"))?;
+                l.sync_all().map_err(io_err("fsync ledger.jsonl"))?;
+            }
+        } else {
+            result?;
+            chunk.clear();
+        }
+        if eof {
+            break;
+        }
+    }
+    Ok(report)
+}
+
+/// Decide and (unless dry) import one line.
+fn settle_line(
+    conn: &Connection,
+    session: &str,
+    text: &str,
+    dry: bool,
+) -> Result<(Option<String>, Settled), ReplayError> {
+    let q = |r: &str| Ok((None, Settled::Quarantined(r.to_string())));
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        return q("torn or invalid JSON");
+    };
+    let Some(obj) = v.as_object() else {
+        return q("not a JSON object");
+    };
+    let uid = obj.get("uid").and_then(Value::as_str).map(String::from);
+    let quarantine = |r: &str| Ok((uid.clone(), Settled::Quarantined(r.to_string())));
+    if obj.get("v").and_then(Value::as_u64) != Some(FORMAT_VERSION) {
+        return quarantine("unsupported or missing format version `v`");
+    }
+    if obj.get("session").and_then(Value::as_str) != Some(session) {
+        return quarantine("line belongs to another session");
+    }
+    let Some(uid_s) = uid.clone().filter(|u| !u.is_empty() && u.len() <= 256) else {
+        return quarantine("missing or invalid `uid`");
+    };
+    let Some(m) = obj.get("message") else {
+        return quarantine("missing `message`");
+    };
+    let Ok(message) = Message::from_value(0, m) else {
+        return quarantine("`message` needs `role` and `content`");
+    };
+    let seq = match obj.get("seq") {
+        None | Some(Value::Null) => None,
+        Some(s) => match s.as_i64() {
+            Some(n) => Some(n),
+            None => return quarantine("`seq` is not an integer"),
+        },
+    };
+    let (content, is_json) = message.content_text();
+    let extra = message.extra_text();
+    let exists: bool = conn
+        .query_row(
+            "SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2",
+            [session, &uid_s],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    if exists {
+        return if same_row(conn, session, &uid_s, &message.role, &content, is_json, &extra)? {
+            Ok((uid, Settled::Duplicate))
+        } else {
+            quarantine("uid conflict: the stored message has different content")
+        };
+    }
+    if !dry {
+        let now = now_ms();
+        conn.execute(
+            "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
+            params![session, now],
+        )?;
+        let seq = match seq {
+            Some(s) => s,
+            None => conn.query_row(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1",
+                [session],
+                |r| r.get(0),
+            )?,
+        };
+        conn.execute(
+            "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![session, uid_s, seq, message.role, content, is_json, extra, now],
+        )?;
+    }
+    Ok((uid, Settled::Replayed))
+}
