@@ -607,6 +607,34 @@ impl SessionStore {
         }
     }
 
+    /// The highest `seq` already promised to diverted lines of `session`
+    /// (pending or being replayed), so later commits never reuse it.
+    pub(crate) fn divert_max_seq(&self, session: &str) -> Option<i64> {
+        use std::io::BufRead;
+        let mut files = vec![self.divert_dir.join(format!("{session}.jsonl"))];
+        if let Ok(rd) = std::fs::read_dir(self.divert_dir.join("settling")) {
+            let prefix = format!("{session}@");
+            files.extend(rd.flatten().map(|e| e.path()).filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&prefix))
+            }));
+        }
+        let mut max = None;
+        for f in files {
+            let Ok(file) = std::fs::File::open(&f) else { continue };
+            for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
+                let seq = serde_json::from_str::<serde_json::Value>(&line)
+                    .ok()
+                    .and_then(|v| v["seq"].as_i64());
+                if let Some(s) = seq {
+                    max = Some(max.map_or(s, |m: i64| m.max(s)));
+                }
+            }
+        }
+        max
+    }
+
     /// Release every lease this handle holds.
     pub fn release_all_leases(&mut self) {
         let held: Vec<String> = self

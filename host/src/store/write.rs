@@ -59,7 +59,16 @@ impl SessionStore {
                 evidence: Vec::new(),
             });
         };
+        // A handle's first write to a session learns which seqs diverted
+        // lines already hold, so replay can put them back in place.
+        let promised = match self.sessions.get(flush.session.as_str()).and_then(|s| s.next_seq) {
+            Some(_) => None,
+            None => self.divert_max_seq(flush.session.as_str()).map(|m| m + 1),
+        };
         let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
+        if state.next_seq.is_none() {
+            state.next_seq = promised;
+        }
         let guard = &mut self.guard;
         let ttl_ms = self.opts.lease_ttl.as_millis() as i64;
         let holder = self.opts.holder.clone();

@@ -1,0 +1,75 @@
+//! Recovery from a live-copied database, and the publish refusal: nothing
+//! is installed at a state.db path while any process holds the old file.
+mod common;
+use common::*;
+use turnsafe_host::recover::{self, RecoverError};
+
+#[test]
+fn recover_from_a_live_db_then_install_only_once_nobody_holds_it() {
+    let home = Home::new();
+    let mut store = home.store();
+    assert!(store.append_batch(&sid("s1"), &batch("a", 3)).persisted);
+    assert!(store.append_batch(&sid("s2"), &batch("b", 2)).persisted);
+
+    // Copy first, never open in place: the live WAL comes along.
+    let work = tempfile::tempdir().unwrap();
+    let copied = recover::copy_source(&home.db(), work.path()).unwrap();
+    assert!(copied.iter().any(|c| c["file"] == "state.db-wal"), "{copied:?}");
+    let readable = recover::inspect(&work.path().join("state.db")).unwrap();
+    assert_eq!(readable["messages"], 5);
+    assert_eq!(readable["quick_check"][0], "ok");
+
+    let out_dir = tempfile::tempdir().unwrap();
+    let output = out_dir.path().join("recovered.db");
+    let result = recover::rebuild(&work.path().join("state.db"), &output).unwrap();
+    assert_eq!(
+        (result["sessions"].as_u64(), result["messages"].as_u64()),
+        (Some(2), Some(5))
+    );
+
+    // This process holds state.db: installing is refused, naming the pid.
+    let err = recover::install(&output, home.path()).unwrap_err();
+    match &err {
+        RecoverError::Refused(why) => assert!(why.contains(&std::process::id().to_string()), "{why}"),
+        other => panic!("expected a refusal, got {other}"),
+    }
+    assert!(output.exists(), "nothing was moved");
+
+    drop(store);
+    let installed = recover::install(&output, home.path()).unwrap();
+    let aside = installed["set_aside"].as_array().unwrap();
+    assert!(
+        !aside.is_empty() && std::path::Path::new(aside[0].as_str().unwrap()).exists(),
+        "old file set aside, not deleted"
+    );
+    assert_eq!(home.rows("s1").len(), 3);
+    assert_eq!(home.rows("s2").len(), 2);
+    // The recovered database has its search index.
+    let n: i64 = home
+        .other()
+        .query_row(
+            "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'lorem'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 5);
+}
+
+#[test]
+fn a_missing_source_and_an_existing_output_are_refused() {
+    let home = Home::new();
+    let work = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        recover::copy_source(&home.db(), work.path()),
+        Err(RecoverError::NoSource(_))
+    ));
+    drop(home.store());
+    recover::copy_source(&home.db(), work.path()).unwrap();
+    let exists = work.path().join("exists.db");
+    std::fs::write(&exists, b"x").unwrap();
+    assert!(matches!(
+        recover::rebuild(&work.path().join("state.db"), &exists),
+        Err(RecoverError::Refused(_))
+    ));
+}
