@@ -87,11 +87,11 @@ pub fn inspect(db: &Path) -> Result<Value, RecoverError> {
     };
     let count = |sql: &str| -> Option<i64> { c.query_row(sql, [], |r| r.get(0)).ok() };
     let mut per_session = serde_json::Map::new();
-    if let Ok(mut s) = c.prepare("SELECT session_id, count(*) FROM messages GROUP BY session_id ORDER BY session_id") {
-        if let Ok(rows) = s.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))) {
-            for (k, n) in rows.flatten() {
-                per_session.insert(k, n.into());
-            }
+    if let Ok(mut s) = c.prepare("SELECT session_id, count(*) FROM messages GROUP BY session_id ORDER BY session_id")
+        && let Ok(rows) = s.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+    {
+        for (k, n) in rows.flatten() {
+            per_session.insert(k, n.into());
         }
     }
     let generation: Option<String> = c
