@@ -1,13 +1,17 @@
 //! Crash points for the torture test: with `TURNSAFE_CRASH_AT=<point>:<n>`
-//! the process kills itself (SIGKILL) the n-th time it reaches `<point>`.
-//! Without the variable this is one relaxed atomic load.
+//! the process kills itself (SIGKILL) the n-th time it reaches `<point>`;
+//! with `TURNSAFE_JITTER_US=<max>` each point also sleeps a pseudo-random
+//! 0..max microseconds, to shake out orderings. Without either variable
+//! this is one relaxed atomic load.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 static STATE: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 off, 2 on
 static HITS: AtomicU32 = AtomicU32::new(0);
+static POINT_HITS: AtomicU32 = AtomicU32::new(0);
 static TARGET: Mutex<Option<(String, u32)>> = Mutex::new(None);
+static JITTER_US: AtomicU32 = AtomicU32::new(0);
 
 fn armed() -> bool {
     match STATE.load(Ordering::Relaxed) {
@@ -18,7 +22,9 @@ fn armed() -> bool {
                 let (p, n) = v.rsplit_once(':')?;
                 Some((p.to_string(), n.parse::<u32>().ok()?))
             });
-            let on = parsed.is_some();
+            let jitter = std::env::var("TURNSAFE_JITTER_US").ok().and_then(|j| j.parse::<u32>().ok()).unwrap_or(0);
+            JITTER_US.store(jitter, Ordering::Relaxed);
+            let on = parsed.is_some() || jitter > 0;
             if let Ok(mut t) = TARGET.lock() {
                 *t = parsed;
             }
@@ -28,15 +34,38 @@ fn armed() -> bool {
     }
 }
 
+/// Every crash point, for the torture test.
+pub const POINTS: &[&str] = &[
+    "flush.before_commit",
+    "flush.after_commit",
+    "divert.before_mkdir",
+    "divert.before_write",
+    "divert.before_fsync",
+    "append.before_print",
+    "capture.before_mkdir",
+    "capture.before_write",
+    "replay.before_take",
+    "replay.before_commit",
+    "replay.before_ledger",
+    "replay.before_settle",
+];
+
 /// Mark an effect boundary.
 pub fn hit(point: &str) {
     if !armed() {
         return;
     }
+    HITS.fetch_add(1, Ordering::Relaxed);
+    let jitter = JITTER_US.load(Ordering::Relaxed);
+    if jitter > 0 {
+        let n = HITS.load(Ordering::Relaxed) as u64 ^ u64::from(std::process::id()) ^ point.len() as u64;
+        let z = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        std::thread::sleep(std::time::Duration::from_micros((z >> 33) % u64::from(jitter)));
+    }
     let Ok(t) = TARGET.lock() else { return };
     if let Some((p, n)) = t.as_ref()
         && p == point
-        && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *n
+        && POINT_HITS.fetch_add(1, Ordering::Relaxed) + 1 == *n
     {
         let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     }

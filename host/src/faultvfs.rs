@@ -49,6 +49,8 @@ pub struct Fault {
     pub nth: u32,
     /// Keep failing every later matching call too.
     pub persistent: bool,
+    /// Instead, fail every k-th matching call (k >= 1), from `nth` on.
+    pub every: Option<u32>,
     /// The SQLite code to return; `None` picks the natural IOERR for `op`
     /// (CANTOPEN for `Open`).
     pub code: Option<c_int>,
@@ -64,9 +66,14 @@ impl Fault {
             file,
             nth,
             persistent: false,
+            every: None,
             code: None,
             errno: None,
         }
+    }
+    pub fn every(mut self, k: u32) -> Fault {
+        self.every = Some(k.max(1));
+        self
     }
     pub fn persistent(mut self) -> Fault {
         self.persistent = true;
@@ -157,7 +164,11 @@ fn check(op: Op, kind: FileKind, path: &str) -> Option<c_int> {
             continue;
         }
         let n = a.seen.fetch_add(1, Ordering::SeqCst) + 1;
-        if n == f.nth || (f.persistent && n > f.nth) {
+        let fires = match f.every {
+            Some(k) => n >= f.nth && (n - f.nth) % k == 0,
+            None => n == f.nth || (f.persistent && n > f.nth),
+        };
+        if fires {
             a.fired.fetch_add(1, Ordering::SeqCst);
             LAST_ERRNO.with(|e| e.set(f.errno));
             if let Some(errno) = f.errno {

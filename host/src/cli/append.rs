@@ -38,9 +38,24 @@ pub struct Args {
     /// RLIMIT_NOFILE so that no new file descriptor can be opened.
     #[arg(long, hide = true, value_name = "N")]
     exhaust_fds_after: Option<u64>,
+    /// Testing aid: fail every K-th WAL write through the fault-injecting VFS.
+    #[arg(long, hide = true, value_name = "K")]
+    fault_wal_write_every: Option<u32>,
     /// Testing aid, with `--exhaust-fds-after`: leave K descriptors free.
     #[arg(long, hide = true, value_name = "K", default_value_t = 0)]
     fd_headroom: u64,
+}
+
+#[cfg(feature = "fault-injection")]
+fn arm_wal_fault(home: &std::path::Path, every: u32) -> Result<crate::faultvfs::FaultGuard, String> {
+    use crate::faultvfs::{Fault, FileKind, Op, arm};
+    let tag = std::path::absolute(home).map_err(|e| e.to_string())?.to_string_lossy().into_owned();
+    arm(Fault::new(&tag, Op::Write, FileKind::Wal, every).every(every))
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn arm_wal_fault(_: &std::path::Path, _: u32) -> Result<(), String> {
+    Err("built without the fault-injection feature".into())
 }
 
 /// Lower the soft RLIMIT_NOFILE to the lowest free descriptor number (plus
@@ -80,6 +95,19 @@ pub fn run(args: Args) -> i32 {
     if let Some(h) = args.holder {
         opts.holder = h;
     }
+    let _fault = match args.fault_wal_write_every {
+        Some(k) => match arm_wal_fault(&args.home, k) {
+            Ok(g) => {
+                opts.vfs = Some(crate::faultvfs::VFS_NAME.into());
+                Some(g)
+            }
+            Err(e) => {
+                eprintln!("error: cannot arm the fault VFS: {e}");
+                return exit::FAILURE;
+            }
+        },
+        None => None,
+    };
     let exhaust = |when: u64| {
         if args.exhaust_fds_after == Some(when) {
             match exhaust_fds(args.fd_headroom) {
@@ -125,6 +153,7 @@ pub fn run(args: Args) -> i32 {
                 all_persisted &= outcome.persisted;
                 batches += 1;
                 exhaust(batches);
+                crate::failpoint::hit("append.before_print");
                 outcome.to_value()
             }
             Err(e) => {

@@ -1,0 +1,226 @@
+//! The crash torture driver, shared by the test (200 iterations) and the
+//! bench (10,000). Each iteration runs real `turnsafe` processes in a fresh
+//! home and kills one of them with SIGKILL at an effect boundary
+//! (`TURNSAFE_CRASH_AT=<point>:<n>`), with random delays at every boundary
+//! and, at random, injected WAL write faults so that batches get diverted.
+//! Then it reopens the store, runs `turnsafe replay`, and recounts.
+//!
+//! A message is acknowledged when the writer printed `persisted`, or a
+//! receipt, before it died. Every acknowledged message must be stored
+//! exactly once; any other message at most once.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+pub const POINTS: &[&str] = &[
+    "flush.before_commit",
+    "flush.after_commit",
+    "divert.before_mkdir",
+    "divert.before_write",
+    "divert.before_fsync",
+    "append.before_print",
+    "replay.before_take",
+    "replay.before_commit",
+    "replay.before_ledger",
+    "replay.before_settle",
+];
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub iterations: u64,
+    pub kills: u64,
+    pub sent: u64,
+    pub acknowledged: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub unacknowledged_stored: u64,
+    pub by_point: BTreeMap<&'static str, u64>,
+    pub failures: Vec<String>,
+}
+
+/// splitmix64: a seeded generator, so `TORTURE_SEED` replays a run.
+pub struct Rng(u64);
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+pub fn seed_from_env() -> u64 {
+    std::env::var("TORTURE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    })
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_turnsafe")
+}
+
+/// Run `turnsafe append`, feeding `lines`; return each printed outcome.
+/// The process may be killed by its crash point.
+fn append(home: &Path, lines: &[String], crash: Option<String>, fault_every: Option<u64>) -> (Vec<Value>, bool) {
+    let mut cmd = Command::new(bin());
+    cmd.args(["append", "--session", "s1", "--home"]).arg(home).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
+    cmd.env("TURNSAFE_JITTER_US", "200");
+    if let Some(k) = fault_every {
+        cmd.args(["--fault-wal-write-every", &k.to_string()]);
+    }
+    if let Some(c) = crash {
+        cmd.env("TURNSAFE_CRASH_AT", c);
+    }
+    let mut child = cmd.spawn().expect("spawn append");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = {
+        let lines = lines.to_vec();
+        std::thread::spawn(move || {
+            for l in lines {
+                if writeln!(stdin, "{l}").is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let mut outcomes = Vec::new();
+    for line in BufReader::new(child.stdout.take().expect("stdout")).lines() {
+        let Ok(line) = line else { break };
+        if let Ok(v) = serde_json::from_str::<Value>(&line) {
+            outcomes.push(v);
+        }
+    }
+    let _ = writer.join();
+    let status = child.wait().expect("wait");
+    use std::os::unix::process::ExitStatusExt;
+    (outcomes, status.signal() == Some(9))
+}
+
+fn replay(home: &Path, crash: Option<String>) -> bool {
+    let mut cmd = Command::new(bin());
+    cmd.args(["replay", "--force", "--home"]).arg(home).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.env("TURNSAFE_JITTER_US", "200");
+    if let Some(c) = crash {
+        cmd.env("TURNSAFE_CRASH_AT", c);
+    }
+    use std::os::unix::process::ExitStatusExt;
+    cmd.status().expect("replay").signal() == Some(9)
+}
+
+fn stored_uids(home: &Path) -> Vec<String> {
+    let out = Command::new(bin()).args(["show", "--session", "s1", "--json", "--home"]).arg(home).output().expect("show");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["data"]["uid"].as_str().map(String::from))
+        .collect()
+}
+
+/// One iteration; returns whether something was killed.
+pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path();
+    let point = POINTS[rng.below(POINTS.len() as u64) as usize];
+    let n = 1 + rng.below(3);
+    let crash = Some(format!("{point}:{n}"));
+    let fault_every = match rng.below(3) {
+        0 => None,
+        _ => Some(5 + rng.below(10)),
+    };
+    let batches = 2 + rng.below(4);
+    let mut lines = Vec::new();
+    let mut sent = BTreeSet::new();
+    for b in 0..batches {
+        let msgs: Vec<Value> = (0..(1 + rng.below(3)))
+            .map(|m| {
+                let uid = format!("i{i}-b{b}-m{m}");
+                sent.insert(uid.clone());
+                json!({"role": "user", "content": format!("iteration {i} batch {b} message {m}"), "uid": uid})
+            })
+            .collect();
+        lines.push(Value::Array(msgs).to_string());
+    }
+    let replay_point = point.starts_with("replay.");
+    let (outcomes, mut killed) = append(home, &lines, if replay_point { None } else { crash.clone() }, fault_every);
+    let mut acked = BTreeSet::new();
+    for o in &outcomes {
+        let receipt = o["receipt"].is_object();
+        if o["persisted"] == true || receipt {
+            for u in o["uids"].as_array().into_iter().flatten() {
+                if let Some(u) = u.as_str() {
+                    acked.insert(u.to_string());
+                }
+            }
+        }
+    }
+    // Reopen the store (recovers the WAL), then replay; a replay crash
+    // point kills the first replay, and a second one finishes the job.
+    let (_, _) = append(home, &[], None, None);
+    if replay_point {
+        killed |= replay(home, crash.clone());
+    }
+    replay(home, None);
+    if killed {
+        stats.kills += 1;
+        *stats.by_point.entry(point).or_default() += 1;
+    }
+    let stored = stored_uids(home);
+    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    for u in &stored {
+        *counts.entry(u.as_str()).or_default() += 1;
+    }
+    stats.iterations += 1;
+    stats.sent += sent.len() as u64;
+    stats.acknowledged += acked.len() as u64;
+    for u in &acked {
+        match counts.get(u.as_str()).copied().unwrap_or(0) {
+            1 => {}
+            0 => {
+                stats.lost += 1;
+                stats.failures.push(format!("iteration {i} ({point}:{n}, faults {fault_every:?}): acknowledged {u} lost"));
+            }
+            c => {
+                stats.duplicated += 1;
+                stats.failures.push(format!("iteration {i} ({point}:{n}): acknowledged {u} stored {c} times"));
+            }
+        }
+    }
+    for (u, c) in &counts {
+        if !sent.contains(*u) {
+            stats.failures.push(format!("iteration {i}: stored {u} was never sent"));
+        } else if !acked.contains(*u) {
+            stats.unacknowledged_stored += 1;
+            if *c > 1 {
+                stats.duplicated += 1;
+                stats.failures.push(format!("iteration {i} ({point}:{n}): unacknowledged {u} stored {c} times"));
+            }
+        }
+    }
+}
+
+pub fn run(iterations: u64, seed: u64) -> Stats {
+    println!("crash torture: seed {seed} (replay with TORTURE_SEED={seed}), {iterations} iterations");
+    let mut rng = Rng::new(seed);
+    let mut stats = Stats::default();
+    for i in 0..iterations {
+        iteration(i, &mut rng, &mut stats);
+    }
+    println!(
+        "crash torture: iterations {}, kills {}, messages sent {}, acknowledged {}, lost {}, duplicated {}, unacknowledged but stored {}",
+        stats.iterations, stats.kills, stats.sent, stats.acknowledged, stats.lost, stats.duplicated, stats.unacknowledged_stored
+    );
+    println!("kills by point: {:?}", stats.by_point);
+    stats
+}
