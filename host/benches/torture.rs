@@ -7,7 +7,10 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let iterations = std::env::var("TORTURE_ITERATIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(10_000);
+    let iterations = std::env::var("TORTURE_ITERATIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
     let started = std::time::Instant::now();
     let stats = torture::run(iterations, torture::seed_from_env());
     println!("took {:.1} s", started.elapsed().as_secs_f64());

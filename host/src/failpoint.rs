@@ -22,7 +22,10 @@ fn armed() -> bool {
                 let (p, n) = v.rsplit_once(':')?;
                 Some((p.to_string(), n.parse::<u32>().ok()?))
             });
-            let jitter = std::env::var("TURNSAFE_JITTER_US").ok().and_then(|j| j.parse::<u32>().ok()).unwrap_or(0);
+            let jitter = std::env::var("TURNSAFE_JITTER_US")
+                .ok()
+                .and_then(|j| j.parse::<u32>().ok())
+                .unwrap_or(0);
             JITTER_US.store(jitter, Ordering::Relaxed);
             let on = parsed.is_some() || jitter > 0;
             if let Ok(mut t) = TARGET.lock() {

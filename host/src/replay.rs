@@ -269,6 +269,12 @@ fn settle_file(
             if first_chunk && fts_was_on == Some(true) {
                 conn.execute("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'", [])?;
             }
+            if first_chunk {
+                conn.execute(
+                    "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
+                    params![session, now_ms()],
+                )?;
+            }
             first_chunk = false;
         }
         let mut eof = false;
@@ -383,40 +389,45 @@ fn settle_line(
     };
     let (content, is_json) = message.content_text();
     let extra = message.extra_text();
-    let exists: bool = conn
-        .query_row(
-            "SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2",
-            [session, &uid_s],
-            |_| Ok(()),
-        )
-        .optional()?
-        .is_some();
-    if exists {
-        return if same_row(conn, session, &uid_s, &message.role, &content, is_json, &extra)? {
-            Ok((uid, Settled::Duplicate))
-        } else {
-            quarantine("uid conflict: the stored message has different content")
-        };
-    }
-    if !dry {
-        let now = now_ms();
-        conn.execute(
-            "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
-            params![session, now],
-        )?;
+    if dry {
+        let exists = conn
+            .prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")?
+            .query_row([session, &uid_s], |_| Ok(()))
+            .optional()?
+            .is_some();
+        if !exists {
+            return Ok((uid, Settled::Replayed));
+        }
+    } else {
         let seq = match seq {
             Some(s) => s,
-            None => conn.query_row(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1",
-                [session],
-                |r| r.get(0),
-            )?,
+            None => conn
+                .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1")?
+                .query_row([session], |r| r.get(0))?,
         };
-        conn.execute(
-            "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![session, uid_s, seq, message.role, content, is_json, extra, now],
-        )?;
+        // Insert unless the uid is stored; only then compare contents.
+        let inserted = conn
+            .prepare_cached(
+                "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(session_id, uid) DO NOTHING",
+            )?
+            .execute(params![
+                session,
+                uid_s,
+                seq,
+                message.role,
+                content,
+                is_json,
+                extra,
+                now_ms()
+            ])?;
+        if inserted == 1 {
+            return Ok((uid, Settled::Replayed));
+        }
     }
-    Ok((uid, Settled::Replayed))
+    if same_row(conn, session, &uid_s, &message.role, &content, is_json, &extra)? {
+        Ok((uid, Settled::Duplicate))
+    } else {
+        quarantine("uid conflict: the stored message has different content")
+    }
 }

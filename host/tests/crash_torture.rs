@@ -6,10 +6,22 @@ mod torture;
 
 #[test]
 fn no_acknowledged_message_is_lost_or_duplicated_across_kills() {
-    let iterations = std::env::var("TORTURE_ITERATIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let iterations = std::env::var("TORTURE_ITERATIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
     let stats = torture::run(iterations, torture::seed_from_env());
-    assert!(stats.failures.is_empty(), "{} failures:\n{}", stats.failures.len(), stats.failures.join("\n"));
+    assert!(
+        stats.failures.is_empty(),
+        "{} failures:\n{}",
+        stats.failures.len(),
+        stats.failures.join("\n")
+    );
     assert_eq!(stats.iterations, iterations);
-    assert!(stats.kills * 3 >= iterations, "too few kills to mean anything: {}", stats.kills);
+    assert!(
+        stats.kills * 3 >= iterations,
+        "too few kills to mean anything: {}",
+        stats.kills
+    );
     assert!(stats.acknowledged > 0);
 }

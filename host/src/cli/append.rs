@@ -49,7 +49,10 @@ pub struct Args {
 #[cfg(feature = "fault-injection")]
 fn arm_wal_fault(home: &std::path::Path, every: u32) -> Result<crate::faultvfs::FaultGuard, String> {
     use crate::faultvfs::{Fault, FileKind, Op, arm};
-    let tag = std::path::absolute(home).map_err(|e| e.to_string())?.to_string_lossy().into_owned();
+    let tag = std::path::absolute(home)
+        .map_err(|e| e.to_string())?
+        .to_string_lossy()
+        .into_owned();
     arm(Fault::new(&tag, Op::Write, FileKind::Wal, every).every(every))
 }
 

@@ -62,9 +62,14 @@ impl Rng {
 }
 
 pub fn seed_from_env() -> u64 {
-    std::env::var("TORTURE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-    })
+    std::env::var("TORTURE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
 }
 
 fn bin() -> &'static str {
@@ -75,7 +80,11 @@ fn bin() -> &'static str {
 /// The process may be killed by its crash point.
 fn append(home: &Path, lines: &[String], crash: Option<String>, fault_every: Option<u64>) -> (Vec<Value>, bool) {
     let mut cmd = Command::new(bin());
-    cmd.args(["append", "--session", "s1", "--home"]).arg(home).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
+    cmd.args(["append", "--session", "s1", "--home"])
+        .arg(home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
     cmd.env("TURNSAFE_JITTER_US", "200");
     if let Some(k) = fault_every {
         cmd.args(["--fault-wal-write-every", &k.to_string()]);
@@ -110,7 +119,10 @@ fn append(home: &Path, lines: &[String], crash: Option<String>, fault_every: Opt
 
 fn replay(home: &Path, crash: Option<String>) -> bool {
     let mut cmd = Command::new(bin());
-    cmd.args(["replay", "--force", "--home"]).arg(home).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.args(["replay", "--force", "--home"])
+        .arg(home)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     cmd.env("TURNSAFE_JITTER_US", "200");
     if let Some(c) = crash {
         cmd.env("TURNSAFE_CRASH_AT", c);
@@ -120,7 +132,11 @@ fn replay(home: &Path, crash: Option<String>) -> bool {
 }
 
 fn stored_uids(home: &Path) -> Vec<String> {
-    let out = Command::new(bin()).args(["show", "--session", "s1", "--json", "--home"]).arg(home).output().expect("show");
+    let out = Command::new(bin())
+        .args(["show", "--session", "s1", "--json", "--home"])
+        .arg(home)
+        .output()
+        .expect("show");
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -153,7 +169,12 @@ pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
         lines.push(Value::Array(msgs).to_string());
     }
     let replay_point = point.starts_with("replay.");
-    let (outcomes, mut killed) = append(home, &lines, if replay_point { None } else { crash.clone() }, fault_every);
+    let (outcomes, mut killed) = append(
+        home,
+        &lines,
+        if replay_point { None } else { crash.clone() },
+        fault_every,
+    );
     let mut acked = BTreeSet::new();
     for o in &outcomes {
         let receipt = o["receipt"].is_object();
@@ -189,11 +210,15 @@ pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
             1 => {}
             0 => {
                 stats.lost += 1;
-                stats.failures.push(format!("iteration {i} ({point}:{n}, faults {fault_every:?}): acknowledged {u} lost"));
+                stats.failures.push(format!(
+                    "iteration {i} ({point}:{n}, faults {fault_every:?}): acknowledged {u} lost"
+                ));
             }
             c => {
                 stats.duplicated += 1;
-                stats.failures.push(format!("iteration {i} ({point}:{n}): acknowledged {u} stored {c} times"));
+                stats.failures.push(format!(
+                    "iteration {i} ({point}:{n}): acknowledged {u} stored {c} times"
+                ));
             }
         }
     }
@@ -204,7 +229,9 @@ pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
             stats.unacknowledged_stored += 1;
             if *c > 1 {
                 stats.duplicated += 1;
-                stats.failures.push(format!("iteration {i} ({point}:{n}): unacknowledged {u} stored {c} times"));
+                stats.failures.push(format!(
+                    "iteration {i} ({point}:{n}): unacknowledged {u} stored {c} times"
+                ));
             }
         }
     }
@@ -219,7 +246,13 @@ pub fn run(iterations: u64, seed: u64) -> Stats {
     }
     println!(
         "crash torture: iterations {}, kills {}, messages sent {}, acknowledged {}, lost {}, duplicated {}, unacknowledged but stored {}",
-        stats.iterations, stats.kills, stats.sent, stats.acknowledged, stats.lost, stats.duplicated, stats.unacknowledged_stored
+        stats.iterations,
+        stats.kills,
+        stats.sent,
+        stats.acknowledged,
+        stats.lost,
+        stats.duplicated,
+        stats.unacknowledged_stored
     );
     println!("kills by point: {:?}", stats.by_point);
     stats
