@@ -194,6 +194,9 @@ fn from_message(obs: &Observation) -> Option<Cause> {
         "is a directory",
         "not a directory",
         "authorization denied",
+        // better-sqlite3 checks the folder itself and throws without a code.
+        "directory does not exist",
+        "cannot open database",
     ]) {
         return Some(Cause::Disk);
     }

@@ -102,7 +102,7 @@ pub fn decision_to_value(d: &Decision) -> Value {
     }
     m.insert("sticky".into(), d.sticky.into());
     m.insert("capture".into(), d.capture.into());
-    m.insert("error".into(), d.classification.cause.failure_label().into());
+    m.insert("failure".into(), d.classification.cause.failure_label().into());
     Value::Object(m)
 }
 

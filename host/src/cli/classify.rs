@@ -13,7 +13,7 @@ use crate::exit;
 /// (open|append_batch|checkpoint|divert|replay), `code`, `extended_code`,
 /// `errno` (integers or null), `message`, `evidence` (labels), `attempt`,
 /// `elapsed_ms`, `seed`. Each gets one JSON object: `cause`, `basis`,
-/// `action`, `delay_ms` (retry only), `sticky`, `capture`, `error`. A line
+/// `action`, `delay_ms` (retry only), `sticky`, `capture`, `failure` (`session_persistence_failed:<cause>`). A line
 /// that is not an observation gets `{"error": ..., "line": N}` and the exit
 /// status is 65 at the end.
 #[derive(Debug, clap::Args)]

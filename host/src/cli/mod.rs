@@ -6,10 +6,12 @@
 
 mod append;
 mod classify;
+pub mod codes;
 mod component;
 #[cfg(feature = "fault-injection")]
 mod demo;
 mod doctor;
+mod evaluate;
 mod explain;
 mod recover;
 mod replay;
@@ -44,6 +46,8 @@ enum Command {
     Doctor(doctor::Args),
     Classify(classify::Args),
     Explain(explain::Args),
+    Evaluate(evaluate::Args),
+    Codes(codes::Args),
     Component(component::Args),
     #[cfg(feature = "fault-injection")]
     Demo(demo::Args),
@@ -67,6 +71,8 @@ pub fn main() -> i32 {
         Command::Doctor(a) => doctor::run(a),
         Command::Classify(a) => classify::run(a),
         Command::Explain(a) => explain::run(a),
+        Command::Evaluate(a) => evaluate::run(a),
+        Command::Codes(a) => codes::run(a),
         Command::Component(a) => component::run(a),
         #[cfg(feature = "fault-injection")]
         Command::Demo(a) => demo::run(a),

@@ -1,0 +1,25 @@
+import { execFileSync } from 'node:child_process';
+import { readdirSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+
+/** The Rust host's answers for the same input lines. */
+export function native(command, lines) {
+  const bin = process.env.TURNSAFE_BIN;
+  if (!bin) throw new Error('TURNSAFE_BIN is not set: run through examples/run-all');
+  let out;
+  try {
+    out = execFileSync(bin, [command], { input: lines.join('\n') + '\n', encoding: 'utf8' });
+  } catch (e) {
+    out = e.stdout;
+  }
+  return out.split('\n').filter((l) => l.length > 0);
+}
+
+export function vectors() {
+  const dir = join(ROOT, 'tests', 'vectors');
+  return readdirSync(dir).filter((f) => f.endsWith('.json')).sort()
+    .flatMap((f) => JSON.parse(readFileSync(join(dir, f), 'utf8')));
+}
