@@ -42,6 +42,14 @@ fn read_through(fd: RawFd) -> io::Result<Vec<u8>> {
     // SAFETY: the descriptor is held by this process's SQLite connection.
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
     let size = rustix::fs::fstat(b)?.st_size as usize;
+    read_exactly(fd, size)
+}
+
+/// Read `size` bytes from offset 0, or fail loudly: a capture that is
+/// shorter than the file it claims to hold must never be written.
+fn read_exactly(fd: RawFd, size: usize) -> io::Result<Vec<u8>> {
+    // SAFETY: as above; the caller holds the descriptor open.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
     let mut buf = vec![0u8; size];
     let mut done = 0;
     while done < size {
@@ -130,4 +138,25 @@ pub fn open_nofollow(path: &Path) -> io::Result<File> {
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn a_short_read_aborts_loudly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 5000]).unwrap();
+        let f = File::open(&path).unwrap();
+        assert_eq!(read_exactly(f.as_raw_fd(), 5000).unwrap().len(), 5000);
+        // The file is shorter than the size the capture expects (it was
+        // truncated after fstat): an error, never a short copy.
+        let err = read_exactly(f.as_raw_fd(), 8192).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(err.to_string().contains("short read: 5000 of 8192"), "{err}");
+    }
 }

@@ -1,7 +1,7 @@
 //! What one flush did, as the caller and the `append` command see it.
 
 use serde_json::{Value, json};
-use turnsafe_policy::{ActionKind, Cause, Copy};
+use turnsafe_policy::{ActionKind, Cause, Copy, Operation};
 
 use crate::capture::Capture;
 use crate::divert::{DivertError, Receipt};
@@ -11,6 +11,9 @@ use crate::divert::{DivertError, Receipt};
 #[derive(Debug)]
 pub struct FlushOutcome {
     pub persisted: bool,
+    /// The operation whose failure shaped the outcome (`open` when the store
+    /// could not be opened); `None` on a first-try commit.
+    pub operation: Option<Operation>,
     /// The cause of the first failure that shaped the outcome; `None` on a first-try commit.
     pub cause: Option<Cause>,
     /// The last action the policy asked for; `None` on a first-try commit.
@@ -38,6 +41,7 @@ impl FlushOutcome {
     pub fn to_value(&self) -> Value {
         json!({
             "persisted": self.persisted,
+            "operation": self.operation.map(|o| o.label()),
             "cause": self.cause.map(|c| c.label()),
             "action": self.action.map(|a| a.label()),
             "attempts": self.attempts,

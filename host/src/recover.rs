@@ -146,6 +146,10 @@ pub fn rebuild(src: &Path, output: &Path) -> Result<Value, RecoverError> {
                 Err(_) => unreadable += 1,
             }
         }
+        let total: i64 = from
+            .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
+            .unwrap_or(0);
+        let bar = progress(total.max(0) as u64);
         let mut s = from.prepare(
             "SELECT session_id, uid, seq, role, content, content_json, extra, created_ms FROM messages ORDER BY id",
         )?;
@@ -174,10 +178,12 @@ pub fn rebuild(src: &Path, output: &Path) -> Result<Value, RecoverError> {
                         rusqlite::params![sid, uid, seq, role, content, cj, extra, created],
                     )?;
                     messages += 1;
+                    bar.inc(1);
                 }
                 Err(_) => unreadable += 1,
             }
         }
+        bar.finish_and_clear();
     }
     to.execute_batch(
         "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
@@ -189,6 +195,19 @@ pub fn rebuild(src: &Path, output: &Path) -> Result<Value, RecoverError> {
     })?;
     drop(to);
     Ok(json!({ "sessions": sessions, "messages": messages, "unreadable_rows": unreadable }))
+}
+
+/// A progress bar on stderr for large inputs, only when stderr is a terminal.
+fn progress(total: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if total < 50_000 || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("recovering {bar:40} {pos}/{len} messages ({eta})") {
+        bar.set_style(style);
+    }
+    bar
 }
 
 /// Install `new_db` as `home/state.db`, unless any process holds the old

@@ -112,6 +112,7 @@ fn an_unopenable_store_answers_every_batch_and_reopens_at_the_next() {
     let first = live.send("[{\"role\":\"user\",\"content\":\"one\",\"uid\":\"m1\"},{\"role\":\"user\",\"content\":\"two\",\"uid\":\"m2\"}]");
     assert_eq!(first["persisted"], false);
     assert_eq!(first["cause"], "disk");
+    assert_eq!(first["operation"], "open");
     assert_eq!(first["action"], "divert");
     assert_eq!(first["diverted"], 2);
     check_sums(&first, 2);

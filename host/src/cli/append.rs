@@ -12,7 +12,8 @@ use crate::store::{SessionId, SessionStore, StoreOptions, Synchronous};
 ///
 /// Each line is a JSON array of messages (`role`, `content`, optional
 /// `uid`; other fields are kept). After each batch one bare JSON object is
-/// printed: `persisted`, `cause`, `action`, `attempts`, `committed`,
+/// printed: `persisted`, `operation` (`open` when the store could not be
+/// opened), `cause`, `action`, `attempts`, `committed`,
 /// `diverted`, `handed_back` (these three sum to the batch size),
 /// `receipt`, `divert_error`, `copy`, `error`, `uids`, `minted_uids`. A line
 /// that is not a batch gets `{"error": ..., "line": N}`. Exit status: 0

@@ -296,6 +296,7 @@ fn outcome_from_json(v: &Value) -> FlushOutcome {
     });
     FlushOutcome {
         persisted: v["persisted"].as_bool().unwrap_or(false),
+        operation: v["operation"].as_str().and_then(turnsafe_policy::Operation::from_label),
         cause: v["cause"].as_str().and_then(turnsafe_policy::Cause::from_label),
         action: v["action"]
             .as_str()

@@ -304,7 +304,9 @@ impl SessionStore {
                 count = messages.len(),
                 "sticky handle: diverting without touching the database"
             );
-            return self.divert_batch(&flush, cause, ActionKind::Divert, None);
+            let mut out = self.divert_batch(&flush, cause, ActionKind::Divert, None);
+            out.operation = Some(Operation::AppendBatch);
+            return out;
         }
         if let Err((err, errno)) = self.ensure_open() {
             let obs = observe::observation(Operation::Open, &err, errno, Vec::new(), 1, 0, seed);
@@ -319,7 +321,9 @@ impl SessionStore {
                 | ActionKind::AdoptContinuation => ActionKind::Divert,
                 a => a,
             };
-            return self.settle(&flush, d, action, errno);
+            let mut out = self.settle(&flush, d, action, errno);
+            out.operation = Some(Operation::Open);
+            return out;
         }
 
         let mut plan = WritePlan::default();
@@ -363,6 +367,7 @@ impl SessionStore {
                     };
                     let mut out = self.settle(&flush, d, action, obs.errno);
                     out.capture = pending_capture;
+                    out.operation = Some(Operation::AppendBatch);
                     return out;
                 }
             }
@@ -476,6 +481,7 @@ impl SessionStore {
                 };
                 FlushOutcome {
                     persisted: false,
+                    operation: None,
                     cause: Some(cause),
                     action: Some(action),
                     attempts: flush.attempts,
@@ -524,6 +530,7 @@ impl SessionStore {
         };
         let mut out = FlushOutcome {
             persisted: false,
+            operation: None,
             cause: Some(cause),
             action: Some(action),
             attempts: flush.attempts,
@@ -576,6 +583,7 @@ impl SessionStore {
         };
         FlushOutcome {
             persisted: true,
+            operation: last.map(|_| Operation::AppendBatch),
             cause,
             action: last.map(|d| d.action),
             attempts: flush.attempts,
