@@ -26,11 +26,8 @@ pub fn classify(obs: &Observation) -> Classification {
     if let Some(c) = fts_scoped_corruption(obs) {
         return c;
     }
-    if let Some(cause) = from_codes(obs) {
-        return Classification {
-            cause,
-            basis: Basis::Code,
-        };
+    if let Some((cause, basis)) = from_codes(obs) {
+        return Classification { cause, basis };
     }
     if let Some(cause) = from_message(obs) {
         return Classification {
@@ -94,24 +91,30 @@ fn fts_scoped_corruption(obs: &Observation) -> Option<Classification> {
     })
 }
 
-fn from_codes(obs: &Observation) -> Option<Cause> {
+/// The cause the codes give, and what it rests on: `code`, or `message`
+/// where a generic code is refined by its text.
+fn from_codes(obs: &Observation) -> Option<(Cause, Basis)> {
     let (primary, ext) = codes(obs);
     if let Some(ext) = ext {
-        match ext {
-            READONLY_DBMOVED => return Some(Cause::Replaced),
-            CORRUPT_SEQUENCE | CORRUPT_INDEX | IOERR_CORRUPTFS => return Some(Cause::Corrupt),
-            BUSY_RECOVERY | BUSY_SNAPSHOT | BUSY_TIMEOUT => return Some(Cause::Locked),
-            CONSTRAINT_FOREIGNKEY if obs.operation == Operation::AppendBatch => {
-                return Some(Cause::SessionRowMissing);
-            }
-            CONSTRAINT_UNIQUE if obs.operation == Operation::AppendBatch => {
-                return Some(Cause::UidConflict);
-            }
-            _ => {}
+        let by_ext = match ext {
+            READONLY_DBMOVED => Some(Cause::Replaced),
+            CORRUPT_SEQUENCE | CORRUPT_INDEX | IOERR_CORRUPTFS => Some(Cause::Corrupt),
+            BUSY_RECOVERY | BUSY_SNAPSHOT | BUSY_TIMEOUT => Some(Cause::Locked),
+            CONSTRAINT_FOREIGNKEY if obs.operation == Operation::AppendBatch => Some(Cause::SessionRowMissing),
+            CONSTRAINT_UNIQUE if obs.operation == Operation::AppendBatch => Some(Cause::UidConflict),
+            _ => None,
+        };
+        if let Some(c) = by_ext {
+            return Some((c, Basis::Code));
         }
     }
     let primary = primary?;
-    Some(match primary {
+    if primary == CANTOPEN && ext.is_none_or(|e| e == CANTOPEN) && lower(&obs.message).contains("database is locked") {
+        // Generic CANTOPEN is `disk` whatever errno says; only a lock named
+        // in the text makes it retryable, and then the text is the basis.
+        return Some((Cause::Locked, Basis::Message));
+    }
+    let cause = match primary {
         BUSY | LOCKED | PROTOCOL => Cause::Locked,
         FULL => Cause::DiskFull,
         CORRUPT | NOTADB => Cause::Corrupt,
@@ -119,19 +122,11 @@ fn from_codes(obs: &Observation) -> Option<Cause> {
             Some(ENOSPC) | Some(EDQUOT) => Cause::DiskFull,
             _ => Cause::Disk,
         },
-        CANTOPEN => {
-            // Generic CANTOPEN is `disk` whatever errno says; only a lock
-            // named in the text makes it retryable.
-            if ext.is_none_or(|e| e == CANTOPEN) && lower(&obs.message).contains("database is locked") {
-                Cause::Locked
-            } else {
-                Cause::Disk
-            }
-        }
-        READONLY | PERM | AUTH | NOLFS => Cause::Disk,
+        CANTOPEN | READONLY | PERM | AUTH | NOLFS => Cause::Disk,
         // SQLITE_ERROR and the rest say nothing about storage: let the text speak.
         _ => return None,
-    })
+    };
+    Some((cause, Basis::Code))
 }
 
 fn lower(s: &str) -> String {
