@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use crate::engine::{COMPONENT, WasmEngine};
 use crate::exit;
 
-/// Write the embedded policy component (WIT `turnsafe:policy@0.1.0`,
-/// world `policy`, no imports) to a file, byte for byte.
+/// Write out the policy component this binary carries.
+///
+/// WIT `turnsafe:policy@0.1.0`, world `policy`, no imports; written byte
+/// for byte as embedded.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Where to write the component.

@@ -95,7 +95,17 @@ pub fn run(args: Args) -> i32 {
     let started = Instant::now();
     let temp;
     let home: PathBuf = match &args.keep {
-        Some(dir) => dir.clone(),
+        Some(dir) => {
+            let used = std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(false);
+            if used {
+                eprintln!(
+                    "error: --keep {} is not empty; the demo needs a fresh home",
+                    dir.display()
+                );
+                return exit::USAGE;
+            }
+            dir.clone()
+        }
         None => match tempfile::tempdir() {
             Ok(t) => {
                 temp = t;

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use crate::exit;
 
-/// Report on a turnsafe home: the pids holding state.db or its sidecars
+/// Report what is wrong with a turnsafe home, and what to do.
+///
+/// Findings: the pids holding state.db or its sidecars
 /// (deleted ones included), retired generations, pending diverts and
 /// quarantined lines, the fd limit, free space, and a quick_check (on a
 /// copy when a writer is live). Exit 0 when nothing is wrong, 6 otherwise.

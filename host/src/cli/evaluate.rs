@@ -7,8 +7,10 @@ use serde_json::Value;
 use crate::engine::{self, EngineKind};
 use crate::exit;
 
-/// Evaluate JSON Lines requests `{"observation": {...}, "context": {...}}`:
-/// one bare JSON object per line, the classify fields plus `outcome` and
+/// Decide and explain observations with context, one JSON line each.
+///
+/// Requests are `{"observation": {...}, "context": {...}}`; each gets
+/// one bare JSON object, the classify fields plus `outcome` and
 /// `copy` (the `evaluate-json` entry point of the component). Other
 /// runtimes compare their answers with this one byte for byte.
 #[derive(Debug, clap::Args)]

@@ -7,8 +7,10 @@ use serde_json::{Value, json};
 use crate::exit;
 use crate::recover::{self, RecoverError};
 
-/// Recover a session database from a db file (its sidecars beside it) or a
-/// capture folder (`state.db.retired-*`).
+/// Copy what is readable from a damaged or retired database into a fresh one.
+///
+/// The source is a db file (its sidecars beside it) or a capture folder
+/// (`state.db.retired-*`).
 ///
 /// The source is never opened in place: it is copied first, and the copy
 /// is aborted if the source changed meanwhile. `--inspect-only` reports

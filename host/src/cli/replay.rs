@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use crate::exit;
 use crate::replay::{ReplayError, ReplayOptions, replay};
 
-/// Import diverted JSONL (`sessions/*.jsonl`) into state.db, idempotently
-/// by (session, uid), keeping `seq`.
+/// Import diverted transcripts back into state.db.
+///
+/// Reads `sessions/*.jsonl` and imports idempotently by (session, uid),
+/// keeping `seq`.
 ///
 /// Every line ends `replayed`, `duplicate` or `quarantined` (with a
 /// reason) in `sessions/ledger.jsonl`; settled files move to
