@@ -1,6 +1,5 @@
 //! `turnsafe append`: the streaming session writer.
 
-use std::io::BufRead;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -130,27 +129,8 @@ pub fn run(args: Args) -> i32 {
             SessionStore::new(&args.home, opts)
         }
     };
-    let stdin = std::io::stdin();
-    let mut reader = stdin.lock();
-    let mut buf = Vec::new();
-    let (mut line_no, mut all_persisted, mut batches) = (0u64, true, 0u64);
-    loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) => {
-                eprintln!("turnsafe append: reading stdin: {e}");
-                all_persisted = false;
-                break;
-            }
-        }
-        line_no += 1;
-        let text = String::from_utf8_lossy(&buf);
-        let text = text.trim();
-        if text.is_empty() {
-            continue;
-        }
+    let (mut all_persisted, mut batches) = (true, 0u64);
+    let read = super::for_each_line(|line_no, text| {
         let answer = match Message::batch_from_json(text) {
             Ok(batch) => {
                 let outcome = store.append_batch(&session, &batch);
@@ -165,9 +145,11 @@ pub fn run(args: Args) -> i32 {
                 serde_json::json!({ "error": e.to_string(), "line": line_no })
             }
         };
-        if !super::emit(&answer.to_string()) {
-            break;
-        }
+        super::emit(&answer.to_string())
+    });
+    if let Err(e) = read {
+        eprintln!("turnsafe append: reading stdin: {e}");
+        all_persisted = false;
     }
     store.release_lease(&session);
     if all_persisted { exit::OK } else { exit::NOT_PERSISTED }

@@ -1,7 +1,5 @@
 //! `turnsafe classify`: JSON Lines observations in, one decision object out per line.
 
-use std::io::BufRead;
-
 use serde_json::Value;
 
 use crate::engine::{self, EngineKind};
@@ -31,27 +29,8 @@ pub fn run(args: Args) -> i32 {
             return exit::FAILURE;
         }
     };
-    let stdin = std::io::stdin();
-    let mut reader = stdin.lock();
     let mut failed = false;
-    let mut buf = Vec::new();
-    let mut line_no = 0u64;
-    loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) => {
-                eprintln!("turnsafe classify: reading stdin: {e}");
-                return exit::FAILURE;
-            }
-        }
-        line_no += 1;
-        let text = String::from_utf8_lossy(&buf);
-        let text = text.trim();
-        if text.is_empty() {
-            continue;
-        }
+    let read = super::for_each_line(|line_no, text| {
         let answer = match serde_json::from_str::<Value>(text) {
             Ok(Value::Object(_)) => match policy.classify_json(text) {
                 Ok(out) => out,
@@ -60,17 +39,11 @@ pub fn run(args: Args) -> i32 {
             Ok(_) => error_line("line is not a JSON object"),
             Err(e) => error_line(&format!("invalid JSON: {e}")),
         };
-        let answer = match serde_json::from_str::<Value>(&answer) {
-            Ok(Value::Object(mut m)) if m.contains_key("error") && !m.contains_key("cause") => {
-                failed = true;
-                m.insert("line".into(), line_no.into());
-                Value::Object(m).to_string()
-            }
-            _ => answer,
-        };
-        if !super::emit(&answer) {
-            break;
-        }
+        super::emit(&super::answer_line(line_no, answer, &mut failed))
+    });
+    if let Err(e) = read {
+        eprintln!("turnsafe classify: reading stdin: {e}");
+        return exit::FAILURE;
     }
     if failed { exit::DATAERR } else { exit::OK }
 }

@@ -1,9 +1,5 @@
 //! `turnsafe evaluate`: observation and context in, decision and copy out.
 
-use std::io::BufRead;
-
-use serde_json::Value;
-
 use crate::engine::{self, EngineKind};
 use crate::exit;
 
@@ -29,27 +25,16 @@ pub fn run(args: Args) -> i32 {
         }
     };
     let mut failed = false;
-    for (i, line) in std::io::stdin().lock().split(b'\n').enumerate() {
-        let Ok(line) = line else { return exit::FAILURE };
-        let text = String::from_utf8_lossy(&line);
-        if text.trim().is_empty() {
-            continue;
-        }
-        let answer = match policy.evaluate_json(text.trim()) {
+    let read = super::for_each_line(|line_no, text| {
+        let answer = match policy.evaluate_json(text) {
             Ok(a) => a,
             Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
         };
-        let answer = match serde_json::from_str::<Value>(&answer) {
-            Ok(Value::Object(mut m)) if m.contains_key("error") && !m.contains_key("cause") => {
-                failed = true;
-                m.insert("line".into(), (i + 1).into());
-                Value::Object(m).to_string()
-            }
-            _ => answer,
-        };
-        if !super::emit(&answer) {
-            break;
-        }
+        super::emit(&super::answer_line(line_no, answer, &mut failed))
+    });
+    if let Err(e) = read {
+        eprintln!("turnsafe evaluate: reading stdin: {e}");
+        return exit::FAILURE;
     }
     if failed { exit::DATAERR } else { exit::OK }
 }

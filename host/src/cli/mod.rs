@@ -99,6 +99,42 @@ pub(crate) fn emit(line: &str) -> bool {
     writeln!(out, "{line}").and_then(|_| out.flush()).is_ok()
 }
 
+/// Feed each non-blank stdin line, trimmed, with its 1-based number, to
+/// `f` until input ends or `f` returns false. Invalid UTF-8 is replaced,
+/// never fatal. Returns an error only when stdin itself fails.
+pub(crate) fn for_each_line(mut f: impl FnMut(u64, &str) -> bool) -> std::io::Result<()> {
+    use std::io::BufRead;
+    let stdin = std::io::stdin();
+    let mut reader = stdin.lock();
+    let mut buf = Vec::new();
+    let mut line_no = 0u64;
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf)? == 0 {
+            return Ok(());
+        }
+        line_no += 1;
+        let text = String::from_utf8_lossy(&buf);
+        let text = text.trim();
+        if !text.is_empty() && !f(line_no, text) {
+            return Ok(());
+        }
+    }
+}
+
+/// Answer one JSON Lines request with `answer`; an `{"error"}` answer gets
+/// the line number, and marks the run as failed.
+pub(crate) fn answer_line(line_no: u64, answer: String, failed: &mut bool) -> String {
+    match serde_json::from_str::<serde_json::Value>(&answer) {
+        Ok(serde_json::Value::Object(mut m)) if m.contains_key("error") && !m.contains_key("cause") => {
+            *failed = true;
+            m.insert("line".into(), line_no.into());
+            serde_json::Value::Object(m).to_string()
+        }
+        _ => answer,
+    }
+}
+
 /// A `{"type": kind, "data": data}` envelope line.
 pub(crate) fn envelope(kind: &str, data: serde_json::Value) -> String {
     serde_json::json!({ "type": kind, "data": data }).to_string()

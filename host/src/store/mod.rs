@@ -479,23 +479,10 @@ impl SessionStore {
                     errno,
                     ..CopyContext::default()
                 };
-                FlushOutcome {
-                    persisted: false,
-                    operation: None,
-                    cause: Some(cause),
-                    action: Some(action),
-                    attempts: flush.attempts,
-                    committed: 0,
-                    diverted: 0,
-                    handed_back: n,
-                    receipt: None,
-                    divert_error: None,
-                    copy: turnsafe_policy::explain(cause, Outcome::HandedBack, &ctx).ok(),
-                    uids: flush.uids.clone(),
-                    minted_uids: flush.minted.clone(),
-                    error: Some(cause.failure_label()),
-                    capture: None,
-                }
+                let mut out = flush.failed(cause, action);
+                out.handed_back = n;
+                out.copy = turnsafe_policy::explain(cause, Outcome::HandedBack, &ctx).ok();
+                out
             }
         }
     }
@@ -528,23 +515,7 @@ impl SessionStore {
             errno,
             ..CopyContext::default()
         };
-        let mut out = FlushOutcome {
-            persisted: false,
-            operation: None,
-            cause: Some(cause),
-            action: Some(action),
-            attempts: flush.attempts,
-            committed: 0,
-            diverted: 0,
-            handed_back: 0,
-            receipt: None,
-            divert_error: None,
-            copy: None,
-            uids: flush.uids.clone(),
-            minted_uids: flush.minted.clone(),
-            error: Some(cause.failure_label()),
-            capture: None,
-        };
+        let mut out = flush.failed(cause, action);
         match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
             Ok(receipt) => {
                 if let Some(s) = first_seq {
@@ -718,6 +689,30 @@ fn probe_error(e: &guard::ProbeError) -> rusqlite::Error {
         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
         Some(format!("turnsafe {e}")),
     )
+}
+
+impl Flush<'_> {
+    /// A not-persisted outcome with nothing placed yet; the caller fills in
+    /// where the messages went.
+    fn failed(&self, cause: Cause, action: ActionKind) -> FlushOutcome {
+        FlushOutcome {
+            persisted: false,
+            operation: None,
+            cause: Some(cause),
+            action: Some(action),
+            attempts: self.attempts,
+            committed: 0,
+            diverted: 0,
+            handed_back: 0,
+            receipt: None,
+            divert_error: None,
+            copy: None,
+            uids: self.uids.clone(),
+            minted_uids: self.minted.clone(),
+            error: Some(cause.failure_label()),
+            capture: None,
+        }
+    }
 }
 
 /// One batch in flight.
