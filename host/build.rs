@@ -38,6 +38,21 @@ fn run() -> Result<(), String> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target").join("policy-wasm"));
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // Local paths must not leak into the component, so its bytes are the
+    // same wherever it is built.
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let mut remap = format!("--remap-path-prefix={}=/turnsafe", root.display());
+    if let Some(home) = cargo_home {
+        // Each registry source folder is named for its index; map them all.
+        if let Ok(rd) = std::fs::read_dir(home.join("registry").join("src")) {
+            for entry in rd.flatten() {
+                remap.push_str(&format!(" --remap-path-prefix={}=/deps", entry.path().display()));
+            }
+        }
+        remap.push_str(&format!(" --remap-path-prefix={}=/cargo", home.display()));
+    }
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&root)
         .args([
@@ -57,7 +72,7 @@ fn run() -> Result<(), String> {
         .env_remove("RUSTC_WRAPPER")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("RUSTFLAGS")
+        .env("RUSTFLAGS", &remap)
         .env_remove("CARGO_BUILD_TARGET")
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
