@@ -45,13 +45,14 @@ fn run() -> Result<(), String> {
         .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
     let mut remap = format!("--remap-path-prefix={}=/turnsafe", root.display());
     if let Some(home) = cargo_home {
+        // rustc tries these last-first, so the broad prefix goes first.
+        remap.push_str(&format!(" --remap-path-prefix={}=/cargo", home.display()));
         // Each registry source folder is named for its index; map them all.
         if let Ok(rd) = std::fs::read_dir(home.join("registry").join("src")) {
             for entry in rd.flatten() {
                 remap.push_str(&format!(" --remap-path-prefix={}=/deps", entry.path().display()));
             }
         }
-        remap.push_str(&format!(" --remap-path-prefix={}=/cargo", home.display()));
     }
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&root)
