@@ -13,7 +13,8 @@ fn a_source_that_changes_during_the_copy_is_refused() {
     let home = Home::new();
     drop(home.store());
     let c = home.other();
-    c.execute_batch("PRAGMA wal_autocheckpoint = 0; INSERT INTO sessions(id, created_ms) VALUES ('s1', 0);").unwrap();
+    c.execute_batch("PRAGMA wal_autocheckpoint = 0; INSERT INTO sessions(id, created_ms) VALUES ('s1', 0);")
+        .unwrap();
     // A WAL of some megabytes, so copying it takes a while.
     c.execute_batch("BEGIN").unwrap();
     for i in 0..4000 {

@@ -1,4 +1,4 @@
-//! SIGKILL at every effect boundary of flush, divert and replay; after
+//! SIGKILL at every effect boundary of flush, divert, capture and replay; after
 //! each kill the store is reopened and replayed, and every acknowledged
 //! message must be there exactly once. `TORTURE_SEED` replays a run;
 //! `TORTURE_ITERATIONS` changes the count (default 200).

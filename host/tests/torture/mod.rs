@@ -2,7 +2,9 @@
 //! bench (10,000). Each iteration runs real `turnsafe` processes in a fresh
 //! home and kills one of them with SIGKILL at an effect boundary
 //! (`TURNSAFE_CRASH_AT=<point>:<n>`), with random delays at every boundary
-//! and, at random, injected WAL write faults so that batches get diverted.
+//! and, at random, injected WAL write faults so that batches get diverted
+//! and retired generations (sidecars deleted after a checkpoint) so that
+//! captures run.
 //! Then it reopens the store, runs `turnsafe replay`, and recounts.
 //!
 //! A message is acknowledged when the writer printed `persisted`, or a
@@ -24,6 +26,8 @@ pub const POINTS: &[&str] = &[
     "divert.before_write",
     "divert.before_fsync",
     "append.before_print",
+    "capture.before_mkdir",
+    "capture.before_write",
     "replay.before_take",
     "replay.before_commit",
     "replay.before_ledger",
@@ -77,8 +81,16 @@ fn bin() -> &'static str {
 }
 
 /// Run `turnsafe append`, feeding `lines`; return each printed outcome.
-/// The process may be killed by its crash point.
-fn append(home: &Path, lines: &[String], crash: Option<String>, fault_every: Option<u64>) -> (Vec<Value>, bool) {
+/// The process may be killed by its crash point. With `retire`, the WAL is
+/// checkpointed and both sidecars deleted after the first batch's answer,
+/// so the next batch meets the guard and captures the retired generation.
+fn append(
+    home: &Path,
+    lines: &[String],
+    crash: Option<String>,
+    fault_every: Option<u64>,
+    retire: bool,
+) -> (Vec<Value>, bool) {
     let mut cmd = Command::new(bin());
     cmd.args(["append", "--session", "s1", "--home"])
         .arg(home)
@@ -94,18 +106,32 @@ fn append(home: &Path, lines: &[String], crash: Option<String>, fault_every: Opt
     }
     let mut child = cmd.spawn().expect("spawn append");
     let mut stdin = child.stdin.take().expect("stdin");
+    let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut outcomes = Vec::new();
+    let mut rest = lines;
+    if retire && !lines.is_empty() {
+        let _ = writeln!(stdin, "{}", lines[0]);
+        let _ = stdin.flush();
+        let mut first = String::new();
+        if reader.read_line(&mut first).unwrap_or(0) > 0 {
+            if let Ok(v) = serde_json::from_str::<Value>(&first) {
+                outcomes.push(v);
+            }
+            retire_sidecars(home);
+        }
+        rest = &lines[1..];
+    }
     let writer = {
-        let lines = lines.to_vec();
+        let rest = rest.to_vec();
         std::thread::spawn(move || {
-            for l in lines {
+            for l in rest {
                 if writeln!(stdin, "{l}").is_err() {
                     break;
                 }
             }
         })
     };
-    let mut outcomes = Vec::new();
-    for line in BufReader::new(child.stdout.take().expect("stdout")).lines() {
+    for line in reader.lines() {
         let Ok(line) = line else { break };
         if let Ok(v) = serde_json::from_str::<Value>(&line) {
             outcomes.push(v);
@@ -115,6 +141,18 @@ fn append(home: &Path, lines: &[String], crash: Option<String>, fault_every: Opt
     let status = child.wait().expect("wait");
     use std::os::unix::process::ExitStatusExt;
     (outcomes, status.signal() == Some(9))
+}
+
+/// Checkpoint what the writer committed into the main file, then delete
+/// the sidecars under it: the generation it holds is retired.
+fn retire_sidecars(home: &Path) {
+    if let Ok(c) = rusqlite::Connection::open(home.join("state.db")) {
+        let _ = c.busy_timeout(std::time::Duration::from_secs(5));
+        let _ = c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    }
+    for s in ["state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(home.join(s));
+    }
 }
 
 fn replay(home: &Path, crash: Option<String>) -> bool {
@@ -169,11 +207,14 @@ pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
         lines.push(Value::Array(msgs).to_string());
     }
     let replay_point = point.starts_with("replay.");
+    // Capture points need a retired generation; other iterations get one now and then.
+    let retire = point.starts_with("capture.") || rng.below(8) == 0;
     let (outcomes, mut killed) = append(
         home,
         &lines,
         if replay_point { None } else { crash.clone() },
         fault_every,
+        retire,
     );
     let mut acked = BTreeSet::new();
     for o in &outcomes {
@@ -188,7 +229,7 @@ pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
     }
     // Reopen the store (recovers the WAL), then replay; a replay crash
     // point kills the first replay, and a second one finishes the job.
-    let (_, _) = append(home, &[], None, None);
+    let (_, _) = append(home, &[], None, None, false);
     if replay_point {
         killed |= replay(home, crash.clone());
     }
