@@ -1,0 +1,35 @@
+//! When the capture of a retired generation cannot be written (here the
+//! home folder is immutable), the outcome says the capture failed; the
+//! batch is still diverted and the handle still refuses the database.
+#[macro_use]
+mod common;
+use common::privileged::Immutable;
+use common::*;
+use turnsafe_policy::Cause;
+
+#[test]
+fn a_failed_capture_is_reported_not_hidden() {
+    let home = Home::new();
+    let mut store = home.store();
+    assert!(store.append_batch(&sid("s1"), &batch("a", 2)).persisted);
+    std::fs::create_dir(home.path().join("sessions")).unwrap();
+    for s in ["state.db-wal", "state.db-shm"] {
+        std::fs::remove_file(home.path().join(s)).unwrap();
+    }
+    let _frozen = skip_unless!(Immutable::new(home.path()));
+    let out = store.append_batch(&sid("s1"), &batch("b", 2));
+    assert_eq!(out.cause, Some(Cause::DeletedWal));
+    match &out.capture {
+        Some(Err(e)) => assert!(e.contains("capture of the retired generation failed at mkdir"), "{e}"),
+        other => panic!("the capture cannot have succeeded: {other:?}"),
+    }
+    assert_eq!(
+        out.to_value()["capture"]["error"]
+            .as_str()
+            .map(|e| e.contains("failed")),
+        Some(true)
+    );
+    assert_eq!(out.diverted, 2, "the divert folder was writable");
+    assert_eq!(store.sticky(), Some(Cause::DeletedWal));
+    drop(store);
+}
