@@ -4,7 +4,6 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 
 use common::*;
-use rusqlite::{Connection, OpenFlags};
 use turnsafe_host::message::Message;
 use turnsafe_host::store::StoreOptions;
 use turnsafe_policy::{ActionKind, Cause};
@@ -17,8 +16,6 @@ fn a_diverted_batch_is_on_disk_exactly_as_the_receipt_says() {
     let mut store = turnsafe_host::store::SessionStore::new(home.path(), Default::default());
     assert!(store.append_batch(&sid("s1"), &batch("ok", 1)).persisted);
     drop(store);
-    let ro = Connection::open_with_flags(home.db(), OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
-    drop(ro);
     let mut store = home.store_with(StoreOptions {
         read_only: true,
         ..StoreOptions::default()

@@ -5,7 +5,7 @@
 //! Each file goes to a temporary name, is fsynced and renamed; then the
 //! folder is fsynced. Nothing is ever merged back automatically.
 
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::{DirBuilder, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -132,16 +132,9 @@ pub fn capture(guard: &Guard, trigger: &str) -> Result<Capture, CaptureError> {
     })
 }
 
-/// Open a file for reading without following links (used by recover).
-pub fn open_nofollow(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::os::fd::AsRawFd;
 
     use super::*;

@@ -167,12 +167,11 @@ pub const KNOWN_DIVERT_OPS: &[&str] = &[
     "mkdir",
     "open",
     "lock",
-    "flock",
     "stat",
+    "encode",
     "write",
     "fsync",
     "fsync_dir",
-    "close",
 ];
 
 fn capitalise(s: &str) -> String {

@@ -86,22 +86,6 @@ pub fn receipt_lines(r: &Receipt) -> Vec<Value> {
     lines
 }
 
-/// Every file under `dir`, recursively.
-pub fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(files_under(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
-}
-
 /// Write garbage over the b-tree root page of `table` in the main file,
 /// after a checkpoint moved every page there, then commit an unrelated
 /// change so live connections drop their page caches.

@@ -104,8 +104,6 @@ struct SessionState {
 pub enum StoreError {
     #[error("could not create {path}: {source}")]
     Home { path: PathBuf, source: std::io::Error },
-    #[error("SQLite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
 }
 
 /// One handle on a turnsafe home.
