@@ -193,15 +193,10 @@ pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {
                 Some(Cause::Corrupt),
             )),
         }
-        let fts: Option<String> = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .ok()
-            .and_then(|c| {
-                c.query_row("SELECT value FROM state_meta WHERE key = 'fts_enabled'", [], |r| {
-                    r.get(0)
-                })
-                .ok()
-            });
-        if fts.as_deref() == Some("0") {
+        let degraded = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .and_then(|c| crate::store::schema::fts_enabled(&c))
+            .is_ok_and(|on| !on);
+        if degraded {
             if repair_fts && held.is_empty() {
                 match rebuild_fts(&db) {
                     Ok(()) => out.push(finding("fts", "ok", "search index rebuilt".into(), None)),
@@ -254,10 +249,5 @@ fn quick_check_copy(db: &Path) -> Result<Vec<String>, String> {
 fn rebuild_fts(db: &Path) -> rusqlite::Result<()> {
     let c = Connection::open(db)?;
     c.busy_timeout(std::time::Duration::from_secs(5))?;
-    c.execute_batch(
-        "BEGIN IMMEDIATE;
-         INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
-         UPDATE state_meta SET value = '1' WHERE key = 'fts_enabled';
-         COMMIT;",
-    )
+    crate::store::schema::rebuild_fts(&c)
 }

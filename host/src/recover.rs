@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::holders;
-use crate::store::{StoreOptions, configure};
+use crate::store::{StoreOptions, configure, schema};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecoverError {
@@ -130,7 +130,9 @@ pub fn rebuild(src: &Path, output: &Path) -> Result<Value, RecoverError> {
     let to = Connection::open(output)?;
     configure(&to, &StoreOptions::default())?;
     let (mut sessions, mut messages, mut unreadable) = (0u64, 0u64, 0u64);
-    to.execute_batch("BEGIN IMMEDIATE; UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled';")?;
+    // Copy without the index, then rebuild it once.
+    to.execute_batch("BEGIN IMMEDIATE")?;
+    schema::disable_fts(&to)?;
     {
         let mut s = from.prepare("SELECT id, created_ms FROM sessions")?;
         let rows = s.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
@@ -185,11 +187,8 @@ pub fn rebuild(src: &Path, output: &Path) -> Result<Value, RecoverError> {
         }
         bar.finish_and_clear();
     }
-    to.execute_batch(
-        "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
-         UPDATE state_meta SET value = '1' WHERE key = 'fts_enabled';
-         COMMIT;",
-    )?;
+    to.execute_batch("COMMIT")?;
+    schema::rebuild_fts(&to)?;
     let _: (i64, i64, i64) = to.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?))
     })?;

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use crate::divert::{FORMAT_VERSION, sync_dir, validate_session_id};
 use crate::message::Message;
-use crate::store::{StoreOptions, configure, same_row};
+use crate::store::{StoreOptions, configure, same_row, schema};
 
 /// Lines imported per transaction.
 const CHUNK: usize = 2_000;
@@ -114,7 +114,7 @@ pub fn replay(home: &Path, opts: &ReplayOptions) -> Result<Vec<FileReport>, Repl
     sync_dir(&settling).map_err(io_err("fsync settling/"))?;
     sync_dir(&sessions).map_err(io_err("fsync sessions/"))?;
 
-    let fts_was_on = fts_enabled(&conn)?;
+    let fts_was_on = schema::fts_enabled(&conn)?;
     let ledger_path = sessions.join("ledger.jsonl");
     let mut ledger = OpenOptions::new()
         .append(true)
@@ -138,23 +138,9 @@ pub fn replay(home: &Path, opts: &ReplayOptions) -> Result<Vec<FileReport>, Repl
     }
     if fts_was_on {
         // The import ran without the index; rebuild it once, then switch it back on.
-        conn.execute_batch(
-            "BEGIN IMMEDIATE;
-             INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
-             UPDATE state_meta SET value = '1' WHERE key = 'fts_enabled';
-             COMMIT;",
-        )?;
+        schema::rebuild_fts(&conn)?;
     }
     Ok(reports)
-}
-
-fn fts_enabled(conn: &Connection) -> rusqlite::Result<bool> {
-    let v: Option<String> = conn
-        .query_row("SELECT value FROM state_meta WHERE key = 'fts_enabled'", [], |r| {
-            r.get(0)
-        })
-        .optional()?;
-    Ok(v.as_deref() == Some("1"))
 }
 
 /// `sessions/<id>.jsonl` files, validated ids only, filtered by session.
@@ -267,7 +253,7 @@ fn settle_file(
         if write {
             conn.execute_batch("BEGIN IMMEDIATE")?;
             if first_chunk && fts_was_on == Some(true) {
-                conn.execute("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'", [])?;
+                schema::disable_fts(conn)?;
             }
             if first_chunk {
                 conn.execute(

@@ -630,17 +630,7 @@ impl SessionStore {
         let Some(conn) = &self.conn else {
             return Err(rusqlite::Error::InvalidQuery);
         };
-        conn.execute_batch(
-            "BEGIN IMMEDIATE;
-             INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
-             UPDATE state_meta SET value = '1' WHERE key = 'fts_enabled';
-             COMMIT;",
-        )
-        .inspect_err(|_| {
-            if !conn.is_autocommit() {
-                let _ = conn.execute_batch("ROLLBACK");
-            }
-        })
+        schema::rebuild_fts(conn)
     }
 }
 

@@ -41,6 +41,40 @@ BEGIN
 END;
 ";
 
+/// Whether the full-text index is being kept (`state_meta.fts_enabled`).
+pub fn fts_enabled(conn: &Connection) -> rusqlite::Result<bool> {
+    use rusqlite::OptionalExtension;
+    let v: Option<String> = conn
+        .query_row("SELECT value FROM state_meta WHERE key = 'fts_enabled'", [], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    Ok(v.as_deref() == Some("1"))
+}
+
+/// Stop keeping the full-text index (inside the caller's transaction):
+/// the trigger skips it until [`rebuild_fts`] runs.
+pub fn disable_fts(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'", [])
+        .map(|_| ())
+}
+
+/// Rebuild the full-text index from the messages and switch it back on,
+/// in one immediate transaction.
+pub fn rebuild_fts(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "BEGIN IMMEDIATE;
+         INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+         UPDATE state_meta SET value = '1' WHERE key = 'fts_enabled';
+         COMMIT;",
+    )
+    .inspect_err(|_| {
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+    })
+}
+
 /// Bring the schema to [`VERSION`]. `generation` is stamped into
 /// `state_meta` when the database is new.
 pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {

@@ -89,7 +89,7 @@ impl SessionStore {
             let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq)?;
             first_seq = Some(seq);
             if plan.degrade_fts {
-                conn.execute("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'", [])?;
+                super::schema::disable_fts(conn)?;
             }
             let token = take_lease(conn, flush, state, plan.recreate_session, &holder, ttl_ms)?;
             let created = now_ms();
