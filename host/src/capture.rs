@@ -80,13 +80,18 @@ fn write_durably(dir: &Path, name: &str, data: &[u8]) -> Result<(), CaptureError
     std::fs::rename(&tmp, dir.join(name)).map_err(err(format!("rename {name}")))
 }
 
+/// UTC now as `yyyymmddThhmmssZ`, for the dated names of set-aside files.
+pub(crate) fn utc_stamp() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .replace(['-', ':'], "")
+}
+
 /// Capture what the guard recorded into a new folder next to the db.
 pub fn capture(guard: &Guard, trigger: &str) -> Result<Capture, CaptureError> {
     let db = guard.db_path();
     let parent = db.parent().unwrap_or(Path::new("."));
-    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
-        .to_string()
-        .replace(['-', ':'], "");
+    let stamp = utc_stamp();
     let dir: PathBuf = parent.join(format!("state.db.retired-{stamp}-{}", std::process::id()));
     crate::failpoint::hit("capture.before_mkdir");
     DirBuilder::new().mode(0o700).create(&dir).map_err(err("mkdir"))?;

@@ -85,7 +85,8 @@ pub struct Guard {
     generation: [u8; 4],
 }
 
-fn path_of(db: &Path, part: Part) -> PathBuf {
+/// The path of one of the db's files.
+pub fn path_of(db: &Path, part: Part) -> PathBuf {
     let mut s = db.as_os_str().to_owned();
     s.push(part.suffix());
     PathBuf::from(s)

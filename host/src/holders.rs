@@ -77,12 +77,8 @@ fn absolute(p: &Path) -> PathBuf {
 
 /// The db and its sidecars.
 pub fn db_files(db: &Path) -> Vec<PathBuf> {
-    ["", "-wal", "-shm"]
+    crate::guard::Part::ALL
         .iter()
-        .map(|s| {
-            let mut o = db.as_os_str().to_owned();
-            o.push(s);
-            PathBuf::from(o)
-        })
+        .map(|p| crate::guard::path_of(db, *p))
         .collect()
 }

@@ -229,9 +229,7 @@ pub fn install(new_db: &Path, home: &Path) -> Result<Value, RecoverError> {
             held.pids()
         )));
     }
-    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
-        .to_string()
-        .replace(['-', ':'], "");
+    let stamp = crate::capture::utc_stamp();
     let mut set_aside = Vec::new();
     for f in &files {
         if f.exists() {

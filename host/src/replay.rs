@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use crate::divert::{FORMAT_VERSION, sync_dir, validate_session_id};
 use crate::message::Message;
-use crate::store::{StoreOptions, configure, same_row, schema};
+use crate::store::{StoreOptions, configure, now_ms, same_row, schema};
 
 /// Lines imported per transaction.
 const CHUNK: usize = 2_000;
@@ -69,12 +69,6 @@ enum Settled {
     Replayed,
     Duplicate,
     Quarantined(String),
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Replay every pending divert file under `home` (or one session's).
@@ -145,40 +139,37 @@ pub fn replay(home: &Path, opts: &ReplayOptions) -> Result<Vec<FileReport>, Repl
 
 /// `sessions/<id>.jsonl` files, validated ids only, filtered by session.
 fn pending(sessions: &Path, opts: &ReplayOptions) -> Result<Vec<(String, PathBuf)>, ReplayError> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(sessions).map_err(io_err("list sessions/"))? {
-        let entry = entry.map_err(io_err("list sessions/"))?;
-        let path = entry.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        let Some(session) = name.strip_suffix(".jsonl") else {
-            continue;
-        };
-        if session == "ledger" || validate_session_id(session).is_err() || !path.is_file() {
-            continue;
-        }
-        if opts.session.as_deref().is_some_and(|s| s != session) {
-            continue;
-        }
-        out.push((session.to_string(), path));
-    }
-    out.sort();
-    Ok(out)
+    files_by_session(sessions, opts, |name| {
+        name.strip_suffix(".jsonl")
+            .filter(|s| *s != "ledger" && validate_session_id(s).is_ok())
+    })
 }
 
 /// Files in `settling/`, named `<session>@<stamp>.jsonl`.
 fn settling_files(settling: &Path, opts: &ReplayOptions) -> Result<Vec<(String, PathBuf)>, ReplayError> {
+    files_by_session(settling, opts, session_of_settling)
+}
+
+/// The session a `settling/` file belongs to.
+pub(crate) fn session_of_settling(name: &str) -> Option<&str> {
+    name.split_once('@').map(|(session, _)| session)
+}
+
+/// The regular files of `dir` whose name `session_of` maps to a session
+/// (the one asked for, if any), sorted.
+fn files_by_session(
+    dir: &Path,
+    opts: &ReplayOptions,
+    session_of: impl Fn(&str) -> Option<&str>,
+) -> Result<Vec<(String, PathBuf)>, ReplayError> {
+    let context = format!("list {}", dir.display());
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(settling).map_err(io_err("list settling/"))? {
-        let path = entry.map_err(io_err("list settling/"))?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+    for entry in std::fs::read_dir(dir).map_err(io_err(context.clone()))? {
+        let path = entry.map_err(io_err(context.clone()))?.path();
+        let Some(session) = path.file_name().and_then(|n| n.to_str()).and_then(&session_of) else {
             continue;
         };
-        let Some((session, _)) = name.split_once('@') else {
-            continue;
-        };
-        if opts.session.as_deref().is_some_and(|s| s != session) {
+        if !path.is_file() || opts.session.as_deref().is_some_and(|s| s != session) {
             continue;
         }
         out.push((session.to_string(), path));

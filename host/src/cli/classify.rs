@@ -2,8 +2,7 @@
 
 use serde_json::Value;
 
-use crate::engine::{self, EngineKind};
-use crate::exit;
+use crate::engine::EngineKind;
 
 /// Classify observations read as JSON Lines on stdin.
 ///
@@ -22,30 +21,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
-    let mut policy = match engine::open(args.engine) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("turnsafe classify: {e}");
-            return exit::FAILURE;
+    super::answer_json_lines("classify", args.engine, |policy, text| {
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(_)) => policy.classify_json(text),
+            Ok(_) => Ok(error_line("line is not a JSON object")),
+            Err(e) => Ok(error_line(&format!("invalid JSON: {e}"))),
         }
-    };
-    let mut failed = false;
-    let read = super::for_each_line(|line_no, text| {
-        let answer = match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(_)) => match policy.classify_json(text) {
-                Ok(out) => out,
-                Err(e) => error_line(&e.to_string()),
-            },
-            Ok(_) => error_line("line is not a JSON object"),
-            Err(e) => error_line(&format!("invalid JSON: {e}")),
-        };
-        super::emit(&super::answer_line(line_no, answer, &mut failed))
-    });
-    if let Err(e) = read {
-        eprintln!("turnsafe classify: reading stdin: {e}");
-        return exit::FAILURE;
-    }
-    if failed { exit::DATAERR } else { exit::OK }
+    })
 }
 
 fn error_line(msg: &str) -> String {

@@ -1,7 +1,6 @@
 //! `turnsafe evaluate`: observation and context in, decision and copy out.
 
-use crate::engine::{self, EngineKind};
-use crate::exit;
+use crate::engine::EngineKind;
 
 /// Decide and explain observations with context, one JSON line each.
 ///
@@ -17,24 +16,5 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
-    let mut policy = match engine::open(args.engine) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("turnsafe evaluate: {e}");
-            return exit::FAILURE;
-        }
-    };
-    let mut failed = false;
-    let read = super::for_each_line(|line_no, text| {
-        let answer = match policy.evaluate_json(text) {
-            Ok(a) => a,
-            Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
-        };
-        super::emit(&super::answer_line(line_no, answer, &mut failed))
-    });
-    if let Err(e) = read {
-        eprintln!("turnsafe evaluate: reading stdin: {e}");
-        return exit::FAILURE;
-    }
-    if failed { exit::DATAERR } else { exit::OK }
+    super::answer_json_lines("evaluate", args.engine, |policy, text| policy.evaluate_json(text))
 }

@@ -135,6 +135,33 @@ pub(crate) fn answer_line(line_no: u64, answer: String, failed: &mut bool) -> St
     }
 }
 
+/// The streaming policy commands: open an engine, answer each stdin line
+/// with `ask`, number the error answers, and exit 65 if there were any.
+pub(crate) fn answer_json_lines(
+    command: &str,
+    kind: crate::engine::EngineKind,
+    mut ask: impl FnMut(&mut dyn crate::engine::PolicyEngine, &str) -> Result<String, crate::engine::EngineError>,
+) -> i32 {
+    let mut policy = match crate::engine::open(kind) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("turnsafe {command}: {e}");
+            return exit::FAILURE;
+        }
+    };
+    let mut failed = false;
+    let read = for_each_line(|line_no, text| {
+        let answer =
+            ask(policy.as_mut(), text).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }).to_string());
+        emit(&answer_line(line_no, answer, &mut failed))
+    });
+    if let Err(e) = read {
+        eprintln!("turnsafe {command}: reading stdin: {e}");
+        return exit::FAILURE;
+    }
+    if failed { exit::DATAERR } else { exit::OK }
+}
+
 /// A `{"type": kind, "data": data}` envelope line.
 pub(crate) fn envelope(kind: &str, data: serde_json::Value) -> String {
     serde_json::json!({ "type": kind, "data": data }).to_string()

@@ -120,7 +120,8 @@ pub struct SessionStore {
     sessions: HashMap<String, SessionState>,
 }
 
-fn now_ms() -> i64 {
+/// Wall-clock milliseconds (leases and row times cross processes).
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -590,11 +591,11 @@ impl SessionStore {
         use std::io::BufRead;
         let mut files = vec![self.divert_dir.join(format!("{session}.jsonl"))];
         if let Ok(rd) = std::fs::read_dir(self.divert_dir.join("settling")) {
-            let prefix = format!("{session}@");
             files.extend(rd.flatten().map(|e| e.path()).filter(|p| {
                 p.file_name()
                     .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&prefix))
+                    .and_then(crate::replay::session_of_settling)
+                    == Some(session)
             }));
         }
         let mut max = None;
