@@ -21,7 +21,7 @@ pub const FORMAT_VERSION: u64 = 1;
 pub const MAX_SESSION_ID: usize = 128;
 
 /// Proof that a batch is durably on disk: written, then fsynced.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Receipt {
     /// Absolute path of the divert file.
     pub path: String,

@@ -14,7 +14,6 @@ use crate::divert::{self, Receipt};
 use crate::exit;
 use crate::faultvfs::{self, Fault, FileKind, Op};
 use crate::message::Message;
-use crate::outcome::FlushOutcome;
 use crate::store::{SessionId, SessionStore, StoreOptions};
 
 /// Run a scripted conversation with real injected failures and verify that
@@ -52,30 +51,38 @@ struct Ledger {
 }
 
 impl Ledger {
-    fn record(&mut self, out: &FlushOutcome) {
-        self.sent.extend(out.uids.iter().cloned());
-        if out.handed_back > 0 {
-            self.handed_back.extend(out.uids.iter().cloned());
+    /// Record one batch from its `append` JSON, whichever process wrote it.
+    fn record(&mut self, out: &Value) {
+        let uids: Vec<String> = out["uids"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|u| u.as_str().map(String::from))
+            .collect();
+        if out["handed_back"].as_u64().unwrap_or(0) > 0 {
+            self.handed_back.extend(uids.iter().cloned());
         }
-        if let Some(r) = &out.receipt {
-            self.receipts.push(r.clone());
-        }
-        if let Some(c) = &out.copy {
+        self.sent.extend(uids);
+        let receipt = serde_json::from_value::<Receipt>(out["receipt"].clone()).ok();
+        if let Some(body) = out["copy"]["body"].as_str() {
             self.claims
-                .push((c.body.clone(), out.receipt.as_ref().map(|r| r.path.clone())));
+                .push((body.to_string(), receipt.as_ref().map(|r| r.path.clone())));
         }
+        self.receipts.extend(receipt);
     }
 }
 
-fn row(failure: &'static str, out: &FlushOutcome) -> Row {
+fn row(failure: &'static str, out: &Value) -> Row {
+    let label = |v: &Value| v.as_str().unwrap_or("-").to_string();
+    let count = |k: &str| out[k].as_u64().unwrap_or(0) as usize;
     Row {
         failure,
-        cause: out.cause.map_or("-".into(), |c| c.label().into()),
-        action: out.action.map_or("-".into(), |a| a.label().into()),
-        committed: out.committed,
-        diverted: out.diverted,
-        handed_back: out.handed_back,
-        copy: out.copy.as_ref().map_or("-".into(), |c| c.code.clone()),
+        cause: label(&out["cause"]),
+        action: label(&out["action"]),
+        committed: count("committed"),
+        diverted: count("diverted"),
+        handed_back: count("handed_back"),
+        copy: label(&out["copy"]["code"]),
     }
 }
 
@@ -150,27 +157,31 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
     let tag = home.to_string_lossy().into_owned();
     let mut rows = Vec::new();
     let mut ledger = Ledger::default();
-    let mut step = |failure: &'static str, out: FlushOutcome, rows: &mut Vec<Row>| {
+    let mut step = |failure: &'static str, out: Value, rows: &mut Vec<Row>| {
         ledger.record(&out);
         rows.push(row(failure, &out));
     };
 
-    step("none", store.append_batch(&session, &turn(10, 200)), &mut rows);
+    step(
+        "none",
+        store.append_batch(&session, &turn(10, 200)).to_value(),
+        &mut rows,
+    );
 
     let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1))?;
     let out = store.append_batch(&session, &turn(10, 200));
     drop(g);
-    step("I/O error at WAL write (fault VFS)", out, &mut rows);
+    step("I/O error at WAL write (fault VFS)", out.to_value(), &mut rows);
 
     let g = faultvfs::arm(Fault::new(&tag, Op::Sync, FileKind::Wal, 1).persistent())?;
     let out = store.append_batch(&session, &turn(10, 200));
     drop(g);
-    step("I/O error at WAL fsync (fault VFS)", out, &mut rows);
+    step("I/O error at WAL fsync (fault VFS)", out.to_value(), &mut rows);
 
     let g = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1).errno(libc::ENOSPC))?;
     let out = store.append_batch(&session, &turn(10, 200));
     drop(g);
-    step("ENOSPC at WAL write (fault VFS)", out, &mut rows);
+    step("ENOSPC at WAL write (fault VFS)", out.to_value(), &mut rows);
 
     if let Some(c) = store.connection() {
         let pages: i64 = c
@@ -184,7 +195,7 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
         c.pragma_update(None, "max_page_count", 1_073_741_823i64)
             .map_err(|e| e.to_string())?;
     }
-    step("SQLITE_FULL (max_page_count)", out, &mut rows);
+    step("SQLITE_FULL (max_page_count)", out.to_value(), &mut rows);
 
     let out = fd_exhausted_child(home, &turn(4, 200))?;
     step("fd exhaustion in a child (RLIMIT_NOFILE)", out, &mut rows);
@@ -192,7 +203,7 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
     let holder = hold_lock(&home.join("state.db"), Duration::from_millis(1200))?;
     let out = store.append_batch(&session, &turn(10, 200));
     let _ = holder.join();
-    step("write lock held 1.2 s by another process", out, &mut rows);
+    step("write lock held 1.2 s by another process", out.to_value(), &mut rows);
 
     {
         let other = rusqlite::Connection::open(home.join("state.db")).map_err(|e| e.to_string())?;
@@ -201,7 +212,7 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
             .map_err(|e| e.to_string())?;
     }
     let out = store.append_batch(&session, &turn(10, 200));
-    step("corrupt FTS5 index", out, &mut rows);
+    step("corrupt FTS5 index", out.to_value(), &mut rows);
     store.rebuild_fts().map_err(|e| e.to_string())?;
 
     let sessions = home.join("sessions");
@@ -213,9 +224,13 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
     drop(g);
     std::fs::remove_file(&sessions).map_err(|e| e.to_string())?;
     std::fs::rename(&aside, &sessions).map_err(|e| e.to_string())?;
-    step("I/O error, and the divert blocked", out, &mut rows);
+    step("I/O error, and the divert blocked", out.to_value(), &mut rows);
 
-    step("none", store.append_batch(&session, &turn(10, 200)), &mut rows);
+    step(
+        "none",
+        store.append_batch(&session, &turn(10, 200)).to_value(),
+        &mut rows,
+    );
     drop(store);
     Ok((rows, ledger))
 }
@@ -231,7 +246,7 @@ fn hold_lock(db: &Path, hold: Duration) -> Result<std::thread::JoinHandle<()>, S
 }
 
 /// `turnsafe append` in a child whose RLIMIT_NOFILE leaves no free descriptor.
-fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<FlushOutcome, String> {
+fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<Value, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
     cmd.args([
@@ -266,72 +281,7 @@ fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<FlushOutcome, St
     let mut text = String::new();
     BufReader::new(stdout).read_line(&mut text).map_err(|e| e.to_string())?;
     let _ = child.wait();
-    let v: Value = serde_json::from_str(&text).map_err(|e| format!("child answered {text:?}: {e}"))?;
-    Ok(outcome_from_json(&v))
-}
-
-/// Rebuild the fields of an outcome the demo needs from `append`'s JSON.
-fn outcome_from_json(v: &Value) -> FlushOutcome {
-    let n = |k: &str| v[k].as_u64().unwrap_or(0) as usize;
-    let strings = |k: &str| -> Vec<String> {
-        v[k].as_array()
-            .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
-            .unwrap_or_default()
-    };
-    let receipt = serde_json::from_value::<ReceiptJson>(v["receipt"].clone())
-        .ok()
-        .map(|r| Receipt {
-            path: r.path,
-            offset: r.offset,
-            length: r.length,
-            count: r.count,
-            sha256: r.sha256,
-        });
-    let copy = v["copy"].as_object().map(|c| turnsafe_policy::Copy {
-        code: c.get("code").and_then(Value::as_str).unwrap_or_default().into(),
-        cause: c
-            .get("cause")
-            .and_then(Value::as_str)
-            .and_then(turnsafe_policy::Cause::from_label)
-            .unwrap_or(turnsafe_policy::Cause::Unknown),
-        outcome: c
-            .get("outcome")
-            .and_then(Value::as_str)
-            .and_then(turnsafe_policy::Outcome::from_label)
-            .unwrap_or(turnsafe_policy::Outcome::HandedBack),
-        title: c.get("title").and_then(Value::as_str).unwrap_or_default().into(),
-        body: c.get("body").and_then(Value::as_str).unwrap_or_default().into(),
-        remediation: Vec::new(),
-        details: Vec::new(),
-    });
-    FlushOutcome {
-        persisted: v["persisted"].as_bool().unwrap_or(false),
-        operation: v["operation"].as_str().and_then(turnsafe_policy::Operation::from_label),
-        cause: v["cause"].as_str().and_then(turnsafe_policy::Cause::from_label),
-        action: v["action"]
-            .as_str()
-            .and_then(|a| turnsafe_policy::ActionKind::ALL.into_iter().find(|k| k.label() == a)),
-        attempts: n("attempts") as u32,
-        committed: n("committed"),
-        diverted: n("diverted"),
-        handed_back: n("handed_back"),
-        receipt,
-        divert_error: None,
-        copy,
-        uids: strings("uids"),
-        minted_uids: strings("minted_uids"),
-        error: v["error"].as_str().map(String::from),
-        capture: None,
-    }
-}
-
-#[derive(serde::Deserialize)]
-struct ReceiptJson {
-    path: String,
-    offset: u64,
-    length: u64,
-    count: u64,
-    sha256: String,
+    serde_json::from_str(&text).map_err(|e| format!("child answered {text:?}: {e}"))
 }
 
 fn print_table(rows: &[Row]) {
@@ -444,7 +394,7 @@ mod tests {
         let out = store.append_batch(&s, &turn(2, 10));
         drop(store);
         let mut ledger = Ledger::default();
-        ledger.record(&out);
+        ledger.record(&out.to_value());
         assert!(verify(dir.path(), &ledger));
         // A message the recount cannot find.
         ledger.sent.push("ghost".into());
