@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-fn append(home: &std::path::Path, exhaust_after: &str, input: &str) -> (Vec<Value>, i32) {
+fn append(home: &std::path::Path, exhaust_after: &str, input: &str) -> (Vec<Value>, i32, String) {
     let out = assert_cmd::Command::cargo_bin("turnsafe")
         .unwrap()
         .args([
@@ -22,24 +22,29 @@ fn append(home: &std::path::Path, exhaust_after: &str, input: &str) -> (Vec<Valu
         .write_stdin(input)
         .output()
         .unwrap();
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{stderr}");
     let lines = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    (lines, out.status.code().unwrap())
+    (lines, out.status.code().unwrap(), stderr)
 }
 
 #[test]
 fn a_fresh_handle_without_fds_hands_the_batch_back_and_claims_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (lines, code) = append(
+    let (lines, code, stderr) = append(
         dir.path(),
         "0",
         "[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\"}]\n",
     );
     assert_eq!(code, 3);
+    assert!(
+        stderr.contains("RLIMIT_NOFILE lowered"),
+        "the limit was never lowered: {stderr}"
+    );
     let v = &lines[0];
     assert_eq!(v["persisted"], false);
     assert_eq!(v["cause"], "disk");
@@ -72,8 +77,13 @@ fn a_handle_that_holds_its_files_keeps_writing() {
     let dir = tempfile::tempdir().unwrap();
     let batch = |t: &str| format!("[{{\"role\":\"user\",\"content\":\"{t}\"}}]\n");
     let input = format!("{}{}{}", batch("one"), batch("two"), batch("three"));
-    let (lines, code) = append(dir.path(), "1", &input);
+    let (lines, code, stderr) = append(dir.path(), "1", &input);
     assert_eq!(code, 0, "{lines:?}");
+    // Otherwise this would pass without any exhaustion at all.
+    assert!(
+        stderr.contains("RLIMIT_NOFILE lowered"),
+        "the limit was never lowered: {stderr}"
+    );
     for v in &lines {
         assert_eq!(v["persisted"], true, "{v}");
         assert_eq!(v["attempts"], 1);

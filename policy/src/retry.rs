@@ -90,15 +90,20 @@ mod tests {
     #[test]
     fn the_smallest_schedule_outlasts_a_two_second_lock() {
         let plan = RetryPlan::DEFAULT;
-        // The minimum delays a run can draw, summed until they pass 2 s.
-        let (mut elapsed, mut attempt) = (0u64, 1u32);
-        while elapsed <= 2_000 {
-            let ceiling = (plan.base_ms << (attempt - 1).min(20)).min(plan.cap_ms);
-            elapsed += ceiling / 2;
-            attempt += 1;
+        // Follow the plan itself, for many seeds, as a host retrying a lock
+        // that is held for 2 s would: it must still be retrying past 2 s.
+        for seed in 0..500u64 {
+            let (mut elapsed, mut attempt) = (0u64, 1u32);
+            while elapsed <= 2_000 {
+                let delay = plan
+                    .next_delay(attempt, elapsed, seed)
+                    .unwrap_or_else(|| panic!("seed {seed}: gave up at {elapsed} ms, attempt {attempt}"));
+                elapsed += delay;
+                attempt += 1;
+            }
+            assert!(attempt < plan.max_attempts, "seed {seed}: needs {attempt} attempts");
+            assert!(elapsed < plan.patience_ms);
         }
-        assert!(attempt < plan.max_attempts, "needs {attempt} attempts");
-        assert!(elapsed < plan.patience_ms);
     }
 
     #[test]

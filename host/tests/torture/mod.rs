@@ -19,20 +19,8 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
-pub const POINTS: &[&str] = &[
-    "flush.before_commit",
-    "flush.after_commit",
-    "divert.before_mkdir",
-    "divert.before_write",
-    "divert.before_fsync",
-    "append.before_print",
-    "capture.before_mkdir",
-    "capture.before_write",
-    "replay.before_take",
-    "replay.before_commit",
-    "replay.before_ledger",
-    "replay.before_settle",
-];
+/// Every crash point the host has: one list, in `turnsafe_host::failpoint`.
+pub use turnsafe_host::failpoint::POINTS;
 
 #[derive(Debug, Default)]
 pub struct Stats {
