@@ -122,10 +122,6 @@ impl SessionStore {
                     Err(e) => return Err(Stop::Sqlite(e)),
                 }
             }
-            conn.execute(
-                "UPDATE sessions SET lease_expires_ms = ?3 WHERE id = ?1 AND lease_token = ?2",
-                params![flush.session.as_str(), token, created + ttl_ms],
-            )?;
             crate::failpoint::hit("flush.before_commit");
             // FTS5 flushes its pending terms at COMMIT; a constraint failure
             // there comes from its shadow tables, as ours are all immediate.
@@ -179,7 +175,7 @@ impl SessionStore {
     }
 }
 
-/// Take or confirm the session's turn lease; insert the session row at the
+/// Take, or confirm and renew, the session's turn lease; insert the session row at the
 /// first batch (or when the policy said `recreate_session`).
 fn take_lease(
     conn: &Connection,
@@ -199,7 +195,14 @@ fn take_lease(
         .optional()?;
     let ours = state.lease_token.clone();
     match (row, ours) {
-        (Some((Some(t), _)), Some(mine)) if t == mine => Ok(mine),
+        (Some((Some(t), _)), Some(mine)) if t == mine => {
+            // Still ours: renew it with this batch.
+            conn.execute(
+                "UPDATE sessions SET lease_expires_ms = ?2 WHERE id = ?1",
+                params![flush.session.as_str(), now + ttl_ms],
+            )?;
+            Ok(mine)
+        }
         // We held the lease and someone else took it: fenced, whatever its expiry.
         (Some(_), Some(_)) => Err(Stop::LeaseLost),
         (Some((token, expires)), None) => {
