@@ -20,7 +20,14 @@ fn a_failed_capture_is_reported_not_hidden() {
     let out = store.append_batch(&sid("s1"), &batch("b", 2));
     assert_eq!(out.cause, Some(Cause::DeletedWal));
     match &out.capture {
-        Some(Err(e)) => assert!(e.contains("capture of the retired generation failed at mkdir"), "{e}"),
+        Some(Err(e)) => {
+            assert!(
+                e.to_string()
+                    .contains("capture of the retired generation failed at mkdir"),
+                "{e}"
+            );
+            assert_eq!((e.operation, e.errno), ("mkdir", Some(i64::from(libc::EPERM))));
+        }
         other => panic!("the capture cannot have succeeded: {other:?}"),
     }
     assert_eq!(
@@ -30,6 +37,13 @@ fn a_failed_capture_is_reported_not_hidden() {
         Some(true)
     );
     assert_eq!(out.diverted, 2, "the divert folder was writable");
+    // The copy tells the failed capture, and claims none.
+    let copy = out.to_value()["copy"].to_string();
+    assert!(!copy.contains("was captured"), "{copy}");
+    assert!(
+        copy.contains("Capturing the retired database generation failed (mkdir"),
+        "{copy}"
+    );
     assert_eq!(store.sticky(), Some(Cause::DeletedWal));
     drop(store);
 }

@@ -3,10 +3,11 @@
 //! string with a JSON object.
 
 use proptest::prelude::*;
-use turnsafe_policy::json::{classify_json, evaluate_json, explain_json};
+use turnsafe_policy::json::{classify_json, copy_to_value, evaluate_json, explain_json};
 use turnsafe_policy::{
-    ActionKind, Cause, CopyContext, DivertFailure, Evidence, Observation, Operation, Outcome, classify, decide,
-    explain, is_producible, possible_actions,
+    ActionKind, CaptureFailure, CaptureReceipt, Cause, CopyContext, DivertFailure, DivertResidue, Evidence,
+    KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, Observation, Operation, Outcome, classify, decide, explain, is_producible,
+    possible_actions,
 };
 
 fn any_code() -> impl Strategy<Value = Option<i64>> {
@@ -101,6 +102,7 @@ proptest! {
             receipt_path: receipt.clone(),
             divert_failure: Some(DivertFailure { operation: op, errno }),
             errno,
+            ..CopyContext::default()
         };
         match explain(cause, outcome, &ctx) {
             Ok(copy) => {
@@ -109,6 +111,44 @@ proptest! {
                 prop_assert!(!copy.title.is_empty() && !copy.body.is_empty());
             }
             Err(_) => prop_assert!(!is_producible(cause, outcome) || (outcome == Outcome::Diverted && receipt.is_none())),
+        }
+    }
+
+    /// A capture is claimed only with its receipt, and a divert that may
+    /// have left lines behind never says the messages are nowhere.
+    #[test]
+    fn claims_follow_their_artifacts(
+        cause in prop::sample::select(Cause::ALL.to_vec()),
+        outcome in prop::sample::select(Outcome::ALL.to_vec()),
+        capture_path in proptest::option::of("/[a-z]{1,8}/state\\.db\\.retired-[0-9]{1,6}"),
+        capture_failed in proptest::option::of((prop::sample::select(KNOWN_CAPTURE_OPS.to_vec()), proptest::option::of(0i64..140))),
+        residue in any::<bool>(),
+        receipt in any::<bool>(),
+        divert_op in prop::sample::select(KNOWN_DIVERT_OPS.to_vec()),
+    ) {
+        let ctx = CopyContext {
+            session: Some("s1".into()),
+            receipt_path: receipt.then(|| "/h/sessions/s1.jsonl".to_string()),
+            divert_failure: Some(DivertFailure { operation: divert_op.into(), errno: Some(5) }),
+            errno: None,
+            capture_receipt: capture_path.clone().map(|path| CaptureReceipt { path, files: Vec::new(), manifest_sha256: String::new() }),
+            capture_failure: capture_failed.map(|(op, errno)| CaptureFailure { operation: op.into(), errno }),
+            divert_residue: residue.then(|| DivertResidue { path: "/h/sessions/s1.jsonl".into(), offset: 7 }),
+        };
+        if let Ok(copy) = explain(cause, outcome, &ctx) {
+            let text = copy_to_value(&copy).to_string().to_lowercase();
+            let claims_capture = text.contains("was captured") || text.contains("captured at");
+            match &capture_path {
+                Some(p) if outcome != Outcome::Persisted => {
+                    prop_assert!(claims_capture && text.contains(&p.to_lowercase()), "receipt not named: {}", text);
+                }
+                _ => prop_assert!(!claims_capture, "capture claimed without a receipt: {}", text),
+            }
+            if residue && outcome == Outcome::DivertFailed {
+                prop_assert!(!text.contains("not stored anywhere"), "{}", text);
+                prop_assert!(text.contains("may remain"), "{}", text);
+                prop_assert!(!text.contains("s1.jsonl"), "a failed divert names its file: {}", text);
+            }
         }
     }
 

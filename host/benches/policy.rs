@@ -52,6 +52,9 @@ fn main() {
         receipt_path: Some("/h/sessions/s1.jsonl".into()),
         divert_failure: None,
         errno: None,
+        capture_receipt: None,
+        capture_failure: None,
+        divert_residue: None,
     };
     let m = 20_000u32;
     let t = Instant::now();

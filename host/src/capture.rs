@@ -13,28 +13,57 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use turnsafe_policy::CapturedFile;
 
 use crate::divert::sync_dir;
 use crate::guard::{Guard, Part};
 
-/// A finished capture.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Capture {
-    pub path: String,
-    pub files: Vec<String>,
-}
+/// A finished capture: the policy's receipt type, so the copy can name it.
+pub use turnsafe_policy::CaptureReceipt as Capture;
 
-#[derive(Debug, thiserror::Error)]
-#[error("capture of the retired generation failed at {step}: {source}")]
+/// A capture that did not finish. `operation` is one of the policy's
+/// [`turnsafe_policy::KNOWN_CAPTURE_OPS`]; `file` names the captured file
+/// the step was working on, never a path.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("capture of the retired generation failed at {operation}{}: {message}", file.as_deref().map(|f| format!(" {f}")).unwrap_or_default())]
 pub struct CaptureError {
-    pub step: String,
-    #[source]
-    pub source: io::Error,
+    pub operation: &'static str,
+    pub file: Option<String>,
+    pub errno: Option<i64>,
+    pub message: String,
 }
 
-fn err(step: impl Into<String>) -> impl FnOnce(io::Error) -> CaptureError {
-    let step = step.into();
-    move |source| CaptureError { step, source }
+impl CaptureError {
+    fn io(operation: &'static str, file: Option<&str>, e: &io::Error) -> CaptureError {
+        CaptureError {
+            operation,
+            file: file.map(String::from),
+            errno: e.raw_os_error().map(i64::from),
+            message: e.to_string(),
+        }
+    }
+
+    /// What the copy may say of it: the step and the errno.
+    pub fn to_failure(&self) -> turnsafe_policy::CaptureFailure {
+        turnsafe_policy::CaptureFailure {
+            operation: self.operation.to_string(),
+            errno: self.errno,
+        }
+    }
+
+    /// The outcome's `capture` object for a failed capture.
+    pub fn to_value(&self) -> serde_json::Value {
+        json!({
+            "error": self.to_string(),
+            "operation": self.operation,
+            "errno": self.errno,
+        })
+    }
+}
+
+fn err(operation: &'static str, file: Option<&str>) -> impl FnOnce(io::Error) -> CaptureError {
+    let file = file.map(String::from);
+    move |e| CaptureError::io(operation, file.as_deref(), &e)
 }
 
 /// Read a whole file through a held descriptor. A short read is an error.
@@ -73,11 +102,11 @@ fn write_durably(dir: &Path, name: &str, data: &[u8]) -> Result<(), CaptureError
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)
-        .map_err(err(format!("create {name}")))?;
-    f.write_all(data).map_err(err(format!("write {name}")))?;
-    f.sync_all().map_err(err(format!("fsync {name}")))?;
+        .map_err(err("create", Some(name)))?;
+    f.write_all(data).map_err(err("write", Some(name)))?;
+    f.sync_all().map_err(err("fsync", Some(name)))?;
     drop(f);
-    std::fs::rename(&tmp, dir.join(name)).map_err(err(format!("rename {name}")))
+    std::fs::rename(&tmp, dir.join(name)).map_err(err("rename", Some(name)))
 }
 
 /// UTC now as `yyyymmddThhmmssZ`, for the dated names of set-aside files.
@@ -87,21 +116,23 @@ pub(crate) fn utc_stamp() -> String {
         .replace(['-', ':'], "")
 }
 
-/// Capture what the guard recorded into a new folder next to the db.
+/// Capture what the guard recorded into a new folder next to the db. The
+/// receipt exists only once every file, the manifest and both folders
+/// were fsynced.
 pub fn capture(guard: &Guard, trigger: &str) -> Result<Capture, CaptureError> {
     let db = guard.db_path();
     let parent = db.parent().unwrap_or(Path::new("."));
     let stamp = utc_stamp();
     let dir: PathBuf = parent.join(format!("state.db.retired-{stamp}-{}", std::process::id()));
     crate::failpoint::hit("capture.before_mkdir");
-    DirBuilder::new().mode(0o700).create(&dir).map_err(err("mkdir"))?;
+    DirBuilder::new().mode(0o700).create(&dir).map_err(err("mkdir", None))?;
     let mut files = Vec::new();
     let mut manifest_files = Vec::new();
     for part in Part::ALL {
         let Some(held) = guard.held(part) else { continue };
         let Some(fd) = held.fd else { continue };
         let name = format!("state.db{}", part.suffix());
-        let data = read_through(fd).map_err(err(format!("read {name} through fd {fd}")))?;
+        let data = read_through(fd).map_err(err("read", Some(&name)))?;
         crate::failpoint::hit("capture.before_write");
         write_durably(&dir, &name, &data)?;
         manifest_files.push(json!({
@@ -112,7 +143,10 @@ pub fn capture(guard: &Guard, trigger: &str) -> Result<Capture, CaptureError> {
             "size": data.len(),
             "sha256": hex::encode(Sha256::digest(&data)),
         }));
-        files.push(name);
+        files.push(CapturedFile {
+            name,
+            size: data.len() as u64,
+        });
     }
     let manifest = json!({
         "format": 1,
@@ -127,13 +161,15 @@ pub fn capture(guard: &Guard, trigger: &str) -> Result<Capture, CaptureError> {
             "sqlite": rusqlite::version(),
         },
     });
-    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| err("manifest")(io::Error::other(e)))?;
+    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| err("manifest", None)(io::Error::other(e)))?;
     write_durably(&dir, "manifest.json", &text)?;
-    sync_dir(&dir).map_err(err("fsync folder"))?;
-    sync_dir(parent).map_err(err("fsync parent"))?;
+    sync_dir(&dir).map_err(err("fsync_dir", None))?;
+    sync_dir(parent).map_err(err("fsync_dir", None))?;
+    let abs = std::path::absolute(&dir).unwrap_or(dir);
     Ok(Capture {
-        path: dir.to_string_lossy().into_owned(),
+        path: abs.to_string_lossy().into_owned(),
         files,
+        manifest_sha256: hex::encode(Sha256::digest(&text)),
     })
 }
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use turnsafe_policy::Cause;
+use turnsafe_policy::{Cause, DivertResidue};
 
 use crate::message::Message;
 
@@ -44,6 +44,9 @@ pub struct DivertError {
     pub errno: Option<i64>,
     pub message: String,
     pub path: Option<PathBuf>,
+    /// Set when some of the batch's bytes reached the file and could not be
+    /// cut away again: lines from `offset` on may remain.
+    pub residue: Option<DivertResidue>,
 }
 
 impl DivertError {
@@ -53,6 +56,7 @@ impl DivertError {
             errno: e.raw_os_error().map(i64::from),
             message: e.kind().to_string(),
             path: Some(path.to_path_buf()),
+            residue: None,
         }
     }
 
@@ -112,6 +116,7 @@ pub fn divert(
         errno: Some(i64::from(libc::EINVAL)),
         message: m,
         path: None,
+        residue: None,
     })?;
     crate::failpoint::hit("divert.before_mkdir");
     match DirBuilder::new().mode(0o700).create(dir) {
@@ -154,15 +159,41 @@ pub fn divert(
             errno: None,
             message: e.to_string(),
             path: None,
+            residue: None,
         })?;
         buf.push(b'\n');
     }
     crate::failpoint::hit("divert.before_write");
-    file.write_all(&buf).map_err(|e| DivertError::io("write", &path, &e))?;
-    crate::failpoint::hit("divert.before_fsync");
-    file.sync_all().map_err(|e| DivertError::io("fsync", &path, &e))?;
-    if created {
-        sync_dir(dir).map_err(|e| DivertError::io("fsync_dir", dir, &e))?;
+    let written = crate::failpoint::io_fault("divert.write")
+        .map_or_else(|| file.write_all(&buf), Err)
+        .map_err(|e| DivertError::io("write", &path, &e))
+        .and_then(|()| {
+            crate::failpoint::hit("divert.before_fsync");
+            crate::failpoint::io_fault("divert.fsync")
+                .map_or_else(|| file.sync_all(), Err)
+                .map_err(|e| DivertError::io("fsync", &path, &e))
+        })
+        .and_then(|()| match created {
+            true => crate::failpoint::io_fault("divert.fsync_dir")
+                .map_or_else(|| sync_dir(dir), Err)
+                .map_err(|e| DivertError::io("fsync_dir", dir, &e)),
+            false => Ok(()),
+        });
+    if let Err(mut e) = written {
+        // Bytes of this batch may be in the file, with no receipt to vouch
+        // for them. Cut the file back to where the batch began; if even
+        // that cannot be made durable, say what may remain where.
+        if let Err(cut) = cut_back(&file, size) {
+            tracing::error!(path = %path.display(), offset = size, error = %cut, "divert could not be cut back");
+            e.residue = Some(DivertResidue {
+                path: std::path::absolute(&path)
+                    .unwrap_or_else(|_| path.clone())
+                    .to_string_lossy()
+                    .into_owned(),
+                offset,
+            });
+        }
+        return Err(e);
     }
     let sha = hex::encode(Sha256::digest(&buf[start..]));
     let abs = std::path::absolute(&path).unwrap_or(path);
@@ -173,6 +204,12 @@ pub fn divert(
         count: lines.len() as u64,
         sha256: sha,
     })
+}
+
+/// Truncate `file` to `size` and make that durable.
+fn cut_back(file: &File, size: u64) -> io::Result<()> {
+    crate::failpoint::io_fault("divert.truncate").map_or_else(|| file.set_len(size), Err)?;
+    crate::failpoint::io_fault("divert.truncate_fsync").map_or_else(|| file.sync_all(), Err)
 }
 
 fn ends_with_newline(file: &File, size: u64) -> bool {

@@ -73,3 +73,84 @@ pub fn hit(point: &str) {
         let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     }
 }
+
+/// Points where [`io_fault`] can fail a file operation of turnsafe's own
+/// (not SQLite's: the fault VFS covers those).
+pub const IO_POINTS: &[&str] = &[
+    "divert.write",
+    "divert.fsync",
+    "divert.fsync_dir",
+    "divert.truncate",
+    "divert.truncate_fsync",
+];
+
+#[cfg(feature = "fault-injection")]
+mod io_faults {
+    use std::cell::RefCell;
+    use std::sync::OnceLock;
+
+    thread_local! {
+        static ARMED: RefCell<Vec<(String, i32)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// `TURNSAFE_IO_FAULT=point[=errno],...`, read once: for a process
+    /// driven from outside, such as `turnsafe append` in a CLI test.
+    fn from_env() -> &'static [(String, i32)] {
+        static ENV: OnceLock<Vec<(String, i32)>> = OnceLock::new();
+        ENV.get_or_init(|| {
+            std::env::var("TURNSAFE_IO_FAULT")
+                .unwrap_or_default()
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .map(|p| match p.split_once('=') {
+                    Some((name, errno)) => (name.to_string(), errno.parse().unwrap_or(libc::EIO)),
+                    None => (p.to_string(), libc::EIO),
+                })
+                .collect()
+        })
+    }
+
+    pub fn check(point: &str) -> Option<std::io::Error> {
+        let errno = ARMED
+            .with(|a| a.borrow().iter().find(|(p, _)| p == point).map(|(_, e)| *e))
+            .or_else(|| from_env().iter().find(|(p, _)| p == point).map(|(_, e)| *e))?;
+        Some(std::io::Error::from_raw_os_error(errno))
+    }
+
+    /// Fails the named points on this thread until dropped.
+    pub struct IoFaults {
+        points: Vec<String>,
+    }
+
+    impl Drop for IoFaults {
+        fn drop(&mut self) {
+            ARMED.with(|a| a.borrow_mut().retain(|(p, _)| !self.points.contains(p)));
+        }
+    }
+
+    /// Fail every call at `points` on this thread with `errno`.
+    pub fn fail_on(points: &[&str], errno: i32) -> IoFaults {
+        ARMED.with(|a| a.borrow_mut().extend(points.iter().map(|p| (p.to_string(), errno))));
+        IoFaults {
+            points: points.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+pub use io_faults::{IoFaults, fail_on};
+
+/// An injected error for `point`, when a test armed one; always `None`
+/// in a build without the `fault-injection` feature.
+#[inline]
+pub fn io_fault(point: &str) -> Option<std::io::Error> {
+    #[cfg(feature = "fault-injection")]
+    {
+        io_faults::check(point)
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        let _ = point;
+        None
+    }
+}

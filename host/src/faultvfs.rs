@@ -139,6 +139,98 @@ pub fn arm(fault: Fault) -> Result<FaultGuard, String> {
     Ok(FaultGuard { armed })
 }
 
+/// Opens and closes of one kind of file, as the VFS saw them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileCounts {
+    /// `xOpen` calls, successful or not.
+    pub opens: u32,
+    /// `xClose` calls.
+    pub closes: u32,
+    /// Write transactions begun: `xShmLock` taking the WAL write lock
+    /// (slot 0, exclusive), which `BEGIN IMMEDIATE` does once per attempt.
+    pub write_locks: u32,
+}
+
+/// What a [`Counter`] has seen so far, per file kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub main: FileCounts,
+    pub wal: FileCounts,
+    pub journal: FileCounts,
+}
+
+struct Counting {
+    path_contains: String,
+    counts: Mutex<Counts>,
+}
+
+/// Counts the opens and closes of the files whose path contains a string,
+/// for as long as it lives. It sits below SQLite, so it sees every open a
+/// connection through this VFS makes, whoever asked for it: a spy that is
+/// not the code under test.
+pub struct Counter {
+    counting: Arc<Counting>,
+}
+
+impl Counter {
+    pub fn counts(&self) -> Counts {
+        self.counting.counts.lock().map(|c| *c).unwrap_or_default()
+    }
+}
+
+impl Drop for Counter {
+    fn drop(&mut self) {
+        if let Ok(mut all) = counters().lock() {
+            all.retain(|c| !Arc::ptr_eq(c, &self.counting));
+        }
+    }
+}
+
+fn counters() -> &'static Mutex<Vec<Arc<Counting>>> {
+    static COUNTERS: OnceLock<Mutex<Vec<Arc<Counting>>>> = OnceLock::new();
+    COUNTERS.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Start counting opens and closes of files whose path contains
+/// `path_contains` (and register the VFS if needed). No fault is armed.
+pub fn count(path_contains: &str) -> Result<Counter, String> {
+    register()?;
+    let counting = Arc::new(Counting {
+        path_contains: path_contains.into(),
+        counts: Mutex::new(Counts::default()),
+    });
+    counters()
+        .lock()
+        .map_err(|_| "counters poisoned".to_string())?
+        .push(counting.clone());
+    Ok(Counter { counting })
+}
+
+#[derive(Clone, Copy)]
+enum Event {
+    Open,
+    Close,
+    WriteLock,
+}
+
+fn tally(kind: FileKind, path: &str, event: Event) {
+    let Ok(all) = counters().lock() else { return };
+    for c in all.iter().filter(|c| path.contains(&c.path_contains)) {
+        let Ok(mut counts) = c.counts.lock() else { continue };
+        let slot = match kind {
+            FileKind::Main => &mut counts.main,
+            FileKind::Wal => &mut counts.wal,
+            FileKind::Journal => &mut counts.journal,
+            FileKind::Any => continue,
+        };
+        match event {
+            Event::Open => slot.opens += 1,
+            Event::Close => slot.closes += 1,
+            Event::WriteLock => slot.write_locks += 1,
+        }
+    }
+}
+
 thread_local! {
     static LAST_ERRNO: std::cell::Cell<Option<c_int>> = const { std::cell::Cell::new(None) };
 }
@@ -285,6 +377,7 @@ unsafe extern "C" fn x_open(
         } else {
             FileKind::Any
         };
+        tally(kind, &path, Event::Open);
         if let Some(code) = check(Op::Open, kind, &path) {
             return code;
         }
@@ -406,6 +499,8 @@ unsafe extern "C" fn f_close(file: *mut ffi::sqlite3_file) -> c_int {
     unsafe {
         let ff = file as *mut FaultFile;
         if !(*ff).info.is_null() {
+            let i = &*(*ff).info;
+            tally(i.kind, &i.path, Event::Close);
             drop(Box::from_raw((*ff).info));
             (*ff).info = std::ptr::null_mut();
         }
@@ -474,6 +569,11 @@ unsafe extern "C" fn f_shm_map(
 }
 
 unsafe extern "C" fn f_shm_lock(file: *mut ffi::sqlite3_file, offset: c_int, n: c_int, flags: c_int) -> c_int {
+    if offset == 0 && flags == ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE {
+        // SAFETY: `info` is set for every file this VFS opened.
+        let i = unsafe { info(file) };
+        tally(i.kind, &i.path, Event::WriteLock);
+    }
     faultable!(file, Op::Shm);
     delegate!(file, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, offset, n, flags)
 }

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 use turnsafe_policy::{ActionKind, Cause, Copy, Operation};
 
-use crate::capture::Capture;
+use crate::capture::{Capture, CaptureError};
 use crate::divert::{DivertError, Receipt};
 
 /// The result of `append_batch`. `committed + diverted + handed_back` is
@@ -33,7 +33,10 @@ pub struct FlushOutcome {
     /// Why the flush failed: `session_persistence_failed:<cause>`.
     pub error: Option<String>,
     /// The capture of a retired generation this flush made, or why it failed.
-    pub capture: Option<Result<Capture, String>>,
+    pub capture: Option<Result<Capture, CaptureError>>,
+    /// A failed divert that could not be cut back: some of its lines may
+    /// remain in the divert file, from `offset` on.
+    pub divert_residue: Option<turnsafe_policy::DivertResidue>,
 }
 
 impl FlushOutcome {
@@ -56,9 +59,10 @@ impl FlushOutcome {
             "minted_uids": self.minted_uids,
             "capture": match &self.capture {
                 None => Value::Null,
-                Some(Ok(c)) => json!({ "path": c.path, "files": c.files }),
-                Some(Err(e)) => json!({ "error": e }),
+                Some(Ok(c)) => json!(c),
+                Some(Err(e)) => e.to_value(),
             },
+            "divert_residue": self.divert_residue,
         })
     }
 }

@@ -13,7 +13,7 @@ fn capture_has_first_batch(v: &Value) {
     let dir = std::path::PathBuf::from(v["capture"]["path"].as_str().expect("capture path"));
     let copy = tempfile::tempdir().unwrap();
     for f in v["capture"]["files"].as_array().unwrap() {
-        let f = f.as_str().unwrap();
+        let f = f["name"].as_str().unwrap();
         std::fs::copy(dir.join(f), copy.path().join(f)).unwrap();
     }
     let c = Connection::open_with_flags(copy.path().join("state.db"), OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();

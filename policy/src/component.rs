@@ -155,6 +155,26 @@ impl Guest for Component {
                 errno: f.errno,
             }),
             errno: context.errno,
+            capture_receipt: context.capture_receipt.map(|r| m::CaptureReceipt {
+                path: r.path,
+                files: r
+                    .files
+                    .into_iter()
+                    .map(|f| m::CapturedFile {
+                        name: f.name,
+                        size: f.size,
+                    })
+                    .collect(),
+                manifest_sha256: r.manifest_sha256,
+            }),
+            capture_failure: context.capture_failure.map(|f| m::CaptureFailure {
+                operation: f.operation,
+                errno: f.errno,
+            }),
+            divert_residue: context.divert_residue.map(|r| m::DivertResidue {
+                path: r.path,
+                offset: r.offset,
+            }),
         };
         crate::explain(cause_in(cause), outcome_in(outcome), &ctx)
             .map(|c| UserCopy {

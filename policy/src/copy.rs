@@ -1,14 +1,20 @@
 //! User-facing copy, built only from the outcome: cause, outcome, the
-//! receipt's path or none, the session id, and the divert failure if any.
+//! receipt's path or none, the capture's receipt or its failure, a divert's
+//! residue, the session id, and the divert failure if any.
 //!
-//! Two rules hold by construction and are pinned by snapshots and tests:
-//! "A copy was kept" appears only in a `diverted` copy, which cannot be
-//! built without a receipt path; and no other copy names any divert file.
-//! A failed divert is described by its operation and errno, never its path.
+//! Rules that hold by construction and are pinned by snapshots and tests:
+//! - "A copy was kept" appears only in a `diverted` copy, which cannot be
+//!   built without a receipt path; no other copy names any divert file. A
+//!   failed divert is described by its operation and errno, never its path.
+//! - A copy says the retired generation was captured, and where, only when
+//!   the context carries a capture receipt. A failed capture is told as
+//!   failed, with what the operator should do instead.
+//! - A failed divert that may have left lines behind never says the
+//!   messages are "not stored anywhere".
 
 use crate::decide::is_producible;
 use crate::errno;
-use crate::model::{Cause, Copy, CopyContext, DivertFailure, Outcome};
+use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Outcome};
 
 /// Why a copy could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,10 +90,9 @@ fn cause_steps(cause: Cause) -> Vec<&'static str> {
             "Free space on the disk that holds state.db.",
             "Run `turnsafe doctor` to see free space.",
         ],
-        Cause::Replaced | Cause::DeletedWal => vec![
-            "Stop every process using this state.db; turnsafe will not write to it again from this handle.",
-            "The retired generation was captured next to state.db; inspect it with `turnsafe recover --source <capture> --inspect-only`.",
-        ],
+        Cause::Replaced | Cause::DeletedWal => {
+            vec!["Stop every process using this state.db; turnsafe will not write to it again from this handle."]
+        }
         Cause::Corrupt => vec![
             "Stop writing to this state.db.",
             "Run `turnsafe recover --source state.db --output <new.db>` to copy what is readable into a fresh database.",
@@ -105,41 +110,97 @@ fn cause_steps(cause: Cause) -> Vec<&'static str> {
     }
 }
 
-fn remediation(cause: Cause, outcome: Outcome) -> Vec<String> {
-    let mut steps = cause_steps(cause);
-    match outcome {
-        Outcome::Persisted => steps.clear(),
-        Outcome::Diverted => steps.push("When storage is fixed, run `turnsafe replay` to import the kept copy."),
-        Outcome::DivertFailed => {
-            steps.push("Fix the cause above for the session folder too, then send the messages again.")
-        }
-        Outcome::HandedBack => {}
+fn remediation(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Vec<String> {
+    let mut steps: Vec<String> = cause_steps(cause).into_iter().map(String::from).collect();
+    if outcome == Outcome::Persisted {
+        return Vec::new();
     }
-    steps.into_iter().map(String::from).collect()
+    // What the operator does about the retired generation depends on what
+    // is really on disk: a receipt, a failed capture, or nothing known.
+    match (&ctx.capture_receipt, &ctx.capture_failure) {
+        (Some(r), _) => steps.push(format!(
+            "The retired generation was captured at {}; inspect it with `turnsafe recover --source {} --inspect-only`.",
+            r.path, r.path
+        )),
+        (None, Some(_)) => steps.push(
+            "Capturing the retired generation failed: stop every writer of this state.db, then run \
+             `turnsafe recover --source state.db --inspect-only` before anything else touches it."
+                .to_string(),
+        ),
+        (None, None) if crate::decide::needs_capture(cause) => steps.push(
+            "Run `turnsafe doctor` to list any capture of the retired generation before anything else touches state.db."
+                .to_string(),
+        ),
+        (None, None) => {}
+    }
+    match outcome {
+        Outcome::Persisted | Outcome::HandedBack => {}
+        Outcome::Diverted => steps.push("When storage is fixed, run `turnsafe replay` to import the kept copy.".into()),
+        Outcome::DivertFailed if ctx.divert_residue.is_some() => steps.push(
+            "Some lines of this turn may remain in the session's divert file: when you send the messages again, \
+             send them with the uids this outcome lists, so that a later `turnsafe replay` cannot store them twice."
+                .into(),
+        ),
+        Outcome::DivertFailed => {
+            steps.push("Fix the cause above for the session folder too, then send the messages again.".into())
+        }
+    }
+    steps
 }
 
-/// A divert failure's operation is a short word (`open`, `fsync`, ...).
+/// A failure's operation is a short word (`open`, `fsync`, ...).
 /// Anything else could carry a path, so it is not repeated.
 fn safe_operation(op: &str) -> &str {
     let ok = !op.is_empty() && op.len() <= 32 && op.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
     if ok { op } else { "write" }
 }
 
+/// `op: human errno`, or just `op`, for a failed file operation.
+fn failed_step(operation: &str, errno: Option<i64>) -> String {
+    match errno {
+        Some(e) => format!("{}: {}", safe_operation(operation), errno::human(e)),
+        None => safe_operation(operation).to_string(),
+    }
+}
+
+/// The digits after `marker` in `lower`, if any.
+fn number_after(lower: &str, marker: &str) -> Option<i64> {
+    let i = lower.find(marker)?;
+    let digits: String = lower[i + marker.len()..]
+        .chars()
+        .skip_while(|c| *c == ' ')
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse().ok()
+}
+
 /// Read a host's free-form divert error (`"open: EMFILE"`, `"fsync:28"`,
-/// `"Permission denied (os error 13)"`) down to operation and errno. Any
-/// path or other text in it is dropped.
+/// `"Permission denied (os error 13)"`, Python's `"[Errno 24] Too many open
+/// files: '/x'"`) down to operation and errno. Any path or other text in it
+/// is dropped.
 pub fn parse_divert_failure(text: &str) -> DivertFailure {
+    let (operation, errno) = parse_failure(text, KNOWN_DIVERT_OPS);
+    DivertFailure { operation, errno }
+}
+
+/// Read a host's free-form capture error (`"mkdir: ENOENT"`,
+/// `"capture of the retired generation failed at fsync: EIO"`) down to the
+/// step and errno, as [`parse_divert_failure`] does for diverts.
+pub fn parse_capture_failure(text: &str) -> CaptureFailure {
+    let (operation, errno) = parse_failure(text, KNOWN_CAPTURE_OPS);
+    CaptureFailure { operation, errno }
+}
+
+fn parse_failure(text: &str, known: &[&str]) -> (String, Option<i64>) {
     let lower = text.to_ascii_lowercase();
     let operation = lower
         .split(|c: char| !(c.is_ascii_lowercase() || c == '_'))
-        .find(|w| KNOWN_DIVERT_OPS.contains(w))
+        .find(|w| known.contains(w))
         .unwrap_or("write")
         .to_string();
-    let mut errno_value = None;
-    if let Some(i) = lower.find("os error ") {
-        let digits: String = lower[i + 9..].chars().take_while(|c| c.is_ascii_digit()).collect();
-        errno_value = digits.parse().ok();
-    }
+    // Rust's io::Error and Python's OSError say which number is the errno;
+    // a path in the rest of the text does not matter then.
+    let mut errno_value = number_after(&lower, "os error ").or_else(|| number_after(&lower, "[errno "));
     if errno_value.is_none() {
         errno_value = text.split(|c: char| !c.is_ascii_alphanumeric()).find_map(|w| {
             if w.len() > 1 && w.starts_with('E') && w.bytes().all(|b| b.is_ascii_uppercase()) {
@@ -155,10 +216,7 @@ pub fn parse_divert_failure(text: &str) -> DivertFailure {
             .filter(|w| !w.is_empty() && w.len() <= 4)
             .find_map(|w| w.parse().ok());
     }
-    DivertFailure {
-        operation,
-        errno: errno_value,
-    }
+    (operation, errno_value)
 }
 
 /// The effects of a divert, by the names hosts report them with.
@@ -171,6 +229,19 @@ pub const KNOWN_DIVERT_OPS: &[&str] = &[
     "encode",
     "write",
     "fsync",
+    "fsync_dir",
+    "truncate",
+];
+
+/// The steps of a capture, by the names hosts report them with.
+pub const KNOWN_CAPTURE_OPS: &[&str] = &[
+    "mkdir",
+    "read",
+    "create",
+    "write",
+    "fsync",
+    "rename",
+    "manifest",
     "fsync_dir",
 ];
 
@@ -205,18 +276,20 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
         }
         Outcome::DivertFailed => {
             let failure = match &ctx.divert_failure {
-                Some(f) => match f.errno {
-                    Some(e) => format!(" ({}: {})", safe_operation(&f.operation), errno::human(e)),
-                    None => format!(" ({})", safe_operation(&f.operation)),
-                },
+                Some(f) => format!(" ({})", failed_step(&f.operation, f.errno)),
                 None => String::new(),
+            };
+            let whereabouts = if ctx.divert_residue.is_some() {
+                "Some lines of this turn may remain in the session's divert file, but that copy is \
+                 incomplete and has no receipt. The messages were handed back to the caller."
+            } else {
+                "The messages were handed back to the caller; they are not stored anywhere."
             };
             (
                 "Messages not saved, and no copy could be kept".to_string(),
                 format!(
                     "{why}, so this turn's messages were not saved to the session database. \
-                     Writing a backup copy failed too{failure}. The messages were handed back \
-                     to the caller; they are not stored anywhere."
+                     Writing a backup copy failed too{failure}. {whereabouts}"
                 ),
             )
         }
@@ -227,6 +300,16 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
                  They were handed back to the caller."
             ),
         ),
+    };
+    let body = match (&ctx.capture_receipt, &ctx.capture_failure, outcome) {
+        (_, _, Outcome::Persisted) => body,
+        (Some(r), _, _) => format!("{body} The retired database generation was captured at {}.", r.path),
+        (None, Some(f), _) => format!(
+            "{body} Capturing the retired database generation failed ({}), so it exists only in the files \
+             still open in the writing process.",
+            failed_step(&f.operation, f.errno)
+        ),
+        (None, None, _) => body,
     };
     let mut details = Vec::new();
     if let Some(s) = &ctx.session {
@@ -245,6 +328,22 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
             details.push(("divert_errno".to_string(), errno::human(e)));
         }
     }
+    if outcome == Outcome::DivertFailed && ctx.divert_residue.is_some() {
+        details.push(("divert_residue".to_string(), "possible".to_string()));
+    }
+    if outcome != Outcome::Persisted {
+        if let Some(r) = &ctx.capture_receipt {
+            details.push(("capture_path".to_string(), r.path.clone()));
+        } else if let Some(f) = &ctx.capture_failure {
+            details.push((
+                "capture_operation".to_string(),
+                safe_operation(&f.operation).to_string(),
+            ));
+            if let Some(e) = f.errno {
+                details.push(("capture_errno".to_string(), errno::human(e)));
+            }
+        }
+    }
     if let Some(e) = ctx.errno
         && outcome != Outcome::Persisted
     {
@@ -256,7 +355,7 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
         outcome,
         title,
         body,
-        remediation: remediation(cause, outcome),
+        remediation: remediation(cause, outcome, ctx),
         details,
     })
 }

@@ -11,9 +11,12 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::copy::{explain, parse_divert_failure};
+use crate::copy::{explain, parse_capture_failure, parse_divert_failure};
 use crate::decide::{decide, outcome_for};
-use crate::model::{Cause, Copy, CopyContext, Decision, DivertFailure, Evidence, Observation, Operation, Outcome};
+use crate::model::{
+    CaptureFailure, CaptureReceipt, CapturedFile, Cause, Copy, CopyContext, Decision, DivertFailure, DivertResidue,
+    Evidence, Observation, Operation, Outcome,
+};
 
 /// Parse an observation from a JSON value.
 pub fn observation_from_value(v: &Value) -> Result<Observation, String> {
@@ -139,9 +142,12 @@ pub fn classify_json(observation: &str) -> String {
     out.to_string()
 }
 
-/// Read the copy context: `session`, `receipt_path`, `errno`, and
+/// Read the copy context: `session`, `receipt_path`, `errno`;
 /// `divert_failed` / `divert_error` as `true`, a string such as
-/// `"open: EMFILE"`, or `{operation, errno}`.
+/// `"open: EMFILE"`, or `{operation, errno}`; `capture_receipt` as the
+/// capture folder's path or `{path, files?, manifest_sha256?}`;
+/// `capture_failure` / `capture_error` as `true`, a string or
+/// `{operation, errno}`; `divert_residue` as `{path, offset}`.
 pub fn context_from_value(v: Option<&Value>) -> Result<CopyContext, String> {
     let Some(v) = v else {
         return Ok(CopyContext::default());
@@ -180,11 +186,87 @@ pub fn context_from_value(v: Option<&Value>) -> Result<CopyContext, String> {
         receipt_path: string("receipt_path")?,
         divert_failure,
         errno: int_field(obj, "errno")?,
+        capture_receipt: capture_receipt(obj.get("capture_receipt"))?,
+        capture_failure: capture_failure(obj.get("capture_failure").or_else(|| obj.get("capture_error")))?,
+        divert_residue: divert_residue(obj.get("divert_residue"))?,
     })
 }
 
-/// `explain-json`: `{cause, outcome, session?, receipt_path?, divert_error?}`
-/// in, the copy object out (or `{"error"}` for a pair the table never makes).
+fn capture_receipt(v: Option<&Value>) -> Result<Option<CaptureReceipt>, String> {
+    let bad = "field `capture_receipt` must be a path or {path, files, manifest_sha256}";
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(path)) => Ok(Some(CaptureReceipt {
+            path: path.clone(),
+            files: Vec::new(),
+            manifest_sha256: String::new(),
+        })),
+        Some(Value::Object(r)) => {
+            let path = r.get("path").and_then(Value::as_str).ok_or(bad)?.to_string();
+            let files = match r.get("files") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(|f| {
+                        let name = f.get("name").and_then(Value::as_str).ok_or(bad)?;
+                        let size = f.get("size").and_then(Value::as_u64).ok_or(bad)?;
+                        Ok(CapturedFile {
+                            name: name.to_string(),
+                            size,
+                        })
+                    })
+                    .collect::<Result<_, &str>>()?,
+                Some(_) => return Err(bad.into()),
+            };
+            let manifest_sha256 = match r.get("manifest_sha256") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(_) => return Err(bad.into()),
+            };
+            Ok(Some(CaptureReceipt {
+                path,
+                files,
+                manifest_sha256,
+            }))
+        }
+        Some(_) => Err(bad.into()),
+    }
+}
+
+fn capture_failure(v: Option<&Value>) -> Result<Option<CaptureFailure>, String> {
+    match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(CaptureFailure {
+            operation: "write".into(),
+            errno: None,
+        })),
+        Some(Value::String(s)) => Ok(Some(parse_capture_failure(s))),
+        Some(Value::Object(f)) => Ok(Some(CaptureFailure {
+            operation: f
+                .get("operation")
+                .and_then(Value::as_str)
+                .unwrap_or("write")
+                .to_string(),
+            errno: int_field(f, "errno")?,
+        })),
+        Some(_) => Err("field `capture_failure` must be true, a string or an object".into()),
+    }
+}
+
+fn divert_residue(v: Option<&Value>) -> Result<Option<DivertResidue>, String> {
+    let bad = "field `divert_residue` must be {path, offset}";
+    match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
+        Some(Value::Object(r)) => Ok(Some(DivertResidue {
+            path: r.get("path").and_then(Value::as_str).ok_or(bad)?.to_string(),
+            offset: r.get("offset").and_then(Value::as_u64).ok_or(bad)?,
+        })),
+        Some(_) => Err(bad.into()),
+    }
+}
+
+/// `explain-json`: `{cause, outcome, session?, receipt_path?, divert_error?,
+/// capture_receipt?, capture_failure?, divert_residue?}` in, the copy object out (or `{"error"}` for a pair the table never makes).
 pub fn explain_json(request: &str) -> String {
     let run = || -> Result<Value, String> {
         let v: Value = serde_json::from_str(request).map_err(|e| format!("invalid JSON: {e}"))?;

@@ -36,16 +36,19 @@ pub mod table;
 mod component;
 
 pub use classify::classify;
-pub use copy::{CopyError, KNOWN_DIVERT_OPS, cause_remediation, explain, parse_divert_failure};
+pub use copy::{
+    CopyError, KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, cause_remediation, explain, parse_capture_failure,
+    parse_divert_failure,
+};
 pub use decide::{
     decide, decide_with, is_producible, is_sticky, needs_capture, outcome_for, outcomes_of, possible_actions,
     producible_pairs,
 };
 pub use model::{
-    ActionKind, Basis, Cause, Classification, Copy, CopyContext, Decision, DivertFailure, Evidence, Observation,
-    Operation, Outcome,
+    ActionKind, Basis, CaptureFailure, CaptureReceipt, CapturedFile, Cause, Classification, Copy, CopyContext,
+    Decision, DivertFailure, DivertResidue, Evidence, Observation, Operation, Outcome,
 };
 pub use retry::RetryPlan;
 
 /// The WIT package this crate implements.
-pub const WIT_PACKAGE: &str = "turnsafe:policy@0.1.0";
+pub const WIT_PACKAGE: &str = "turnsafe:policy@0.2.0";

@@ -328,6 +328,41 @@ pub struct DivertFailure {
     pub errno: Option<i64>,
 }
 
+/// Some bytes of a failed divert may remain in the session's divert file:
+/// the host could not cut the file back to where the batch began. `path`
+/// is for the host and the logs; the copy never names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DivertResidue {
+    pub path: String,
+    /// Where this batch's bytes begin; everything before it is older lines.
+    pub offset: u64,
+}
+
+/// One file a capture wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CapturedFile {
+    pub name: String,
+    pub size: u64,
+}
+
+/// Proof that the retired WAL generation was captured: the folder exists,
+/// and every file in it and its manifest were fsynced before this was made.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CaptureReceipt {
+    /// Absolute path of the capture folder.
+    pub path: String,
+    pub files: Vec<CapturedFile>,
+    /// Hex sha256 of the folder's `manifest.json`.
+    pub manifest_sha256: String,
+}
+
+/// Why a capture failed: the step and the errno, never a path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CaptureFailure {
+    pub operation: String,
+    pub errno: Option<i64>,
+}
+
 /// Everything the copy may mention besides cause and outcome.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct CopyContext {
@@ -337,6 +372,13 @@ pub struct CopyContext {
     pub divert_failure: Option<DivertFailure>,
     /// The errno the original failure carried; it shapes the detail only.
     pub errno: Option<i64>,
+    /// A finished capture of the retired generation. Only with it does a
+    /// copy say the generation was captured, and where.
+    pub capture_receipt: Option<CaptureReceipt>,
+    /// A capture that was tried and failed.
+    pub capture_failure: Option<CaptureFailure>,
+    /// A failed divert that may have left some of its lines behind.
+    pub divert_residue: Option<DivertResidue>,
 }
 
 /// User-facing copy: a structured value that hosts render as they like.

@@ -14,9 +14,20 @@ use crate::store::{SessionId, SessionStore, StoreOptions, Synchronous};
 /// printed: `persisted`, `operation` (`open` when the store could not be
 /// opened), `cause`, `action`, `attempts`, `committed`,
 /// `diverted`, `handed_back` (these three sum to the batch size),
-/// `receipt`, `divert_error`, `copy`, `error`, `uids`, `minted_uids`. A line
-/// that is not a batch gets `{"error": ..., "line": N}`. Exit status: 0
-/// when every batch persisted, 3 otherwise.
+/// `receipt`, `divert_error`, `divert_residue`, `capture`, `copy`, `error`,
+/// `uids`, `minted_uids`. A line that is not a batch gets
+/// `{"error": ..., "line": N}`. Exit status: 0 when every batch persisted,
+/// 3 otherwise.
+///
+/// Opening follows the policy like writing does: a lock held while the
+/// schema is created is waited out within the policy's patience; a corrupt
+/// `state.db` quarantines the writer, which diverts every later batch
+/// without opening the file again; a file that cannot be opened (missing
+/// folder, no free descriptor, read-only) diverts the batch, and the next
+/// batch tries the open once more.
+///
+/// When a batch is handed back, resend it with the `uids` the outcome
+/// lists: a later `turnsafe replay` then cannot store any message twice.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The turnsafe home: `state.db` and `sessions/` live here (created 0700 if missing).

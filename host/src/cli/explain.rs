@@ -26,6 +26,17 @@ pub struct Args {
     /// The divert failure, e.g. `open: EMFILE`; only operation and errno are shown.
     #[arg(long)]
     divert_error: Option<String>,
+    /// The capture folder of the retired generation, when its capture
+    /// finished; only then does the copy say it was captured, and where.
+    #[arg(long, value_name = "P", conflicts_with = "capture_error")]
+    capture_path: Option<String>,
+    /// The capture failure, e.g. `mkdir: ENOENT`; only step and errno are shown.
+    #[arg(long, value_name = "MSG")]
+    capture_error: Option<String>,
+    /// The divert file that may still hold lines of a failed divert
+    /// (`divert_failed` only); the copy says lines may remain, never the path.
+    #[arg(long, value_name = "PATH")]
+    divert_residue: Option<String>,
     /// The session id.
     #[arg(long)]
     session: Option<String>,
@@ -75,6 +86,15 @@ pub fn run(args: Args) -> i32 {
         }
         if let Some(d) = &args.divert_error {
             m.insert("divert_error".into(), d.clone().into());
+        }
+        if let Some(p) = &args.capture_path {
+            m.insert("capture_receipt".into(), p.clone().into());
+        }
+        if let Some(e) = &args.capture_error {
+            m.insert("capture_failure".into(), e.clone().into());
+        }
+        if let Some(p) = &args.divert_residue {
+            m.insert("divert_residue".into(), json!({ "path": p, "offset": 0 }));
         }
         if let Some(s) = &args.session {
             m.insert("session".into(), s.clone().into());

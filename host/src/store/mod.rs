@@ -4,10 +4,16 @@
 //!
 //! [`SessionStore::append_batch`] is the flush. It runs one transaction per
 //! attempt; on a failure it builds an observation, asks the policy, and
-//! does exactly what the policy says. It never reopens the database, never
-//! replays, and never marks anything persisted unless COMMIT succeeded. A
-//! store that could not be opened tries again at the next batch, never
-//! within one.
+//! does exactly what the policy says. It never reopens an open database,
+//! never replays, and never marks anything persisted unless COMMIT
+//! succeeded.
+//!
+//! Opening follows the same decision table as writing: a lock held while
+//! the schema is created or migrated is retried with the policy's plan
+//! inside the flush; a sticky cause (a corrupt file) quarantines the handle
+//! so no later batch opens the file again; a disk-class failure (cannot
+//! open, read-only) diverts this batch and the next batch tries the open
+//! once more.
 
 pub mod schema;
 mod write;
@@ -20,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, OpenFlags};
 use turnsafe_policy::{ActionKind, Cause, CopyContext, Decision, Evidence, Observation, Operation, Outcome};
 
-use crate::capture::{self, Capture};
+use crate::capture::{self, Capture, CaptureError};
 use crate::divert::{self, DivertLine};
 use crate::guard::{self, Guard, Verdict};
 use crate::message::Message;
@@ -79,6 +85,14 @@ pub struct Counters {
     pub diverts: u64,
 }
 
+/// Why the database could not be opened, with the connection if SQLite
+/// opened the file before a later step (configuration, the guard) failed.
+struct OpenFailure {
+    error: rusqlite::Error,
+    errno: Option<i64>,
+    conn: Option<Connection>,
+}
+
 /// A session id that is safe as a file name (see [`divert::validate_session_id`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SessionId(String);
@@ -115,7 +129,15 @@ pub struct SessionStore {
     conn: Option<Connection>,
     guard: Option<Guard>,
     sticky: Option<Cause>,
-    captured: bool,
+    /// The capture this handle made of its retired generation, once tried.
+    captured: Option<Result<Capture, CaptureError>>,
+    /// Why the open at construction failed; the first batch observes it
+    /// instead of opening the file a second time.
+    open_failure: Option<OpenFailure>,
+    /// The connection to a file a sticky cause quarantined at open. It is
+    /// kept, never used, and closed with the handle: the file is opened
+    /// once and never again.
+    quarantined: Option<Connection>,
     counters: Counters,
     sessions: HashMap<String, SessionState>,
 }
@@ -150,11 +172,15 @@ impl SessionStore {
             conn: None,
             guard: None,
             sticky: None,
-            captured: false,
+            captured: None,
+            open_failure: None,
+            quarantined: None,
             counters: Counters::default(),
             sessions: HashMap::new(),
         };
-        let _ = s.ensure_open();
+        if let Err(failure) = s.ensure_open() {
+            s.open_failure = Some(failure);
+        }
         s
     }
 
@@ -203,7 +229,7 @@ impl SessionStore {
         self.conn.as_ref()
     }
 
-    fn ensure_open(&mut self) -> Result<(), (rusqlite::Error, Option<i64>)> {
+    fn ensure_open(&mut self) -> Result<(), OpenFailure> {
         if self.conn.is_some() {
             return Ok(());
         }
@@ -214,13 +240,16 @@ impl SessionStore {
         let flags = if self.opts.read_only {
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
         } else {
-            let _ = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&self.db_path);
+            // Only a missing file is created here, so an existing one is
+            // opened by SQLite alone.
+            if std::fs::symlink_metadata(&self.db_path).is_err() {
+                let _ = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(&self.db_path);
+            }
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
         };
         let opened = match &self.opts.vfs {
@@ -234,7 +263,11 @@ impl SessionStore {
                 // the OS errno right after the failed open is the best
                 // witness, and the policy lets it shape only the copy.
                 let errno = std::io::Error::last_os_error().raw_os_error().map(i64::from);
-                return Err((e, errno));
+                return Err(OpenFailure {
+                    error: e,
+                    errno,
+                    conn: None,
+                });
             }
         };
         match self.configure(&conn) {
@@ -251,7 +284,11 @@ impl SessionStore {
                     Err(e) => {
                         tracing::error!(error = %e, "guard could not record the store's files");
                         let errno = e.source.raw_os_error().map(i64::from);
-                        return Err((probe_error(&e), errno));
+                        return Err(OpenFailure {
+                            error: probe_error(&e),
+                            errno,
+                            conn: Some(conn),
+                        });
                     }
                 };
                 tracing::debug!(db = %self.db_path.display(), generation = guard.generation(), "store opened");
@@ -261,7 +298,11 @@ impl SessionStore {
             }
             Err(e) => {
                 let errno = observe::system_errno(&conn);
-                Err((e, errno))
+                Err(OpenFailure {
+                    error: e,
+                    errno,
+                    conn: Some(conn),
+                })
             }
         }
     }
@@ -303,37 +344,67 @@ impl SessionStore {
                 count = messages.len(),
                 "sticky handle: diverting without touching the database"
             );
-            let mut out = self.divert_batch(&flush, cause, ActionKind::Divert, None);
+            let capture = self.captured.clone();
+            let mut out = self.divert_batch(&flush, cause, ActionKind::Divert, None, capture.as_ref());
             out.operation = Some(Operation::AppendBatch);
             return out;
         }
-        if let Err((err, errno)) = self.ensure_open() {
-            let obs = observe::observation(Operation::Open, &err, errno, Vec::new(), 1, 0, seed);
+        let mut opened_after = None;
+        loop {
+            let failure = match self.open_failure.take() {
+                Some(f) => f,
+                None => match self.ensure_open() {
+                    Ok(()) => break,
+                    Err(f) => f,
+                },
+            };
+            let OpenFailure {
+                error: err,
+                errno,
+                conn,
+            } = failure;
+            flush.attempts += 1;
+            let elapsed = flush.started.elapsed().as_millis() as u64;
+            let obs = observe::observation(Operation::Open, &err, errno, Vec::new(), flush.attempts, elapsed, seed);
             let d = turnsafe_policy::decide(&obs);
-            tracing::warn!(session = session.as_str(), code = ?obs.extended_code, errno = ?errno, cause = d.classification.cause.label(), "store open failed");
-            flush.attempts = 1;
-            // The open is tried again at the next batch, never within one.
+            tracing::warn!(session = session.as_str(), attempt = flush.attempts, code = ?obs.extended_code, errno = ?errno, cause = d.classification.cause.label(), action = d.action.label(), "store open failed");
+            if d.sticky {
+                // A quarantined file is never opened again by this handle.
+                self.sticky = Some(d.classification.cause);
+                self.quarantined = conn;
+            }
+            if d.action == ActionKind::Retry {
+                std::thread::sleep(Duration::from_millis(d.delay_ms.unwrap_or(1)));
+                opened_after = Some(d);
+                continue;
+            }
+            // The one-shot remedies need an open database; an open that
+            // failed cannot run them, so the batch is diverted.
             let action = match d.action {
-                ActionKind::Retry
-                | ActionKind::DegradeFts
-                | ActionKind::RecreateSession
-                | ActionKind::AdoptContinuation => ActionKind::Divert,
+                ActionKind::DegradeFts | ActionKind::RecreateSession | ActionKind::AdoptContinuation => {
+                    ActionKind::Divert
+                }
                 a => a,
             };
-            let mut out = self.settle(&flush, d, action, errno);
+            let mut out = self.settle(&flush, d, action, errno, None);
             out.operation = Some(Operation::Open);
             return out;
         }
 
-        let mut plan = WritePlan::default();
+        let mut plan = WritePlan {
+            last: opened_after,
+            ..WritePlan::default()
+        };
+        let mut last_operation = opened_after.map(|_| Operation::Open);
         let mut pending_capture = None;
         loop {
             flush.attempts += 1;
             self.counters.append_attempts += 1;
             let failure = match self.write(&flush, &plan) {
-                Ok(()) => return self.persisted(&flush, plan.last),
+                Ok(()) => return self.persisted(&flush, plan.last, last_operation),
                 Err(f) => f,
             };
+            last_operation = Some(Operation::AppendBatch);
             let obs = self.observe(&flush, &failure);
             let d = turnsafe_policy::decide(&obs);
             tracing::info!(
@@ -364,7 +435,7 @@ impl SessionStore {
                     } else {
                         d.action
                     };
-                    let mut out = self.settle(&flush, d, action, obs.errno);
+                    let mut out = self.settle(&flush, d, action, obs.errno, pending_capture.as_ref());
                     out.capture = pending_capture;
                     out.operation = Some(Operation::AppendBatch);
                     return out;
@@ -376,30 +447,30 @@ impl SessionStore {
 
     /// The retired generation must never be checkpointed into whatever file
     /// is at the path now; capture it once for the operator.
-    fn retire_generation(&mut self, trigger: &str) -> Option<Result<Capture, String>> {
+    fn retire_generation(&mut self, trigger: &str) -> Option<Result<Capture, CaptureError>> {
         if let Some(conn) = &self.conn {
             let _ = conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
         }
-        if self.captured {
+        if self.captured.is_some() {
             return None;
         }
-        self.captured = true;
         let guard = self.guard.as_ref()?;
-        let result = capture::capture(guard, trigger).map_err(|e| e.to_string());
+        let result = capture::capture(guard, trigger);
         match &result {
             Ok(c) => tracing::warn!(capture = %c.path, files = c.files.len(), "retired generation captured"),
             Err(e) => tracing::error!(error = %e, "CAPTURE FAILED: the retired generation was not saved"),
         }
+        self.captured = Some(result.clone());
         Some(result)
     }
 
     /// Check the generation one last time, then close without ever
     /// checkpointing a retired generation into the wrong file.
-    pub fn close(mut self) -> Option<Result<Capture, String>> {
+    pub fn close(mut self) -> Option<Result<Capture, CaptureError>> {
         self.close_inner()
     }
 
-    fn close_inner(&mut self) -> Option<Result<Capture, String>> {
+    fn close_inner(&mut self) -> Option<Result<Capture, CaptureError>> {
         self.release_all_leases();
         let mut capture = None;
         if let (Some(conn), Some(guard)) = (&self.conn, &mut self.guard) {
@@ -467,16 +538,23 @@ impl SessionStore {
     }
 
     /// Carry out a terminal action.
-    fn settle(&mut self, flush: &Flush<'_>, d: Decision, action: ActionKind, errno: Option<i64>) -> FlushOutcome {
+    fn settle(
+        &mut self,
+        flush: &Flush<'_>,
+        d: Decision,
+        action: ActionKind,
+        errno: Option<i64>,
+        capture: Option<&Result<Capture, CaptureError>>,
+    ) -> FlushOutcome {
         match action {
-            ActionKind::Divert => self.divert_batch(flush, d.classification.cause, action, errno),
+            ActionKind::Divert => self.divert_batch(flush, d.classification.cause, action, errno, capture),
             _ => {
                 let cause = d.classification.cause;
                 let n = flush.messages.len();
                 let ctx = CopyContext {
                     session: Some(flush.session.as_str().into()),
                     errno,
-                    ..CopyContext::default()
+                    ..capture_context(capture)
                 };
                 let mut out = flush.failed(cause, action);
                 out.handed_back = n;
@@ -492,6 +570,7 @@ impl SessionStore {
         cause: Cause,
         action: ActionKind,
         errno: Option<i64>,
+        capture: Option<&Result<Capture, CaptureError>>,
     ) -> FlushOutcome {
         let n = flush.messages.len();
         let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
@@ -512,7 +591,7 @@ impl SessionStore {
         let mut ctx = CopyContext {
             session: Some(flush.session.as_str().into()),
             errno,
-            ..CopyContext::default()
+            ..capture_context(capture)
         };
         let mut out = flush.failed(cause, action);
         match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
@@ -537,15 +616,17 @@ impl SessionStore {
                     "divert failed; batch handed back"
                 );
                 ctx.divert_failure = Some(e.to_failure());
+                ctx.divert_residue = e.residue.clone();
                 out.copy = turnsafe_policy::explain(cause, Outcome::DivertFailed, &ctx).ok();
                 out.handed_back = n;
+                out.divert_residue = e.residue.clone();
                 out.divert_error = Some(e);
             }
         }
         out
     }
 
-    fn persisted(&mut self, flush: &Flush<'_>, last: Option<Decision>) -> FlushOutcome {
+    fn persisted(&mut self, flush: &Flush<'_>, last: Option<Decision>, operation: Option<Operation>) -> FlushOutcome {
         let cause = last.map(|d| d.classification.cause);
         let ctx = CopyContext {
             session: Some(flush.session.as_str().into()),
@@ -553,7 +634,7 @@ impl SessionStore {
         };
         FlushOutcome {
             persisted: true,
-            operation: last.map(|_| Operation::AppendBatch),
+            operation,
             cause,
             action: last.map(|d| d.action),
             attempts: flush.attempts,
@@ -567,6 +648,7 @@ impl SessionStore {
             minted_uids: flush.minted.clone(),
             error: None,
             capture: None,
+            divert_residue: None,
         }
     }
 
@@ -671,6 +753,21 @@ pub fn configure(conn: &Connection, opts: &StoreOptions) -> rusqlite::Result<()>
     Ok(())
 }
 
+/// What the copy may say about a capture: its receipt, or how it failed.
+fn capture_context(capture: Option<&Result<Capture, CaptureError>>) -> CopyContext {
+    match capture {
+        Some(Ok(receipt)) => CopyContext {
+            capture_receipt: Some(receipt.clone()),
+            ..CopyContext::default()
+        },
+        Some(Err(e)) => CopyContext {
+            capture_failure: Some(e.to_failure()),
+            ..CopyContext::default()
+        },
+        None => CopyContext::default(),
+    }
+}
+
 /// A guard probe failure as the SQLite-shaped error the policy reads:
 /// an I/O error, so the store fails closed as `disk`.
 fn probe_error(e: &guard::ProbeError) -> rusqlite::Error {
@@ -700,6 +797,7 @@ impl Flush<'_> {
             minted_uids: self.minted.clone(),
             error: Some(cause.failure_label()),
             capture: None,
+            divert_residue: None,
         }
     }
 }
