@@ -108,3 +108,77 @@ fn both_engines_agree() {
         .unwrap();
     assert_eq!(n.stdout, w.stdout);
 }
+
+#[test]
+fn a_capture_is_claimed_only_with_capture_path() {
+    let base = [
+        "--cause",
+        "deleted_wal",
+        "--outcome",
+        "diverted",
+        "--receipt-path",
+        "/h/sessions/s1.jsonl",
+        "--json",
+    ];
+    let with = explain(&[&base[..], &["--capture-path", "/h/state.db.retired-x"]].concat());
+    assert_eq!(with.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&with.stdout).unwrap();
+    assert!(
+        v["data"]["body"]
+            .as_str()
+            .unwrap()
+            .contains("captured at /h/state.db.retired-x")
+    );
+    assert_eq!(v["data"]["details"]["capture_path"], "/h/state.db.retired-x");
+
+    let failed = explain(
+        &[
+            &base[..],
+            &["--capture-error", "mkdir /h/state.db.retired-x: [Errno 2] No such file"],
+        ]
+        .concat(),
+    );
+    assert_eq!(failed.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&failed.stdout).unwrap();
+    let text = v["data"].to_string();
+    assert!(!text.contains("was captured") && !text.contains("retired-x"), "{text}");
+    assert_eq!(v["data"]["details"]["capture_operation"], "mkdir");
+    assert_eq!(
+        v["data"]["details"]["capture_errno"],
+        "no such file or directory (ENOENT)"
+    );
+
+    let neither = explain(&base);
+    let v: Value = serde_json::from_slice(&neither.stdout).unwrap();
+    assert!(!v["data"].to_string().contains("was captured"));
+
+    let both = explain(&[&base[..], &["--capture-path", "/p", "--capture-error", "mkdir: EIO"]].concat());
+    assert_eq!(
+        both.status.code(),
+        Some(2),
+        "a capture cannot both exist and have failed"
+    );
+}
+
+#[test]
+fn a_divert_residue_says_lines_may_remain() {
+    let out = explain(&[
+        "--cause",
+        "disk",
+        "--outcome",
+        "divert_failed",
+        "--divert-error",
+        "fsync: EIO",
+        "--divert-residue",
+        "/h/sessions/s1.jsonl",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let body = v["data"]["body"].as_str().unwrap();
+    assert!(body.contains("may remain in the session's divert file"), "{body}");
+    assert!(
+        !body.contains("not stored anywhere") && !body.contains("s1.jsonl"),
+        "{body}"
+    );
+}

@@ -37,6 +37,49 @@ fn sidecars_deleted_between_batches() {
     assert!(v["receipt"]["path"].is_string());
     assert_eq!(v["copy"]["code"], "deleted_wal.diverted");
     capture_has_first_batch(&v);
+    // The copy names the capture it has a receipt for.
+    let capture = v["capture"]["path"].as_str().unwrap();
+    assert!(v["capture"]["manifest_sha256"].as_str().is_some_and(|s| s.len() == 64));
+    assert!(
+        v["copy"]["body"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("captured at {capture}"))
+    );
+    assert_eq!(v["copy"]["details"]["capture_path"], capture);
+    assert_eq!(live.finish(), 3);
+}
+
+/// The whole home deleted under a live writer: the guard sees it, but
+/// neither the capture nor the divert can be written. The outcome says so,
+/// and the copy claims neither a kept copy nor a capture.
+#[test]
+fn home_deleted_under_a_live_writer_claims_no_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let mut live = Live::start(&home, "s1");
+    assert_eq!(live.send(FIRST)["persisted"], true);
+    std::fs::remove_dir_all(&home).unwrap();
+    let v = live.send(SECOND);
+    assert_eq!(v["persisted"], false, "{v}");
+    assert!(
+        v["cause"] == "deleted_wal" || v["cause"] == "replaced",
+        "the guard names the retired generation: {v}"
+    );
+    assert_eq!((v["diverted"].as_u64(), v["handed_back"].as_u64()), (Some(0), Some(1)));
+    assert_eq!(v["capture"]["operation"], "mkdir", "{v}");
+    assert_eq!(v["capture"]["errno"], libc::ENOENT);
+    assert!(v["capture"].get("path").is_none(), "{v}");
+    assert_eq!(v["divert_error"]["operation"], "mkdir", "{v}");
+    let copy = v["copy"].to_string();
+    assert!(!copy.contains("was captured"), "{copy}");
+    assert!(!copy.to_lowercase().contains("a copy was kept"), "{copy}");
+    assert!(
+        copy.contains("Capturing the retired database generation failed (mkdir: no such file or directory (ENOENT))"),
+        "{copy}"
+    );
+    assert!(copy.contains("turnsafe recover --source state.db"), "{copy}");
+    assert!(!home.exists(), "nothing was recreated");
     assert_eq!(live.finish(), 3);
 }
 

@@ -133,7 +133,7 @@ pub struct SessionStore {
     captured: Option<Result<Capture, CaptureError>>,
     /// Why the open at construction failed; the first batch observes it
     /// instead of opening the file a second time.
-    open_failure: Option<OpenFailure>,
+    open_failure: Option<Box<OpenFailure>>,
     /// The connection to a file a sticky cause quarantined at open. It is
     /// kept, never used, and closed with the handle: the file is opened
     /// once and never again.
@@ -229,7 +229,7 @@ impl SessionStore {
         self.conn.as_ref()
     }
 
-    fn ensure_open(&mut self) -> Result<(), OpenFailure> {
+    fn ensure_open(&mut self) -> Result<(), Box<OpenFailure>> {
         if self.conn.is_some() {
             return Ok(());
         }
@@ -263,11 +263,11 @@ impl SessionStore {
                 // the OS errno right after the failed open is the best
                 // witness, and the policy lets it shape only the copy.
                 let errno = std::io::Error::last_os_error().raw_os_error().map(i64::from);
-                return Err(OpenFailure {
+                return Err(Box::new(OpenFailure {
                     error: e,
                     errno,
                     conn: None,
-                });
+                }));
             }
         };
         match self.configure(&conn) {
@@ -284,11 +284,11 @@ impl SessionStore {
                     Err(e) => {
                         tracing::error!(error = %e, "guard could not record the store's files");
                         let errno = e.source.raw_os_error().map(i64::from);
-                        return Err(OpenFailure {
+                        return Err(Box::new(OpenFailure {
                             error: probe_error(&e),
                             errno,
                             conn: Some(conn),
-                        });
+                        }));
                     }
                 };
                 tracing::debug!(db = %self.db_path.display(), generation = guard.generation(), "store opened");
@@ -298,11 +298,11 @@ impl SessionStore {
             }
             Err(e) => {
                 let errno = observe::system_errno(&conn);
-                Err(OpenFailure {
+                Err(Box::new(OpenFailure {
                     error: e,
                     errno,
                     conn: Some(conn),
-                })
+                }))
             }
         }
     }
@@ -362,7 +362,7 @@ impl SessionStore {
                 error: err,
                 errno,
                 conn,
-            } = failure;
+            } = *failure;
             flush.attempts += 1;
             let elapsed = flush.started.elapsed().as_millis() as u64;
             let obs = observe::observation(Operation::Open, &err, errno, Vec::new(), flush.attempts, elapsed, seed);
