@@ -37,11 +37,13 @@ fn recover_from_a_live_db_then_install_only_once_nobody_holds_it() {
 
     drop(store);
     let installed = recover::install(&output, home.path()).unwrap();
-    let aside = installed["set_aside"].as_array().unwrap();
+    let aside = &installed.set_aside;
     assert!(
-        !aside.is_empty() && std::path::Path::new(aside[0].as_str().unwrap()).exists(),
+        !aside.is_empty() && std::path::Path::new(&aside[0]).exists(),
         "old file set aside, not deleted"
     );
+    // The old state.db holds nothing the recovered one lacks.
+    assert_eq!(installed.carried_over, 0);
     assert_eq!(home.rows("s1").len(), 3);
     assert_eq!(home.rows("s2").len(), 2);
     // The recovered database has its search index.

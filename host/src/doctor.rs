@@ -1,11 +1,12 @@
 //! `doctor`: what is wrong with a turnsafe home, and what to do about it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{Value, json};
 use turnsafe_policy::Cause;
 
+use crate::captures::{self, Status};
 use crate::holders;
 
 /// One finding, with the policy's remediation for its cause.
@@ -81,67 +82,8 @@ pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {
         ));
     }
 
-    // Retired generations and captures.
-    let mut captures = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(home) {
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("state.db.retired-") {
-                captures.push(name);
-            }
-        }
-    }
-    captures.sort();
-    facts.insert("captures".into(), json!(captures));
-    if !captures.is_empty() {
-        out.push(finding(
-            "captures",
-            "warning",
-            format!(
-                "{} retired generation(s) captured: {}",
-                captures.len(),
-                captures.join(", ")
-            ),
-            Some(Cause::DeletedWal),
-        ));
-    }
-
-    // Pending diverts and quarantined lines.
-    let sessions = home.join("sessions");
-    let (mut files_n, mut bytes) = (0u64, 0u64);
-    for dir in [sessions.clone(), sessions.join("settling")] {
-        if let Ok(rd) = std::fs::read_dir(&dir) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                if n.ends_with(".jsonl") && n != "ledger.jsonl" {
-                    files_n += 1;
-                    bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
-                }
-            }
-        }
-    }
-    let quarantined = std::fs::read_to_string(sessions.join("ledger.jsonl"))
-        .map(|t| t.lines().filter(|l| l.contains("\"state\":\"quarantined\"")).count())
-        .unwrap_or(0);
-    facts.insert("pending_divert_files".into(), files_n.into());
-    facts.insert("pending_divert_bytes".into(), bytes.into());
-    facts.insert("quarantined_lines".into(), quarantined.into());
-    if files_n > 0 {
-        out.push(finding(
-            "pending_diverts",
-            "warning",
-            format!("{files_n} diverted file(s), {bytes} bytes, wait for `turnsafe replay`"),
-            Some(Cause::Disk),
-        ));
-    }
-    if quarantined > 0 {
-        out.push(finding(
-            "quarantine",
-            "warning",
-            format!("{quarantined} diverted line(s) quarantined; see sessions/ledger.jsonl"),
-            None,
-        ));
-    }
+    captures(home, &mut out, &mut facts);
+    diverts(home, &mut out, &mut facts);
 
     // fd limit and free space.
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
@@ -232,6 +174,134 @@ pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {
         ));
     }
     (out, Value::Object(facts))
+}
+
+/// Capture folders: a pending one is an error (its rows may be in no
+/// database, and replay waits on it); a settled one is reported as such.
+fn captures(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<String, Value>) {
+    let found = match captures::list(home) {
+        Ok(found) => found,
+        Err(e) => {
+            out.push(finding(
+                "captures",
+                "error",
+                format!("cannot list capture folders in {}: {e}", home.display()),
+                None,
+            ));
+            return;
+        }
+    };
+    let (mut pending, mut settled) = (Vec::new(), Vec::new());
+    for c in &found {
+        match &c.status {
+            Status::Settled(m) => {
+                let mut message = format!("{} is settled: {} at {}", c.name, m.how.label(), m.settled_at);
+                if m.how == captures::How::Installed {
+                    message.push_str(&format!(", {} row(s) carried over", m.carried_over));
+                }
+                out.push(finding("captures", "ok", message, None));
+                settled.push(json!({ "name": c.name, "how": m.how, "settled_at": m.settled_at,
+                                     "carried_over": m.carried_over }));
+            }
+            Status::Pending | Status::Unreadable(_) => {
+                let why = match &c.status {
+                    Status::Unreadable(why) => format!(" ({why})"),
+                    _ => String::new(),
+                };
+                let mut f = finding(
+                    "captures",
+                    "error",
+                    format!(
+                        "{} is not settled{why}: it holds rows of a retired generation that may be in no database; \
+                         replay refuses until it is settled",
+                        c.name
+                    ),
+                    Some(Cause::DeletedWal),
+                );
+                let path = c.path.display();
+                f.remediation.push(format!(
+                    "Install a database rebuilt from it (rows the current state.db has and it lacks are carried over): \
+                     `turnsafe recover --source {path} --output <new.db> --install --home {}`.",
+                    home.display()
+                ));
+                f.remediation.push(format!(
+                    "Or, if its frames do not matter: `turnsafe recover --source {path} --dismiss`."
+                ));
+                out.push(f);
+                pending.push(c.name.clone());
+            }
+        }
+    }
+    let names: Vec<&str> = found.iter().map(|c| c.name.as_str()).collect();
+    facts.insert("captures".into(), json!(names));
+    facts.insert("pending_captures".into(), json!(pending));
+    facts.insert("settled_captures".into(), json!(settled));
+}
+
+/// Pending diverts (turnsafe's files in `sessions/` and `settling/`),
+/// quarantined lines, and the files in `sessions/` that are not turnsafe's.
+fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<String, Value>) {
+    let sessions = home.join("sessions");
+    let listing = match crate::divert_files::list(&sessions, None) {
+        Ok(l) => l,
+        Err(e) => {
+            out.push(finding(
+                "pending_diverts",
+                "error",
+                format!("cannot list {}: {e}", sessions.display()),
+                None,
+            ));
+            Default::default()
+        }
+    };
+    let mut pending: Vec<PathBuf> = listing.divert.into_iter().map(|(_, p)| p).collect();
+    if let Ok(rd) = std::fs::read_dir(sessions.join("settling")) {
+        pending.extend(
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "jsonl")),
+        );
+    }
+    let files_n = pending.len() as u64;
+    let bytes: u64 = pending
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let quarantined = std::fs::read_to_string(sessions.join(crate::divert_files::LEDGER))
+        .map(|t| t.lines().filter(|l| l.contains("\"state\":\"quarantined\"")).count())
+        .unwrap_or(0);
+    facts.insert("pending_divert_files".into(), files_n.into());
+    facts.insert("pending_divert_bytes".into(), bytes.into());
+    facts.insert("quarantined_lines".into(), quarantined.into());
+    facts.insert("foreign_files".into(), json!(listing.foreign));
+    if files_n > 0 {
+        out.push(finding(
+            "pending_diverts",
+            "warning",
+            format!("{files_n} diverted file(s), {bytes} bytes, wait for `turnsafe replay`"),
+            Some(Cause::Disk),
+        ));
+    }
+    if quarantined > 0 {
+        out.push(finding(
+            "quarantine",
+            "warning",
+            format!("{quarantined} diverted line(s) quarantined; see sessions/ledger.jsonl"),
+            None,
+        ));
+    }
+    if !listing.foreign.is_empty() {
+        out.push(finding(
+            "foreign_files",
+            "ok",
+            format!(
+                "{} file(s) in sessions/ are not turnsafe's and are left alone: {}",
+                listing.foreign.len(),
+                listing.foreign.join(", ")
+            ),
+            None,
+        ));
+    }
 }
 
 fn quick_check(db: &Path) -> rusqlite::Result<Vec<String>> {

@@ -6,9 +6,12 @@
 //! component ([`engine::COMPONENT`]) and can run either implementation.
 
 pub mod capture;
+pub mod captures;
 pub mod cli;
 pub mod divert;
+pub mod divert_files;
 pub mod doctor;
+pub mod durable;
 pub mod engine;
 pub mod exit;
 pub mod failpoint;

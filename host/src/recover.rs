@@ -1,14 +1,20 @@
 //! Recovery: copy what is readable from a damaged or retired database into
 //! a fresh one. The source is never opened in place: its main file and
 //! sidecars are copied first, and the copy is aborted if they changed
-//! while being copied. Installing the result obeys the publish refusal.
+//! while being copied. Installing the result obeys the publish refusal,
+//! and carries over every row of the replaced database that the rebuilt
+//! one lacks, so no order of replay, recover and install loses a line.
+//! Installing from a capture, or dismissing one, settles it
+//! ([`crate::captures`]).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::captures::{self, How, Settled, Status};
 use crate::holders;
 use crate::store::{StoreOptions, configure, schema};
 
@@ -16,10 +22,17 @@ use crate::store::{StoreOptions, configure, schema};
 pub enum RecoverError {
     #[error("no database at {0} (a db file, or a capture folder holding state.db)")]
     NoSource(PathBuf),
+    #[error("{0} is not a capture folder (state.db.retired-*, or a folder holding its manifest.json)")]
+    NotACapture(PathBuf),
     #[error("{0} changed while it was being copied; try again when no process writes to it")]
     Changed(PathBuf),
     #[error("refusing to install: {0}")]
     Refused(String),
+    #[error(
+        "cannot read {path} to carry its rows over: {source}; nothing was installed (move it aside yourself if \
+         its rows are not needed)"
+    )]
+    CarryOver { path: PathBuf, source: rusqlite::Error },
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
     #[error("SQLite: {0}")]
@@ -209,25 +222,195 @@ fn progress(total: u64) -> indicatif::ProgressBar {
     bar
 }
 
-/// Install `new_db` as `home/state.db`, unless any process holds the old
-/// file or its sidecars. The old files are set aside under a dated name.
-pub fn install(new_db: &Path, home: &Path) -> Result<Value, RecoverError> {
-    let target = home.join("state.db");
-    let files = holders::db_files(&target);
-    let held = holders::scan(&files, false).map_err(io_err("scan /proc"))?;
+/// Refuse while any process (this one included) holds `db` or a sidecar,
+/// or while that cannot be told.
+fn refuse_if_held(db: &Path, what: &str) -> Result<(), RecoverError> {
+    let held = holders::scan(&holders::db_files(db), false).map_err(io_err("scan /proc"))?;
     if !held.unreadable.is_empty() {
         return Err(RecoverError::Refused(format!(
-            "cannot tell whether processes {:?} hold {} (their /proc/<pid>/fd is unreadable)",
+            "{what}: cannot tell whether processes {:?} hold {} (their /proc/<pid>/fd is unreadable)",
             held.unreadable,
-            target.display()
+            db.display()
         )));
     }
     if !held.is_empty() {
         return Err(RecoverError::Refused(format!(
-            "{} or its sidecars are held open by pid(s) {:?}",
-            target.display(),
+            "{what}: {} or its sidecars are held open by pid(s) {:?}",
+            db.display(),
             held.pids()
         )));
+    }
+    Ok(())
+}
+
+/// Identities and sizes of the files that exist among `files`.
+fn fingerprints(files: &[PathBuf]) -> Result<Vec<Option<(u64, u64, i64, i64)>>, RecoverError> {
+    files
+        .iter()
+        .map(|f| if f.exists() { fingerprint(f).map(Some) } else { Ok(None) })
+        .collect()
+}
+
+/// Rows of the replaced database copied into the installed one.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct CarryOver {
+    /// Messages whose (session, uid) the rebuilt database lacked.
+    pub rows: u64,
+    pub by_session: BTreeMap<String, u64>,
+    /// Messages the rebuilt database has under the same uid with other
+    /// content: the rebuilt row stays, the other is in the set-aside file.
+    pub conflicts: u64,
+    /// Rows of the replaced database that could not be read (they remain
+    /// in the set-aside file).
+    pub unreadable: u64,
+}
+
+/// Copy into `new_db` every message of the database at `current` whose
+/// (session, uid) `new_db` lacks, in `seq` order, keeping each `seq`. The
+/// current database is copied first and read from the copy.
+pub fn carry_over(current: &Path, new_db: &Path) -> Result<CarryOver, RecoverError> {
+    let mut out = CarryOver::default();
+    if !current.exists() {
+        return Ok(out);
+    }
+    let work = tempfile::tempdir().map_err(io_err("work folder"))?;
+    copy_source(current, work.path())?;
+    let unreadable = |source| RecoverError::CarryOver {
+        path: current.to_path_buf(),
+        source,
+    };
+    let from = Connection::open_with_flags(work.path().join("state.db"), OpenFlags::SQLITE_OPEN_READ_WRITE)
+        .map_err(unreadable)?;
+    let tables: i64 = from
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('sessions', 'messages')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(unreadable)?;
+    // A database the writer never got to create its schema in holds no rows.
+    if tables < 2 {
+        return Ok(out);
+    }
+    let to = Connection::open(new_db)?;
+    to.busy_timeout(std::time::Duration::from_secs(10))?;
+    to.execute_batch("BEGIN IMMEDIATE")?;
+    let copied = (|| -> Result<(), RecoverError> {
+        let mut sessions = from
+            .prepare("SELECT id, created_ms FROM sessions")
+            .map_err(unreadable)?;
+        let rows = sessions
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+            .map_err(unreadable)?;
+        for row in rows {
+            match row {
+                Ok((id, created)) => {
+                    to.execute(
+                        "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
+                        rusqlite::params![id, created],
+                    )?;
+                }
+                Err(_) => out.unreadable += 1,
+            }
+        }
+        let mut messages = from
+            .prepare(
+                "SELECT session_id, uid, seq, role, content, content_json, extra, created_ms FROM messages \
+                 ORDER BY session_id, seq, id",
+            )
+            .map_err(unreadable)?;
+        let rows = messages
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, bool>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, i64>(7)?,
+                ))
+            })
+            .map_err(unreadable)?;
+        let mut insert = to.prepare(
+            "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(session_id, uid) DO NOTHING",
+        )?;
+        let mut same = to.prepare(
+            "SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2 \
+             AND role = ?3 AND content = ?4 AND content_json = ?5 AND extra = ?6",
+        )?;
+        for row in rows {
+            let Ok((sid, uid, seq, role, content, cj, extra, created)) = row else {
+                out.unreadable += 1;
+                continue;
+            };
+            to.execute(
+                "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
+                rusqlite::params![sid, created],
+            )?;
+            if insert.execute(rusqlite::params![sid, uid, seq, role, content, cj, extra, created])? == 1 {
+                out.rows += 1;
+                *out.by_session.entry(sid).or_default() += 1;
+            } else if same
+                .query_row(rusqlite::params![sid, uid, role, content, cj, extra], |_| Ok(()))
+                .optional()?
+                .is_none()
+            {
+                out.conflicts += 1;
+            }
+        }
+        Ok(())
+    })();
+    match copied {
+        Ok(()) => to.execute_batch("COMMIT")?,
+        Err(e) => {
+            if !to.is_autocommit() {
+                let _ = to.execute_batch("ROLLBACK");
+            }
+            return Err(e);
+        }
+    }
+    // Everything into the main file: it is installed without its WAL.
+    let _: (i64, i64, i64) = to.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    })?;
+    drop(to);
+    Ok(out)
+}
+
+/// What an install did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Installed {
+    /// The new `state.db`.
+    pub installed: String,
+    /// Where the old files went.
+    pub set_aside: Vec<String>,
+    /// Rows of the old `state.db` the rebuilt database lacked, now in it.
+    pub carried_over: u64,
+    pub carried_over_by_session: BTreeMap<String, u64>,
+    /// Old rows under a uid the rebuilt database holds with other content.
+    pub carry_conflicts: u64,
+    /// Old rows that could not be read.
+    pub carry_unreadable: u64,
+}
+
+/// Install `new_db` as `home/state.db`, unless any process holds the old
+/// file or its sidecars. Every row of the old database that `new_db`
+/// lacks is carried over first; the old files are then set aside under a
+/// dated name, never deleted.
+pub fn install(new_db: &Path, home: &Path) -> Result<Installed, RecoverError> {
+    let target = home.join("state.db");
+    let files = holders::db_files(&target);
+    refuse_if_held(&target, "refusing to install")?;
+    let before = fingerprints(&files)?;
+    let carried = carry_over(&target, new_db)?;
+    // The old rows were read from a copy: nobody may have opened or
+    // changed the old files since.
+    refuse_if_held(&target, "refusing to install")?;
+    if fingerprints(&files)? != before {
+        return Err(RecoverError::Changed(target));
     }
     let stamp = crate::capture::utc_stamp();
     let mut set_aside = Vec::new();
@@ -249,5 +432,58 @@ pub fn install(new_db: &Path, home: &Path) -> Result<Value, RecoverError> {
         std::fs::rename(&tmp, &target).map_err(io_err("install the new database"))?;
     }
     crate::divert::sync_dir(home).map_err(io_err("fsync home"))?;
-    Ok(json!({ "installed": target.to_string_lossy(), "set_aside": set_aside }))
+    Ok(Installed {
+        installed: target.to_string_lossy().into_owned(),
+        set_aside,
+        carried_over: carried.rows,
+        carried_over_by_session: carried.by_session,
+        carry_conflicts: carried.conflicts,
+        carry_unreadable: carried.unreadable,
+    })
+}
+
+/// Mark `capture` settled by an install from it.
+pub fn settle_installed(capture: &Path, installed: &Installed) -> Result<PathBuf, RecoverError> {
+    let mut marker = Settled::now(How::Installed);
+    marker.carried_over = installed.carried_over;
+    marker.carried_over_by_session = installed.carried_over_by_session.clone();
+    marker.installed = Some(installed.installed.clone());
+    captures::settle(capture, &marker).map_err(io_err(format!("write {}", captures::MARKER)))
+}
+
+/// A dismissal.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Dismissed {
+    pub capture: String,
+    /// The marker's path.
+    pub settled: String,
+    /// It was settled before; the marker was left as it was.
+    pub already_settled: bool,
+    pub marker: Settled,
+}
+
+/// Settle `capture` without installing anything: the operator decided its
+/// frames do not matter. Refused while any process holds `home`'s
+/// `state.db` or a sidecar: such a process may still be writing to the
+/// generation the capture was taken from.
+pub fn dismiss(capture: &Path, home: &Path) -> Result<Dismissed, RecoverError> {
+    if !captures::is_capture(capture) {
+        return Err(RecoverError::NotACapture(capture.to_path_buf()));
+    }
+    refuse_if_held(&home.join("state.db"), "refusing to dismiss")?;
+    let settled_path = capture.join(captures::MARKER);
+    let (marker, already_settled) = match captures::status(capture) {
+        Status::Settled(marker) => (marker, true),
+        Status::Pending | Status::Unreadable(_) => {
+            let marker = Settled::now(How::Dismissed);
+            captures::settle(capture, &marker).map_err(io_err(format!("write {}", captures::MARKER)))?;
+            (marker, false)
+        }
+    };
+    Ok(Dismissed {
+        capture: capture.to_string_lossy().into_owned(),
+        settled: settled_path.to_string_lossy().into_owned(),
+        already_settled,
+        marker,
+    })
 }

@@ -12,6 +12,13 @@
 //! ones included, stay there. Nothing is ever dropped, and a second run
 //! finds nothing to do. A run killed midway is finished by the next one:
 //! already-imported lines come back as duplicates.
+//!
+//! Only turnsafe's own divert files are taken ([`crate::divert_files`]):
+//! another runtime's files in `sessions/` stay where they are, untouched.
+//! While a capture of a retired generation is pending
+//! ([`crate::captures`]), replay refuses unless forced: the capture holds
+//! rows the database lacks, and importing later lines first would leave a
+//! hole in the transcript.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
@@ -21,7 +28,9 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 
-use crate::divert::{FORMAT_VERSION, sync_dir, validate_session_id};
+use crate::captures;
+use crate::divert::{FORMAT_VERSION, sync_dir};
+use crate::divert_files;
 use crate::message::Message;
 use crate::store::{StoreOptions, configure, now_ms, same_row, schema};
 
@@ -32,8 +41,18 @@ const CHUNK: usize = 2_000;
 pub struct ReplayOptions {
     pub session: Option<String>,
     pub dry_run: bool,
-    /// Replay even while a live turn lease is held on the session.
+    /// Replay even while a live turn lease is held on the session, or a
+    /// capture is not settled.
     pub force: bool,
+}
+
+/// What one run did.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayRun {
+    /// How each divert file settled.
+    pub files: Vec<FileReport>,
+    /// Files in `sessions/` that are not turnsafe's, left where they are.
+    pub foreign_files: Vec<String>,
 }
 
 /// How one file settled.
@@ -53,10 +72,28 @@ pub struct FileReport {
 pub enum ReplayError {
     #[error("session {session} has a live turn lease held by {holder}; replay refused (use --force to override)")]
     LeaseLive { session: String, holder: String },
+    #[error(
+        "capture {} is not settled: it holds rows the database may lack, and replaying before it is settled \
+         would leave holes in transcripts. Settle it first with `turnsafe recover --source <capture> --output \
+         <new.db> --install --home {}` (rows the current state.db has and the capture lacks are carried over), \
+         or with `turnsafe recover --source <capture> --dismiss` if its frames do not matter; --force replays \
+         anyway",
+        join_paths(.captures),
+        .home.display()
+    )]
+    CapturePending { captures: Vec<PathBuf>, home: PathBuf },
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
     #[error("state.db: {0}")]
     Sqlite(#[from] rusqlite::Error),
+}
+
+fn join_paths(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> ReplayError {
@@ -73,12 +110,32 @@ enum Settled {
 
 /// Replay every pending divert file under `home` (or one session's).
 pub fn replay(home: &Path, opts: &ReplayOptions) -> Result<Vec<FileReport>, ReplayError> {
+    replay_run(home, opts).map(|run| run.files)
+}
+
+/// [`replay`], also naming the files it left alone.
+pub fn replay_run(home: &Path, opts: &ReplayOptions) -> Result<ReplayRun, ReplayError> {
+    if !opts.force {
+        let pending = captures::pending(home).map_err(io_err(format!("list captures in {}", home.display())))?;
+        if !pending.is_empty() {
+            return Err(ReplayError::CapturePending {
+                captures: pending.into_iter().map(|c| c.path).collect(),
+                home: home.to_path_buf(),
+            });
+        }
+    }
     let sessions = home.join("sessions");
     let settling = sessions.join("settling");
     let settled = sessions.join("settled");
     if !sessions.is_dir() {
-        return Ok(Vec::new());
+        return Ok(ReplayRun::default());
     }
+    let listing = divert_files::list(&sessions, opts.session.as_deref())
+        .map_err(io_err(format!("list {}", sessions.display())))?;
+    let mut run = ReplayRun {
+        files: Vec::new(),
+        foreign_files: listing.foreign,
+    };
     let conn = Connection::open(home.join("state.db"))?;
     let admin = StoreOptions {
         busy_timeout: std::time::Duration::from_secs(10),
@@ -86,12 +143,12 @@ pub fn replay(home: &Path, opts: &ReplayOptions) -> Result<Vec<FileReport>, Repl
     };
     configure(&conn, &admin)?;
 
-    let mut reports = Vec::new();
+    let reports = &mut run.files;
     if opts.dry_run {
-        for (session, path) in pending(&sessions, opts)? {
-            reports.push(settle_file(&conn, &session, &path, None, None)?);
+        for (session, path) in &listing.divert {
+            reports.push(settle_file(&conn, session, path, None, None)?);
         }
-        return Ok(reports);
+        return Ok(run);
     }
     for dir in [&settling, &settled] {
         DirBuilder::new()
@@ -101,15 +158,15 @@ pub fn replay(home: &Path, opts: &ReplayOptions) -> Result<Vec<FileReport>, Repl
             .map_err(io_err(format!("mkdir {}", dir.display())))?;
     }
     // Take each pending file from under its writers.
-    for (session, path) in pending(&sessions, opts)? {
-        check_lease(&conn, &session, opts.force)?;
-        take(&path, &settling, &session)?;
+    for (session, path) in &listing.divert {
+        check_lease(&conn, session, opts.force)?;
+        take(path, &settling, session)?;
     }
     sync_dir(&settling).map_err(io_err("fsync settling/"))?;
     sync_dir(&sessions).map_err(io_err("fsync sessions/"))?;
 
     let fts_was_on = schema::fts_enabled(&conn)?;
-    let ledger_path = sessions.join("ledger.jsonl");
+    let ledger_path = sessions.join(divert_files::LEDGER);
     let mut ledger = OpenOptions::new()
         .append(true)
         .create(true)
@@ -134,15 +191,7 @@ pub fn replay(home: &Path, opts: &ReplayOptions) -> Result<Vec<FileReport>, Repl
         // The import ran without the index; rebuild it once, then switch it back on.
         schema::rebuild_fts(&conn)?;
     }
-    Ok(reports)
-}
-
-/// `sessions/<id>.jsonl` files, validated ids only, filtered by session.
-fn pending(sessions: &Path, opts: &ReplayOptions) -> Result<Vec<(String, PathBuf)>, ReplayError> {
-    files_by_session(sessions, opts, |name| {
-        name.strip_suffix(".jsonl")
-            .filter(|s| *s != "ledger" && validate_session_id(s).is_ok())
-    })
+    Ok(run)
 }
 
 /// Files in `settling/`, named `<session>@<stamp>.jsonl`.

@@ -10,6 +10,15 @@ use crate::exit;
 /// (deleted ones included), retired generations, pending diverts and
 /// quarantined lines, the fd limit, free space, and a quick_check (on a
 /// copy when a writer is live). Exit 0 when nothing is wrong, 6 otherwise.
+///
+/// A capture folder (`state.db.retired-*/`) without a `SETTLED` marker is
+/// an error: its rows may be in no database, and replay refuses until it
+/// is settled with `turnsafe recover --install` or `--dismiss`. Settled
+/// captures are reported with how and when.
+///
+/// Files in `sessions/` that are not turnsafe's divert files (another
+/// runtime's transcripts) are listed as `foreign_files` and are not
+/// counted in `pending_divert_files`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The turnsafe home.

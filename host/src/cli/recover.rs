@@ -1,13 +1,15 @@
-//! `turnsafe recover`: copy what is readable into a fresh database.
+//! `turnsafe recover`: copy what is readable into a fresh database, install
+//! it, or dismiss a capture.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
 use crate::exit;
 use crate::recover::{self, RecoverError};
 
-/// Copy what is readable from a damaged or retired database into a fresh one.
+/// Copy what is readable from a damaged or retired database into a fresh
+/// one, install it, or dismiss a capture.
 ///
 /// The source is a db file (its sidecars beside it) or a capture folder
 /// (`state.db.retired-*`).
@@ -16,10 +18,21 @@ use crate::recover::{self, RecoverError};
 /// is aborted if the source changed meanwhile. `--inspect-only` reports
 /// what is readable; `--output` copies sessions and messages into a fresh
 /// database, rebuilds its search index, and writes `<output>.report.json`.
-/// `--install` then publishes it as `<home>/state.db`, setting the old
-/// files aside, but refuses (exit 5) while any process holds them open.
+///
+/// `--install` then publishes it as `<home>/state.db`, but refuses (exit 5)
+/// while any process holds the old files. Before that, every row of the
+/// old state.db whose (session, uid) the rebuilt database lacks (lines
+/// replay imported meanwhile, say) is copied in, keeping its `seq`; the
+/// report says how many as `carried_over`. The old files are set aside,
+/// never deleted. Installing from a capture writes `<capture>/SETTLED`.
+///
+/// A capture without `SETTLED` is pending: `turnsafe replay` refuses and
+/// `turnsafe doctor` reports an error until it is settled. `--dismiss`
+/// settles it without installing, once you decide its frames do not
+/// matter; it too refuses (exit 5) while any process holds the home's
+/// state.db or a sidecar.
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("mode").required(true).args(["inspect_only", "output"])))]
+#[command(group(clap::ArgGroup::new("mode").required(true).args(["inspect_only", "output", "dismiss"])))]
 pub struct Args {
     /// A db file, or a capture folder holding state.db and its sidecars.
     #[arg(long)]
@@ -30,10 +43,16 @@ pub struct Args {
     /// Write the recovered database here (must not exist).
     #[arg(long)]
     output: Option<PathBuf>,
-    /// Install the recovered database as `<home>/state.db`.
+    /// Install the recovered database as `<home>/state.db`, carrying over
+    /// the old state.db's rows it lacks; settles a capture source.
     #[arg(long, requires_all = ["output", "home"])]
     install: bool,
-    /// The turnsafe home to install into.
+    /// Settle the capture folder given as --source without installing:
+    /// write its SETTLED marker so replay and doctor stop waiting on it.
+    #[arg(long)]
+    dismiss: bool,
+    /// The turnsafe home to install into (--install), or whose state.db
+    /// must be free (--dismiss; default: the capture's parent folder).
     #[arg(long)]
     home: Option<PathBuf>,
     /// JSON output in the `{"type","data"}` envelope.
@@ -53,24 +72,57 @@ fn print(json_mode: bool, kind: &str, data: Value) {
 }
 
 pub fn run(args: Args) -> i32 {
-    match run_inner(&args) {
+    let result = if args.dismiss {
+        run_dismiss(&args)
+    } else {
+        run_recover(&args)
+    };
+    match result {
         Ok(()) => exit::OK,
-        Err(e @ RecoverError::Refused(_)) => {
-            eprintln!("turnsafe recover: {e}");
-            exit::REFUSED
-        }
         Err(e) => {
             eprintln!("turnsafe recover: {e}");
-            exit::FAILURE
+            match e {
+                RecoverError::Refused(_) => exit::REFUSED,
+                RecoverError::NotACapture(_) => exit::USAGE,
+                _ => exit::FAILURE,
+            }
         }
     }
 }
 
-fn run_inner(args: &Args) -> Result<(), RecoverError> {
-    let work = tempfile::tempdir().map_err(|source| RecoverError::Io {
-        context: "work folder".into(),
-        source,
-    })?;
+fn io_error(context: &str) -> impl FnOnce(std::io::Error) -> RecoverError {
+    let context = context.to_string();
+    move |source| RecoverError::Io { context, source }
+}
+
+fn run_dismiss(args: &Args) -> Result<(), RecoverError> {
+    let capture = std::path::absolute(&args.source).map_err(io_error("resolve --source"))?;
+    let home = match &args.home {
+        Some(h) => h.clone(),
+        None => capture.parent().unwrap_or(Path::new("/")).to_path_buf(),
+    };
+    let dismissed = recover::dismiss(&capture, &home)?;
+    if args.json {
+        print(true, "dismissed", serde_json::to_value(&dismissed).unwrap_or_default());
+    } else if dismissed.already_settled {
+        super::emit(&format!(
+            "already settled: {} was {} at {}; {} left as it was",
+            dismissed.capture,
+            dismissed.marker.how.label(),
+            dismissed.marker.settled_at,
+            dismissed.settled
+        ));
+    } else {
+        super::emit(&format!(
+            "dismissed: {} is settled without installing ({})",
+            dismissed.capture, dismissed.settled
+        ));
+    }
+    Ok(())
+}
+
+fn run_recover(args: &Args) -> Result<(), RecoverError> {
+    let work = tempfile::tempdir().map_err(io_error("work folder"))?;
     let copied = recover::copy_source(&args.source, work.path())?;
     let src = work.path().join("state.db");
     let inspected = recover::inspect(&src)?;
@@ -93,19 +145,42 @@ fn run_inner(args: &Args) -> Result<(), RecoverError> {
     });
     let mut report_path = output.as_os_str().to_owned();
     report_path.push(".report.json");
-    std::fs::write(&report_path, serde_json::to_vec_pretty(&report).unwrap_or_default()).map_err(|source| {
-        RecoverError::Io {
-            context: "write the report".into(),
-            source,
-        }
-    })?;
+    let report_path = PathBuf::from(report_path);
+    write_report(&report_path, &report)?;
     print(args.json, "recovered", report.clone());
     if args.install
         && let Some(home) = &args.home
     {
         let installed = recover::install(output, home)?;
-        report["installed"] = installed.clone();
-        print(args.json, "installed", installed);
+        // A capture is settled once a database rebuilt from it is in place.
+        let settled = if args.source.is_dir() {
+            Some(recover::settle_installed(&args.source, &installed)?)
+        } else {
+            None
+        };
+        let mut data = serde_json::to_value(&installed).unwrap_or_default();
+        data["settled"] = json!(settled.as_ref().map(|p| p.to_string_lossy()));
+        report["installed"] = data.clone();
+        report["carried_over"] = installed.carried_over.into();
+        write_report(&report_path, &report)?;
+        print(args.json, "installed", data);
+        if !args.json {
+            super::emit(&format!(
+                "carried_over: {} row(s) of the old state.db that the recovered database lacked",
+                installed.carried_over
+            ));
+            if let Some(p) = &settled {
+                super::emit(&format!("settled: {}", p.display()));
+            }
+        }
     }
     Ok(())
+}
+
+fn write_report(path: &Path, report: &Value) -> Result<(), RecoverError> {
+    let text = serde_json::to_vec_pretty(report).map_err(|e| RecoverError::Io {
+        context: "encode the report".into(),
+        source: std::io::Error::other(e),
+    })?;
+    crate::durable::write_file(path, &text).map_err(io_error("write the report"))
 }

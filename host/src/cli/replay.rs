@@ -3,18 +3,30 @@
 use std::path::PathBuf;
 
 use crate::exit;
-use crate::replay::{ReplayError, ReplayOptions, replay};
+use crate::replay::{ReplayError, ReplayOptions, replay_run};
 
 /// Import diverted transcripts back into state.db.
 ///
-/// Reads `sessions/*.jsonl` and imports idempotently by (session, uid),
-/// keeping `seq`.
+/// Reads turnsafe's divert files in `sessions/` and imports idempotently by
+/// (session, uid), keeping `seq`.
 ///
 /// Every line ends `replayed`, `duplicate` or `quarantined` (with a
 /// reason) in `sessions/ledger.jsonl`; settled files move to
-/// `sessions/settled/`. A second run changes nothing. Exit 0 when every
-/// line is settled (quarantined lines included); 5 when a live turn lease
-/// makes replay refuse.
+/// `sessions/settled/`. A second run changes nothing.
+///
+/// A file is turnsafe's when its name is `<session-id>.jsonl` and at least
+/// one of its lines is a divert line (`v` 1) for that session. Any other
+/// file in `sessions/` (another runtime's transcripts) is left in place,
+/// byte for byte, and listed as `foreign_files`.
+///
+/// While a capture of a retired generation (`state.db.retired-*/` in the
+/// home) has no `SETTLED` marker, replay refuses and names it: the capture
+/// holds rows the database may lack, and importing later lines first
+/// would leave holes. Settle it with `turnsafe recover --install` or
+/// `turnsafe recover --dismiss`, or pass `--force`.
+///
+/// Exit 0 when every line is settled (quarantined lines included); 5 when
+/// a live turn lease or a pending capture makes replay refuse.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The turnsafe home.
@@ -26,7 +38,8 @@ pub struct Args {
     /// Report what would happen; change nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Replay even while a live turn lease is held on the session.
+    /// Replay even while a live turn lease is held on the session, or a
+    /// capture is not settled.
     #[arg(long)]
     force: bool,
     /// JSON Lines output in the `{"type","data"}` envelope.
@@ -40,9 +53,9 @@ pub fn run(args: Args) -> i32 {
         dry_run: args.dry_run,
         force: args.force,
     };
-    let reports = match replay(&args.home, &opts) {
+    let run = match replay_run(&args.home, &opts) {
         Ok(r) => r,
-        Err(e @ ReplayError::LeaseLive { .. }) => {
+        Err(e @ (ReplayError::LeaseLive { .. } | ReplayError::CapturePending { .. })) => {
             eprintln!("turnsafe replay: {e}");
             return exit::REFUSED;
         }
@@ -51,8 +64,9 @@ pub fn run(args: Args) -> i32 {
             return exit::FAILURE;
         }
     };
+    let reports = &run.files;
     let (mut lines, mut replayed, mut duplicate, mut quarantined) = (0, 0, 0, 0);
-    for r in &reports {
+    for r in reports {
         lines += r.lines;
         replayed += r.replayed;
         duplicate += r.duplicate;
@@ -69,7 +83,7 @@ pub fn run(args: Args) -> i32 {
     }
     let summary = serde_json::json!({
         "files": reports.len(), "lines": lines, "replayed": replayed, "duplicate": duplicate,
-        "quarantined": quarantined, "dry_run": args.dry_run,
+        "quarantined": quarantined, "dry_run": args.dry_run, "foreign_files": run.foreign_files,
     });
     if args.json {
         super::emit(&super::envelope("summary", summary));
@@ -79,6 +93,13 @@ pub fn run(args: Args) -> i32 {
             if args.dry_run { "dry run: " } else { "" },
             reports.len()
         ));
+        if !run.foreign_files.is_empty() {
+            super::emit(&format!(
+                "left alone: {} file(s) in sessions/ that are not turnsafe's: {}",
+                run.foreign_files.len(),
+                run.foreign_files.join(", ")
+            ));
+        }
     }
     exit::OK
 }

@@ -1,0 +1,199 @@
+//! Capture folders under a home, and whether each is settled.
+//!
+//! A capture (`state.db.retired-<UTC>-<pid>/`, written by
+//! [`crate::capture`]) holds rows of a retired generation that may exist
+//! nowhere else. It is *pending* until an operator settles it, by
+//! installing a database rebuilt from it (`recover --install`) or by
+//! dismissing it (`recover --dismiss`). Settling writes [`MARKER`] into the
+//! folder. While a capture is pending, replay refuses and doctor reports an
+//! error: diverted lines imported into a database that lacks the captured
+//! rows would leave holes in the transcripts.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Name prefix of capture folders, next to `state.db`.
+pub const PREFIX: &str = "state.db.retired-";
+/// The settled marker's file name inside a capture folder.
+pub const MARKER: &str = "SETTLED";
+/// Version of the marker's format.
+pub const MARKER_FORMAT: u32 = 1;
+
+/// How a capture was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum How {
+    /// A database rebuilt from it was installed.
+    Installed,
+    /// The operator decided its frames do not matter.
+    Dismissed,
+}
+
+impl How {
+    pub fn label(self) -> &'static str {
+        match self {
+            How::Installed => "installed",
+            How::Dismissed => "dismissed",
+        }
+    }
+}
+
+/// The content of `SETTLED`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Settled {
+    pub format: u32,
+    /// UTC, RFC 3339 with milliseconds.
+    pub settled_at: String,
+    pub how: How,
+    /// Rows of the replaced `state.db` copied into the installed database
+    /// because the capture lacked them (0 when dismissed).
+    pub carried_over: u64,
+    /// The same rows counted per session.
+    #[serde(default)]
+    pub carried_over_by_session: BTreeMap<String, u64>,
+    /// Where the rebuilt database was installed (install only).
+    #[serde(default)]
+    pub installed: Option<String>,
+    /// The process that settled it.
+    pub pid: u32,
+    pub turnsafe: String,
+}
+
+impl Settled {
+    /// A marker stamped now by this process.
+    pub fn now(how: How) -> Settled {
+        Settled {
+            format: MARKER_FORMAT,
+            settled_at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            how,
+            carried_over: 0,
+            carried_over_by_session: BTreeMap::new(),
+            installed: None,
+            pid: std::process::id(),
+            turnsafe: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}
+
+/// Where a capture stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Status {
+    /// No marker: its rows are in no database yet.
+    Pending,
+    Settled(Settled),
+    /// A marker that cannot be read is no proof: treated as pending.
+    Unreadable(String),
+}
+
+impl Status {
+    pub fn is_settled(&self) -> bool {
+        matches!(self, Status::Settled(_))
+    }
+}
+
+/// One capture folder under a home.
+#[derive(Debug, Clone)]
+pub struct CaptureFolder {
+    pub name: String,
+    pub path: PathBuf,
+    pub status: Status,
+}
+
+/// The capture folders directly under `home`, sorted by name (their names
+/// start with the UTC time, so oldest first). A missing home has none.
+pub fn list(home: &Path) -> io::Result<Vec<CaptureFolder>> {
+    let rd = match std::fs::read_dir(home) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // Only real folders: a symlink named like a capture was not made here.
+        if !name.starts_with(PREFIX) || !entry.file_type()?.is_dir() {
+            continue;
+        }
+        let path = entry.path();
+        out.push(CaptureFolder {
+            status: status(&path),
+            name,
+            path,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// The capture folders under `home` that are not settled.
+pub fn pending(home: &Path) -> io::Result<Vec<CaptureFolder>> {
+    Ok(list(home)?.into_iter().filter(|c| !c.status.is_settled()).collect())
+}
+
+/// Read a capture folder's marker.
+pub fn status(capture: &Path) -> Status {
+    match std::fs::read(capture.join(MARKER)) {
+        Ok(bytes) => match serde_json::from_slice::<Settled>(&bytes) {
+            Ok(s) => Status::Settled(s),
+            Err(e) => Status::Unreadable(format!("{MARKER} is not a settled marker: {e}")),
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Status::Pending,
+        Err(e) => Status::Unreadable(format!("{MARKER}: {e}")),
+    }
+}
+
+/// Write the marker into `capture` (temporary name, fsync, rename, fsync
+/// the folder) and return its path.
+pub fn settle(capture: &Path, marker: &Settled) -> io::Result<PathBuf> {
+    let path = capture.join(MARKER);
+    let text = serde_json::to_vec_pretty(marker).map_err(io::Error::other)?;
+    crate::durable::write_file(&path, &text)?;
+    Ok(path)
+}
+
+/// Whether `dir` looks like a capture folder: named like one, or holding
+/// a capture manifest (a capture copied elsewhere may be renamed).
+pub fn is_capture(dir: &Path) -> bool {
+    let named = dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with(PREFIX));
+    dir.is_dir() && (named || dir.join("manifest.json").is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capture_is_pending_until_its_marker_is_written() {
+        let home = tempfile::tempdir().unwrap();
+        let cap = home.path().join(format!("{PREFIX}20250101T000000Z-1"));
+        std::fs::create_dir(&cap).unwrap();
+        // Neither a file nor a symlink named like a capture counts.
+        std::fs::write(home.path().join(format!("{PREFIX}file")), b"").unwrap();
+        std::os::unix::fs::symlink(&cap, home.path().join(format!("{PREFIX}link"))).unwrap();
+        let found = list(home.path()).unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].status, Status::Pending);
+        assert_eq!(pending(home.path()).unwrap().len(), 1);
+
+        let mut marker = Settled::now(How::Dismissed);
+        marker.carried_over = 0;
+        settle(&cap, &marker).unwrap();
+        assert_eq!(status(&cap), Status::Settled(marker));
+        assert!(pending(home.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_unreadable_marker_is_no_proof() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(MARKER), b"{\"how\":\"installed\"").unwrap();
+        assert!(matches!(status(dir.path()), Status::Unreadable(_)));
+    }
+
+    #[test]
+    fn a_missing_home_has_no_captures() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(list(&dir.path().join("absent")).unwrap().is_empty());
+    }
+}

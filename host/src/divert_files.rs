@@ -1,0 +1,164 @@
+//! Which files in `sessions/` are turnsafe's divert files.
+//!
+//! Users share `sessions/` with their own runtime, whose transcripts may
+//! also be named `<id>.jsonl`. A file is turnsafe's only when its name is
+//! `<valid-id>.jsonl` and at least one of its lines is a divert line of
+//! this format (`v` 1) for that session; a torn first line does not
+//! disqualify it when another line qualifies. Every other file is foreign:
+//! replay never moves or rewrites it, and doctor lists it apart.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::divert::{FORMAT_VERSION, validate_session_id};
+
+/// turnsafe's own settlement log, kept beside the divert files.
+pub const LEDGER: &str = "ledger.jsonl";
+
+/// The session a `sessions/` file name would divert for: `<valid-id>.jsonl`,
+/// the ledger excepted.
+pub fn session_of_name(name: &str) -> Option<&str> {
+    if name == LEDGER {
+        return None;
+    }
+    name.strip_suffix(".jsonl").filter(|s| validate_session_id(s).is_ok())
+}
+
+/// Whether one line is a divert line of this format for `session`: a JSON
+/// object with `v` 1, that `session`, a `uid` string and a `message`.
+pub fn is_divert_line(line: &[u8], session: &str) -> bool {
+    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line) else {
+        return false;
+    };
+    obj.get("v").and_then(Value::as_u64) == Some(FORMAT_VERSION)
+        && obj.get("session").and_then(Value::as_str) == Some(session)
+        && obj.get("uid").is_some_and(Value::is_string)
+        && obj.get("message").is_some_and(Value::is_object)
+}
+
+/// Whether `reader` holds at least one divert line for `session`. Reads
+/// only up to the first one (the first line, for every file divert wrote
+/// whole).
+pub fn has_divert_line(reader: impl io::Read, session: &str) -> io::Result<bool> {
+    let mut reader = BufReader::with_capacity(1 << 16, reader);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf)? == 0 {
+            return Ok(false);
+        }
+        if is_divert_line(buf.trim_ascii(), session) {
+            return Ok(true);
+        }
+    }
+}
+
+/// Open a candidate for reading: never through a symlink, and without
+/// blocking should it have turned into a FIFO since it was listed.
+fn open_candidate(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+}
+
+/// What `sessions/` holds, by owner.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    /// turnsafe's divert files: (session, path), sorted.
+    pub divert: Vec<(String, PathBuf)>,
+    /// File names that are not turnsafe's, sorted.
+    pub foreign: Vec<String>,
+}
+
+/// Sort the files directly in `sessions/` (folders are skipped, the ledger
+/// is turnsafe's own). With `session`, only the file named for it is
+/// looked at. A missing folder holds nothing.
+pub fn list(sessions: &Path, session: Option<&str>) -> io::Result<Listing> {
+    let rd = match std::fs::read_dir(sessions) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Listing::default()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Listing::default();
+    for entry in rd {
+        let entry = entry?;
+        let file_type = entry.file_type()?;
+        if file_type.is_dir() {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == LEDGER {
+            continue;
+        }
+        let id = session_of_name(&name);
+        if session.is_some_and(|s| id != Some(s)) {
+            continue;
+        }
+        let path = entry.path();
+        // Only regular files are read: divert never makes anything else.
+        let ours = match id {
+            Some(id) if file_type.is_file() => match open_candidate(&path) {
+                Ok(f) => has_divert_line(f, id)?,
+                // Gone since it was listed: nothing to sort.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            },
+            _ => false,
+        };
+        match id {
+            Some(id) if ours => out.divert.push((id.to_string(), path)),
+            _ => out.foreign.push(name),
+        }
+    }
+    out.divert.sort();
+    out.foreign.sort();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OURS: &str = r#"{"v":1,"session":"s1","uid":"u1","seq":1,"batch":"b","cause":"disk","at":"t","message":{"role":"user","content":"hi","uid":"u1"}}"#;
+
+    #[test]
+    fn a_line_qualifies_only_in_this_format_for_this_session() {
+        assert!(is_divert_line(OURS.as_bytes(), "s1"));
+        assert!(!is_divert_line(OURS.as_bytes(), "s2"));
+        assert!(!is_divert_line(OURS.replace("\"v\":1", "\"v\":2").as_bytes(), "s1"));
+        assert!(!is_divert_line(br#"{"role":"user","content":"hi"}"#, "s1"));
+        assert!(!is_divert_line(&OURS.as_bytes()[..40], "s1"));
+    }
+
+    #[test]
+    fn sorts_files_by_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = dir.path();
+        std::fs::write(s.join("s1.jsonl"), format!("{OURS}\n")).unwrap();
+        // Torn first line, then a good one: still ours.
+        let torn = format!("{}\n{}\n", &OURS[..30], OURS.replace("s1", "s2"));
+        std::fs::write(s.join("s2.jsonl"), torn).unwrap();
+        // Another runtime's transcript, a line for another session, a bad name.
+        std::fs::write(s.join("chat.jsonl"), "{\"role\":\"user\",\"content\":\"x\"}\n").unwrap();
+        std::fs::write(s.join("s3.jsonl"), format!("{OURS}\n")).unwrap();
+        std::fs::write(s.join("..x.jsonl"), format!("{OURS}\n")).unwrap();
+        std::fs::write(s.join(LEDGER), "{}\n").unwrap();
+        std::fs::create_dir(s.join("settled")).unwrap();
+        std::os::unix::fs::symlink(s.join("s1.jsonl"), s.join("s4.jsonl")).unwrap();
+
+        let l = list(s, None).unwrap();
+        let ours: Vec<&str> = l.divert.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ours, ["s1", "s2"]);
+        assert_eq!(l.foreign, ["..x.jsonl", "chat.jsonl", "s3.jsonl", "s4.jsonl"]);
+
+        let only = list(s, Some("s2")).unwrap();
+        assert_eq!(only.divert.len(), 1);
+        assert!(only.foreign.is_empty());
+        assert!(list(&s.join("absent"), None).unwrap().divert.is_empty());
+    }
+}
