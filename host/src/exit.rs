@@ -11,7 +11,8 @@ pub const NOT_PERSISTED: i32 = 3;
 /// A verification found messages not accounted for exactly once.
 pub const UNACCOUNTED: i32 = 4;
 /// A command refused to act because doing so could lose data (a live
-/// lease, or a process still holding a file it would replace).
+/// lease, a capture not yet settled, or a process still holding a file it
+/// would replace).
 pub const REFUSED: i32 = 5;
 /// `doctor` found problems.
 pub const PROBLEMS: i32 = 6;

@@ -26,7 +26,8 @@ pub enum RecoverError {
     NotACapture(PathBuf),
     #[error("{0} changed while it was being copied; try again when no process writes to it")]
     Changed(PathBuf),
-    #[error("refusing to install: {0}")]
+    /// Acting could lose data; the text says what was refused and why.
+    #[error("{0}")]
     Refused(String),
     #[error(
         "cannot read {path} to carry its rows over: {source}; nothing was installed (move it aside yourself if \
@@ -128,7 +129,10 @@ pub fn inspect(db: &Path) -> Result<Value, RecoverError> {
 /// `output`, row by row so one unreadable row does not cost the rest.
 pub fn rebuild(src: &Path, output: &Path) -> Result<Value, RecoverError> {
     if output.exists() {
-        return Err(RecoverError::Refused(format!("{} already exists", output.display())));
+        return Err(RecoverError::Refused(format!(
+            "refusing to write {}: it already exists",
+            output.display()
+        )));
     }
     let from = Connection::open_with_flags(src, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
     {
@@ -270,7 +274,8 @@ pub struct CarryOver {
 /// current database is copied first and read from the copy.
 pub fn carry_over(current: &Path, new_db: &Path) -> Result<CarryOver, RecoverError> {
     let mut out = CarryOver::default();
-    if !current.exists() {
+    // No file (never created, or a directory in its place): no rows.
+    if !current.is_file() {
         return Ok(out);
     }
     let work = tempfile::tempdir().map_err(io_err("work folder"))?;

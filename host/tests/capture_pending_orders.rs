@@ -236,6 +236,19 @@ fn capture_then_forced_replay_then_install_carries_the_replayed_lines_over() {
         (Some("installed"), Some(2))
     );
     every_message_once_in_order(home);
+    // The carried rows are searchable like the rebuilt ones.
+    let db = rusqlite::Connection::open(dir.path().join("state.db")).unwrap();
+    for word in ["one", "three", "four"] {
+        let n: i64 = db
+            .query_row(
+                "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?1",
+                [word],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(n, 1, "{word}");
+    }
+    drop(db);
 
     // Settled: replay no longer refuses, and has nothing left to do.
     let r = turnsafe(&["replay", "--home", home, "--json"]);
@@ -254,7 +267,11 @@ fn capture_then_dismiss_then_replay_imports_the_diverted_lines() {
     // The writer still holds the old files: dismissing is refused.
     let r = turnsafe(&["recover", "--source", source, "--dismiss"]);
     assert_eq!(r.code, 5, "{}{}", r.stdout, r.stderr);
-    assert!(r.stderr.contains("held open by pid"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("refusing to dismiss: ") && r.stderr.contains("held open by pid"),
+        "{}",
+        r.stderr
+    );
     assert!(!capture.join("SETTLED").exists());
     assert_eq!(live.finish(), 3);
 
@@ -296,4 +313,21 @@ fn dismiss_needs_a_capture_folder() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("not a capture folder"), "{}", r.stderr);
     assert!(!dir.path().join("SETTLED").exists());
+}
+
+#[test]
+fn help_explains_settling_the_refusal_and_foreign_files() {
+    let help = |cmd: &str| turnsafe(&[cmd, "--help"]).stdout;
+    let recover = help("recover");
+    for needle in ["--dismiss", "SETTLED", "carried_over", "exit 5"] {
+        assert!(recover.contains(needle), "recover --help lacks {needle}: {recover}");
+    }
+    let replay = help("replay");
+    for needle in ["SETTLED", "refuses", "--force", "foreign_files"] {
+        assert!(replay.contains(needle), "replay --help lacks {needle}: {replay}");
+    }
+    let doctor = help("doctor");
+    for needle in ["SETTLED", "foreign_files", "pending_divert_files"] {
+        assert!(doctor.contains(needle), "doctor --help lacks {needle}: {doctor}");
+    }
 }
