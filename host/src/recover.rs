@@ -67,7 +67,10 @@ fn source_files(source: &Path) -> Result<Vec<(PathBuf, &'static str)>, RecoverEr
     Ok(out)
 }
 
-fn fingerprint(p: &Path) -> Result<(u64, u64, i64, i64), RecoverError> {
+/// A file's inode, size and mtime: any write or replacement changes it.
+type Fingerprint = (u64, u64, i64, i64);
+
+fn fingerprint(p: &Path) -> Result<Fingerprint, RecoverError> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(p).map_err(io_err(format!("stat {}", p.display())))?;
     Ok((m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
@@ -248,7 +251,7 @@ fn refuse_if_held(db: &Path, what: &str) -> Result<(), RecoverError> {
 }
 
 /// Identities and sizes of the files that exist among `files`.
-fn fingerprints(files: &[PathBuf]) -> Result<Vec<Option<(u64, u64, i64, i64)>>, RecoverError> {
+fn fingerprints(files: &[PathBuf]) -> Result<Vec<Option<Fingerprint>>, RecoverError> {
     files
         .iter()
         .map(|f| if f.exists() { fingerprint(f).map(Some) } else { Ok(None) })
