@@ -220,6 +220,9 @@ fn captures(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Str
                 );
                 let path = c.path.display();
                 f.remediation.push(format!(
+                    "See what it holds: `turnsafe recover --source {path} --inspect-only`."
+                ));
+                f.remediation.push(format!(
                     "Install a database rebuilt from it (rows the current state.db has and it lacks are carried over): \
                      `turnsafe recover --source {path} --output <new.db> --install --home {}`.",
                     home.display()
