@@ -8,7 +8,6 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use turnsafe_policy::{Cause, DivertResidue};
@@ -20,20 +19,9 @@ pub const FORMAT_VERSION: u64 = 1;
 /// Longest accepted session id, in bytes.
 pub const MAX_SESSION_ID: usize = 128;
 
-/// Proof that a batch is durably on disk: written, then fsynced.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Receipt {
-    /// Absolute path of the divert file.
-    pub path: String,
-    /// Byte offset of the first line of this batch.
-    pub offset: u64,
-    /// Bytes written for this batch (its lines, newlines included).
-    pub length: u64,
-    /// Lines (messages) written.
-    pub count: u64,
-    /// Hex sha256 of the bytes in `[offset, offset + length)`.
-    pub sha256: String,
-}
+/// Proof that a batch is durably on disk: written, then fsynced. The
+/// policy's own type, so the flush machine can carry it into the outcome.
+pub use turnsafe_policy::machine::DivertReceipt as Receipt;
 
 /// A divert that did not happen. `path` is for logs only; user copy gets
 /// the operation and errno.

@@ -1,7 +1,13 @@
 //! What one flush did, as the caller and the `append` command see it.
+//!
+//! The policy's flush machine builds the outcome ([`FlushReport`]), its
+//! JSON and its copy; this type adds the host's own values of the same
+//! effects (the divert error with its path for logs, the capture error)
+//! for callers in Rust.
 
-use serde_json::{Value, json};
-use turnsafe_policy::{ActionKind, Cause, Copy, Operation};
+use serde_json::Value;
+use turnsafe_policy::machine::FlushReport;
+use turnsafe_policy::{ActionKind, Cause, Copy, DivertResidue, Operation};
 
 use crate::capture::{Capture, CaptureError};
 use crate::divert::{DivertError, Receipt};
@@ -14,11 +20,11 @@ pub struct FlushOutcome {
     /// The operation whose failure shaped the outcome (`open` when the store
     /// could not be opened); `None` on a first-try commit.
     pub operation: Option<Operation>,
-    /// The cause of the first failure that shaped the outcome; `None` on a first-try commit.
+    /// The cause of the failure that shaped the outcome; `None` on a first-try commit.
     pub cause: Option<Cause>,
     /// The last action the policy asked for; `None` on a first-try commit.
     pub action: Option<ActionKind>,
-    /// Write attempts made against the database in this flush.
+    /// Opens and writes tried against the database in this flush.
     pub attempts: u32,
     pub committed: usize,
     pub diverted: usize,
@@ -36,33 +42,42 @@ pub struct FlushOutcome {
     pub capture: Option<Result<Capture, CaptureError>>,
     /// A failed divert that could not be cut back: some of its lines may
     /// remain in the divert file, from `offset` on.
-    pub divert_residue: Option<turnsafe_policy::DivertResidue>,
+    pub divert_residue: Option<DivertResidue>,
+    /// The machine's outcome, which the JSON is made from.
+    pub report: FlushReport,
 }
 
 impl FlushOutcome {
-    /// The JSON object `turnsafe append` prints for this batch.
+    /// The machine's outcome, with the host's values of the same effects.
+    pub fn new(
+        report: FlushReport,
+        divert_error: Option<DivertError>,
+        capture: Option<Result<Capture, CaptureError>>,
+    ) -> FlushOutcome {
+        FlushOutcome {
+            persisted: report.persisted,
+            operation: report.operation,
+            cause: report.cause,
+            action: report.action,
+            attempts: report.attempts,
+            committed: report.committed,
+            diverted: report.diverted,
+            handed_back: report.handed_back,
+            receipt: report.receipt.clone(),
+            divert_error,
+            copy: report.copy.clone(),
+            uids: report.uids.clone(),
+            minted_uids: report.minted_uids.clone(),
+            error: report.error.clone(),
+            capture,
+            divert_residue: report.divert_residue.clone(),
+            report,
+        }
+    }
+
+    /// The JSON object `turnsafe append` prints for this batch, exactly as
+    /// the policy built it.
     pub fn to_value(&self) -> Value {
-        json!({
-            "persisted": self.persisted,
-            "operation": self.operation.map(|o| o.label()),
-            "cause": self.cause.map(|c| c.label()),
-            "action": self.action.map(|a| a.label()),
-            "attempts": self.attempts,
-            "committed": self.committed,
-            "diverted": self.diverted,
-            "handed_back": self.handed_back,
-            "receipt": self.receipt,
-            "divert_error": self.divert_error.as_ref().map(DivertError::to_value),
-            "copy": self.copy.as_ref().map(turnsafe_policy::json::copy_to_value),
-            "error": self.error,
-            "uids": self.uids,
-            "minted_uids": self.minted_uids,
-            "capture": match &self.capture {
-                None => Value::Null,
-                Some(Ok(c)) => json!(c),
-                Some(Err(e)) => e.to_value(),
-            },
-            "divert_residue": self.divert_residue,
-        })
+        self.report.to_value()
     }
 }

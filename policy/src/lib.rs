@@ -18,6 +18,11 @@
 //! 3. the host carries out the action and learns the [`Outcome`];
 //! 4. [`explain`]: the user [`Copy`] for (cause, outcome, context).
 //!
+//! The flush protocol itself (attempts, waits, one-shot remedies, capture,
+//! divert, stickiness across batches, and the outcome with its copy) is the
+//! sans-IO state machine in [`machine`]: a host performs the steps it asks
+//! for and feeds back what happened.
+//!
 //! [`json`] holds the string-in, string-out entry points the `turnsafe` CLI
 //! and the component's `*-json` functions share, so their outputs are
 //! byte-identical. [`table`] renders the decision table (`docs/POLICY.md`).
@@ -28,6 +33,7 @@ mod copy;
 mod decide;
 pub mod errno;
 pub mod json;
+pub mod machine;
 mod model;
 mod retry;
 pub mod table;

@@ -24,18 +24,19 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
-use turnsafe_policy::{ActionKind, Cause, CopyContext, Decision, Evidence, Observation, Operation, Outcome};
+use turnsafe_policy::machine::{Event, Failure, FlushStart, Handle, Step, WritePlan};
+use turnsafe_policy::{Cause, Evidence, Operation};
 
 use crate::capture::{self, Capture, CaptureError};
-use crate::divert::{self, DivertLine};
+use crate::divert::{self, DivertError, DivertLine};
 use crate::guard::{self, Guard, Verdict};
 use crate::message::Message;
 use crate::observe;
 use crate::outcome::FlushOutcome;
 
 pub use schema::VERSION as SCHEMA_VERSION;
+use write::WriteFailure;
 pub(crate) use write::same_row;
-use write::{WriteFailure, WritePlan};
 
 /// `PRAGMA synchronous` for the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -128,7 +129,9 @@ pub struct SessionStore {
     opts: StoreOptions,
     conn: Option<Connection>,
     guard: Option<Guard>,
-    sticky: Option<Cause>,
+    /// The policy's handle machine: open or not, sticky or not, captured
+    /// or not, and the flush in progress.
+    machine: Handle,
     /// The capture this handle made of its retired generation, once tried.
     captured: Option<Result<Capture, CaptureError>>,
     /// Why the open at construction failed; the first batch observes it
@@ -171,7 +174,7 @@ impl SessionStore {
             opts,
             conn: None,
             guard: None,
-            sticky: None,
+            machine: Handle::new(),
             captured: None,
             open_failure: None,
             quarantined: None,
@@ -217,7 +220,7 @@ impl SessionStore {
     }
     /// The sticky cause, once the handle refuses to touch the database.
     pub fn sticky(&self) -> Option<Cause> {
-        self.sticky
+        self.machine.sticky()
     }
     /// The identity of the SQLite connection (its `sqlite3*`), for the
     /// tests that prove a flush never reopens.
@@ -313,6 +316,9 @@ impl SessionStore {
 
     /// Flush one turn's batch. Every message ends committed, diverted with
     /// a receipt, or handed back; the outcome says which.
+    ///
+    /// The policy's flush machine decides every step; this loop only
+    /// performs them and feeds back what happened.
     pub fn append_batch(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
         let started = Instant::now();
         let seed = random_u64();
@@ -327,121 +333,171 @@ impl SessionStore {
                 })
             })
             .collect();
-        let mut flush = Flush {
+        let flush = Flush {
             session,
             messages,
             uids,
             minted,
-            attempts: 0,
-            seed,
             started,
         };
-
-        if let Some(cause) = self.sticky {
-            tracing::warn!(
-                session = session.as_str(),
-                cause = cause.label(),
-                count = messages.len(),
-                "sticky handle: diverting without touching the database"
-            );
-            let capture = self.captured.clone();
-            let mut out = self.divert_batch(&flush, cause, ActionKind::Divert, None, capture.as_ref());
-            out.operation = Some(Operation::AppendBatch);
-            return out;
-        }
-        let mut opened_after = None;
-        loop {
-            let failure = match self.open_failure.take() {
-                Some(f) => f,
-                None => match self.ensure_open() {
-                    Ok(()) => break,
-                    Err(f) => f,
-                },
-            };
-            let OpenFailure {
-                error: err,
-                errno,
-                conn,
-            } = *failure;
-            flush.attempts += 1;
-            let elapsed = flush.started.elapsed().as_millis() as u64;
-            let obs = observe::observation(Operation::Open, &err, errno, Vec::new(), flush.attempts, elapsed, seed);
-            let d = turnsafe_policy::decide(&obs);
-            tracing::warn!(session = session.as_str(), attempt = flush.attempts, code = ?obs.extended_code, errno = ?errno, cause = d.classification.cause.label(), action = d.action.label(), "store open failed");
-            if d.sticky {
-                // A quarantined file is never opened again by this handle.
-                self.sticky = Some(d.classification.cause);
-                self.quarantined = conn;
-            }
-            if d.action == ActionKind::Retry {
-                std::thread::sleep(Duration::from_millis(d.delay_ms.unwrap_or(1)));
-                opened_after = Some(d);
-                continue;
-            }
-            // The one-shot remedies need an open database; an open that
-            // failed cannot run them, so the batch is diverted.
-            let action = match d.action {
-                ActionKind::DegradeFts | ActionKind::RecreateSession | ActionKind::AdoptContinuation => {
-                    ActionKind::Divert
-                }
-                a => a,
-            };
-            let mut out = self.settle(&flush, d, action, errno, None);
-            out.operation = Some(Operation::Open);
-            return out;
-        }
-
-        let mut plan = WritePlan {
-            last: opened_after,
-            ..WritePlan::default()
+        let start = FlushStart {
+            session: session.as_str().to_string(),
+            uids: flush.uids.clone(),
+            minted_uids: flush.minted.clone(),
+            seed,
         };
-        let mut last_operation = opened_after.map(|_| Operation::Open);
-        let mut pending_capture = None;
+        let mut made = Artifacts::default();
+        if let Err(e) = self.machine.start(start) {
+            // Only a flush abandoned by a panic leaves one running.
+            tracing::error!(error = %e, "flush machine was busy; abandoning the old flush");
+            let _ = self.machine.abandon();
+            let _ = self.machine.start(FlushStart {
+                session: session.as_str().to_string(),
+                uids: flush.uids.clone(),
+                minted_uids: flush.minted.clone(),
+                seed,
+            });
+        }
         loop {
-            flush.attempts += 1;
-            self.counters.append_attempts += 1;
-            let failure = match self.write(&flush, &plan) {
-                Ok(()) => return self.persisted(&flush, plan.last, last_operation),
-                Err(f) => f,
+            let Some(step) = self.machine.poll() else {
+                return made.into_outcome(self.machine.abandon());
             };
-            last_operation = Some(Operation::AppendBatch);
-            let obs = self.observe(&flush, &failure);
-            let d = turnsafe_policy::decide(&obs);
-            tracing::info!(
-                session = session.as_str(),
-                attempt = flush.attempts,
-                code = ?obs.extended_code,
-                errno = ?obs.errno,
-                cause = d.classification.cause.label(),
-                action = d.action.label(),
-                msg = %obs.message, "append attempt failed"
-            );
-            if d.sticky {
-                self.sticky = Some(d.classification.cause);
-            }
-            if d.capture {
-                pending_capture = self.retire_generation(&format!("flush: {}", obs.message));
-            }
-            match d.action {
-                ActionKind::Retry => {
-                    std::thread::sleep(Duration::from_millis(d.delay_ms.unwrap_or(1)));
+            let event = match step {
+                Step::Done(report) => {
+                    tracing::debug!(
+                        session = session.as_str(),
+                        persisted = report.persisted,
+                        cause = ?report.cause.map(|c| c.label()),
+                        action = ?report.action.map(|a| a.label()),
+                        attempts = report.attempts,
+                        "flush done"
+                    );
+                    return made.into_outcome(*report);
                 }
-                ActionKind::DegradeFts => plan.degrade_fts = true,
-                ActionKind::RecreateSession => plan.recreate_session = true,
-                // This host keeps no continuation sessions, so it cannot adopt one.
-                ActionKind::AdoptContinuation | ActionKind::Divert | ActionKind::FailClosed => {
-                    let action = if d.action == ActionKind::AdoptContinuation {
-                        ActionKind::Divert
-                    } else {
-                        d.action
-                    };
-                    let mut out = self.settle(&flush, d, action, obs.errno, pending_capture.as_ref());
-                    out.capture = pending_capture;
-                    out.operation = Some(Operation::AppendBatch);
-                    return out;
+                Step::Open => self.perform_open(&flush),
+                Step::Write(plan) => self.perform_write(&flush, &plan, &mut made),
+                Step::Wait { ms } => {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    Event::Waited {
+                        elapsed_ms: flush.elapsed_ms(),
+                    }
+                }
+                Step::Capture => self.perform_capture(&mut made),
+                Step::Divert { cause } => self.perform_divert(&flush, cause, &mut made),
+            };
+            if let Err(e) = self.machine.handle(event) {
+                tracing::error!(error = %e, "the flush machine refused an event; the batch is handed back");
+                return made.into_outcome(self.machine.abandon());
+            }
+        }
+    }
+
+    /// Open the store. A failed open's connection, if SQLite made one, is
+    /// held until the next open or the handle's end, so a quarantined file
+    /// is opened exactly once.
+    fn perform_open(&mut self, flush: &Flush<'_>) -> Event {
+        let failure = match self.open_failure.take() {
+            Some(f) => f,
+            None => {
+                self.quarantined = None;
+                match self.ensure_open() {
+                    Ok(()) => return Event::Opened,
+                    Err(f) => f,
                 }
             }
-            plan.last = Some(d);
+        };
+        let OpenFailure { error, errno, conn } = *failure;
+        self.quarantined = conn;
+        let failure = failure_of(&error, errno, Vec::new(), flush.elapsed_ms());
+        tracing::warn!(session = flush.session.as_str(), code = ?failure.extended_code, errno = ?errno, "store open failed");
+        Event::Failed(failure)
+    }
+
+    /// One transaction with the batch.
+    fn perform_write(&mut self, flush: &Flush<'_>, plan: &WritePlan, made: &mut Artifacts) -> Event {
+        self.counters.append_attempts += 1;
+        let failure = match self.write(flush, plan) {
+            Ok(()) => return Event::Committed,
+            Err(f) => self.failure_of_write(flush, &f),
+        };
+        tracing::info!(
+            session = flush.session.as_str(),
+            code = ?failure.extended_code,
+            errno = ?failure.errno,
+            evidence = ?failure.evidence,
+            msg = %failure.message,
+            "append attempt failed"
+        );
+        made.trigger = format!("flush: {}", failure.message);
+        Event::Failed(failure)
+    }
+
+    /// Capture the retired generation the handle still holds.
+    fn perform_capture(&mut self, made: &mut Artifacts) -> Event {
+        let result = match self.retire_generation(&made.trigger) {
+            Some(result) => result,
+            // No generation was recorded (the guard is off).
+            None => Err(CaptureError {
+                operation: "read",
+                file: None,
+                errno: None,
+                message: "no retired generation is recorded by this handle".into(),
+            }),
+        };
+        made.capture = Some(result.clone());
+        match result {
+            Ok(receipt) => Event::Captured(receipt),
+            Err(e) => Event::CaptureFailed {
+                failure: e.to_failure(),
+                error: e.to_string(),
+            },
+        }
+    }
+
+    /// Append the batch to its divert file.
+    fn perform_divert(&mut self, flush: &Flush<'_>, cause: Cause, made: &mut Artifacts) -> Event {
+        let n = flush.messages.len();
+        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
+        let first_seq = state.next_seq;
+        let lines: Vec<DivertLine<'_>> = flush
+            .messages
+            .iter()
+            .zip(&flush.uids)
+            .enumerate()
+            .map(|(i, (m, uid))| DivertLine {
+                uid,
+                seq: first_seq.map(|s| s + i as i64),
+                message: m,
+            })
+            .collect();
+        self.counters.diverts += 1;
+        let batch_id = mint_id();
+        match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
+            Ok(receipt) => {
+                if let Some(s) = first_seq {
+                    state.next_seq = Some(s + n as i64);
+                }
+                tracing::warn!(session = flush.session.as_str(), batch = %batch_id, count = n, cause = cause.label(), "batch diverted");
+                Event::Diverted(receipt)
+            }
+            Err(e) => {
+                tracing::error!(
+                    session = flush.session.as_str(),
+                    path = ?e.path,
+                    operation = e.operation,
+                    errno = ?e.errno,
+                    count = n,
+                    cause = cause.label(),
+                    "divert failed; batch handed back"
+                );
+                let event = Event::DivertFailed {
+                    failure: e.to_failure(),
+                    message: e.message.clone(),
+                    residue: e.residue.clone(),
+                };
+                made.divert_error = Some(e);
+                event
+            }
         }
     }
 
@@ -475,7 +531,7 @@ impl SessionStore {
         let mut capture = None;
         if let (Some(conn), Some(guard)) = (&self.conn, &mut self.guard) {
             match guard.check(conn) {
-                Ok(Verdict::Intact) if self.sticky.is_none() => {}
+                Ok(Verdict::Intact) if self.machine.sticky().is_none() => {}
                 Ok(Verdict::Intact) => capture = self.retire_generation("close after a sticky cause"),
                 Ok(Verdict::Mismatch { detail, .. }) => {
                     tracing::warn!(detail = %detail, "generation changed before close");
@@ -493,169 +549,34 @@ impl SessionStore {
         capture
     }
 
-    fn observe(&self, flush: &Flush<'_>, failure: &WriteFailure) -> Observation {
-        let elapsed = flush.started.elapsed().as_millis() as u64;
+    /// A failed write, as the flush machine takes it.
+    fn failure_of_write(&self, flush: &Flush<'_>, failure: &WriteFailure) -> Failure {
+        let elapsed_ms = flush.elapsed_ms();
         match failure {
-            WriteFailure::Sqlite { error, errno, evidence } => observe::observation(
-                Operation::AppendBatch,
-                error,
-                *errno,
-                evidence.clone(),
-                flush.attempts,
-                elapsed,
-                flush.seed,
-            ),
-            WriteFailure::Guard { evidence, detail } => Observation {
+            WriteFailure::Sqlite { error, errno, evidence } => failure_of(error, *errno, evidence.clone(), elapsed_ms),
+            WriteFailure::Guard { evidence, detail } => Failure {
                 evidence: vec![*evidence],
-                attempt: flush.attempts,
-                elapsed_ms: elapsed,
-                seed: flush.seed,
                 message: format!("turnsafe guard: {detail}"),
-                ..Observation::new(Operation::AppendBatch)
+                elapsed_ms,
+                ..Failure::default()
             },
             WriteFailure::Probe(e) => {
-                let err = probe_error(e);
                 let errno = e.source.raw_os_error().map(i64::from);
-                observe::observation(
-                    Operation::AppendBatch,
-                    &err,
-                    errno,
-                    Vec::new(),
-                    flush.attempts,
-                    elapsed,
-                    flush.seed,
-                )
+                failure_of(&probe_error(e), errno, Vec::new(), elapsed_ms)
             }
-            WriteFailure::LeaseLost => Observation {
+            WriteFailure::LeaseLost => Failure {
                 evidence: vec![Evidence::TurnLeaseLost],
-                attempt: flush.attempts,
-                elapsed_ms: elapsed,
-                seed: flush.seed,
                 message: "the session's turn lease is held by another writer".into(),
-                ..Observation::new(Operation::AppendBatch)
+                elapsed_ms,
+                ..Failure::default()
             },
-        }
-    }
-
-    /// Carry out a terminal action.
-    fn settle(
-        &mut self,
-        flush: &Flush<'_>,
-        d: Decision,
-        action: ActionKind,
-        errno: Option<i64>,
-        capture: Option<&Result<Capture, CaptureError>>,
-    ) -> FlushOutcome {
-        match action {
-            ActionKind::Divert => self.divert_batch(flush, d.classification.cause, action, errno, capture),
-            _ => {
-                let cause = d.classification.cause;
-                let n = flush.messages.len();
-                let ctx = CopyContext {
-                    session: Some(flush.session.as_str().into()),
-                    errno,
-                    ..capture_context(capture)
-                };
-                let mut out = flush.failed(cause, action);
-                out.handed_back = n;
-                out.copy = turnsafe_policy::explain(cause, Outcome::HandedBack, &ctx).ok();
-                out
-            }
-        }
-    }
-
-    fn divert_batch(
-        &mut self,
-        flush: &Flush<'_>,
-        cause: Cause,
-        action: ActionKind,
-        errno: Option<i64>,
-        capture: Option<&Result<Capture, CaptureError>>,
-    ) -> FlushOutcome {
-        let n = flush.messages.len();
-        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
-        let first_seq = state.next_seq;
-        let lines: Vec<DivertLine<'_>> = flush
-            .messages
-            .iter()
-            .zip(&flush.uids)
-            .enumerate()
-            .map(|(i, (m, uid))| DivertLine {
-                uid,
-                seq: first_seq.map(|s| s + i as i64),
-                message: m,
-            })
-            .collect();
-        self.counters.diverts += 1;
-        let batch_id = mint_id();
-        let mut ctx = CopyContext {
-            session: Some(flush.session.as_str().into()),
-            errno,
-            ..capture_context(capture)
-        };
-        let mut out = flush.failed(cause, action);
-        match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
-            Ok(receipt) => {
-                if let Some(s) = first_seq {
-                    state.next_seq = Some(s + n as i64);
-                }
-                tracing::warn!(session = flush.session.as_str(), batch = %batch_id, count = n, cause = cause.label(), "batch diverted");
-                ctx.receipt_path = Some(receipt.path.clone());
-                out.copy = turnsafe_policy::explain(cause, Outcome::Diverted, &ctx).ok();
-                out.diverted = n;
-                out.receipt = Some(receipt);
-            }
-            Err(e) => {
-                tracing::error!(
-                    session = flush.session.as_str(),
-                    path = ?e.path,
-                    operation = e.operation,
-                    errno = ?e.errno,
-                    count = n,
-                    cause = cause.label(),
-                    "divert failed; batch handed back"
-                );
-                ctx.divert_failure = Some(e.to_failure());
-                ctx.divert_residue = e.residue.clone();
-                out.copy = turnsafe_policy::explain(cause, Outcome::DivertFailed, &ctx).ok();
-                out.handed_back = n;
-                out.divert_residue = e.residue.clone();
-                out.divert_error = Some(e);
-            }
-        }
-        out
-    }
-
-    fn persisted(&mut self, flush: &Flush<'_>, last: Option<Decision>, operation: Option<Operation>) -> FlushOutcome {
-        let cause = last.map(|d| d.classification.cause);
-        let ctx = CopyContext {
-            session: Some(flush.session.as_str().into()),
-            ..CopyContext::default()
-        };
-        FlushOutcome {
-            persisted: true,
-            operation,
-            cause,
-            action: last.map(|d| d.action),
-            attempts: flush.attempts,
-            committed: flush.messages.len(),
-            diverted: 0,
-            handed_back: 0,
-            receipt: None,
-            divert_error: None,
-            copy: cause.and_then(|c| turnsafe_policy::explain(c, Outcome::Persisted, &ctx).ok()),
-            uids: flush.uids.clone(),
-            minted_uids: flush.minted.clone(),
-            error: None,
-            capture: None,
-            divert_residue: None,
         }
     }
 
     /// Release this handle's lease on `session` (end of input).
     pub fn release_lease(&mut self, session: &SessionId) {
         let token = self.sessions.get(session.as_str()).and_then(|s| s.lease_token.clone());
-        if let (Some(conn), Some(token), None) = (&self.conn, token, self.sticky) {
+        if let (Some(conn), Some(token), None) = (&self.conn, token, self.machine.sticky()) {
             if let Some(s) = self.sessions.get_mut(session.as_str()) {
                 s.lease_token = None;
             }
@@ -753,18 +674,32 @@ pub fn configure(conn: &Connection, opts: &StoreOptions) -> rusqlite::Result<()>
     Ok(())
 }
 
-/// What the copy may say about a capture: its receipt, or how it failed.
-fn capture_context(capture: Option<&Result<Capture, CaptureError>>) -> CopyContext {
-    match capture {
-        Some(Ok(receipt)) => CopyContext {
-            capture_receipt: Some(receipt.clone()),
-            ..CopyContext::default()
-        },
-        Some(Err(e)) => CopyContext {
-            capture_failure: Some(e.to_failure()),
-            ..CopyContext::default()
-        },
-        None => CopyContext::default(),
+/// A failed SQLite call, as the flush machine takes it.
+fn failure_of(err: &rusqlite::Error, errno: Option<i64>, evidence: Vec<Evidence>, elapsed_ms: u64) -> Failure {
+    let obs = observe::observation(Operation::AppendBatch, err, errno, evidence, 1, elapsed_ms, 0);
+    Failure {
+        code: obs.code,
+        extended_code: obs.extended_code,
+        message: obs.message,
+        errno: obs.errno,
+        evidence: obs.evidence,
+        elapsed_ms,
+    }
+}
+
+/// What the effects of one flush made, for the caller: the host's own
+/// error and capture values, beside the machine's outcome.
+#[derive(Default)]
+struct Artifacts {
+    divert_error: Option<DivertError>,
+    capture: Option<Result<Capture, CaptureError>>,
+    /// The failure that asked for a capture, for its manifest.
+    trigger: String,
+}
+
+impl Artifacts {
+    fn into_outcome(self, report: turnsafe_policy::machine::FlushReport) -> FlushOutcome {
+        FlushOutcome::new(report, self.divert_error, self.capture)
     }
 }
 
@@ -778,27 +713,8 @@ fn probe_error(e: &guard::ProbeError) -> rusqlite::Error {
 }
 
 impl Flush<'_> {
-    /// A not-persisted outcome with nothing placed yet; the caller fills in
-    /// where the messages went.
-    fn failed(&self, cause: Cause, action: ActionKind) -> FlushOutcome {
-        FlushOutcome {
-            persisted: false,
-            operation: None,
-            cause: Some(cause),
-            action: Some(action),
-            attempts: self.attempts,
-            committed: 0,
-            diverted: 0,
-            handed_back: 0,
-            receipt: None,
-            divert_error: None,
-            copy: None,
-            uids: self.uids.clone(),
-            minted_uids: self.minted.clone(),
-            error: Some(cause.failure_label()),
-            capture: None,
-            divert_residue: None,
-        }
+    fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
     }
 }
 
@@ -808,7 +724,5 @@ struct Flush<'a> {
     messages: &'a [Message],
     uids: Vec<String>,
     minted: Vec<String>,
-    attempts: u32,
-    seed: u64,
     started: Instant,
 }

@@ -3,21 +3,11 @@
 //! (`SQLITE_BUSY_SNAPSHOT`) cannot arise.
 
 use rusqlite::{Connection, OptionalExtension, params};
-use turnsafe_policy::{Decision, Evidence};
+use turnsafe_policy::Evidence;
+use turnsafe_policy::machine::WritePlan;
 
 use super::{Flush, SessionState, SessionStore, now_ms};
 use crate::observe;
-
-/// What the next attempt must do besides writing.
-#[derive(Debug, Default)]
-pub(super) struct WritePlan {
-    /// Clear the FTS flag in the same transaction (policy: `degrade_fts`).
-    pub degrade_fts: bool,
-    /// Insert the session row again (policy: `recreate_session`).
-    pub recreate_session: bool,
-    /// The last decision, once an attempt failed.
-    pub last: Option<Decision>,
-}
 
 pub(super) enum WriteFailure {
     /// The first SQLite error of the attempt, and the errno SQLite saw.

@@ -1,0 +1,288 @@
+//! The flush machine: one batch, from the first open or write to its
+//! outcome. Every decision it takes is the decision table's
+//! ([`crate::decide`]); what it adds is the order of effects.
+
+use serde::{Deserialize, Serialize};
+
+use super::report::{self, CaptureReport, DivertErrorReport, FlushReport};
+use super::{DivertReceipt, Event, Failure, HandleState, ProtocolError, Step, WritePlan};
+use crate::model::{ActionKind, Cause, DivertResidue, Observation, Operation};
+
+/// Everything a flush needs from the host before its first step.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushStart {
+    pub session: String,
+    /// The uid of every message, in batch order: the batch size is its length.
+    pub uids: Vec<String>,
+    /// The uids the host minted for messages that came without one.
+    pub minted_uids: Vec<String>,
+    /// The seed of the retry jitter.
+    pub seed: u64,
+}
+
+/// Where the flush stands: the step it waits on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum Phase {
+    Opening,
+    Writing,
+    Waiting { ms: u64, then: Resume },
+    Capturing { then: Terminal },
+    Diverting { cause: Cause },
+    Done(Ending),
+}
+
+/// What runs again after a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Resume {
+    Open,
+    Write,
+}
+
+/// What comes after a capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Terminal {
+    Divert(Cause),
+    HandBack,
+}
+
+/// How the flush ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum Ending {
+    Committed,
+    Diverted(DivertReceipt),
+    DivertFailed {
+        error: DivertErrorReport,
+        residue: Option<DivertResidue>,
+    },
+    HandedBack,
+}
+
+/// One batch's protocol. Hosts normally drive it through
+/// [`super::Handle`], which owns the [`HandleState`] it reads and changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushMachine {
+    start: FlushStart,
+    phase: Phase,
+    plan: WritePlan,
+    /// Writes tried against the database, and opens that failed.
+    attempts: u32,
+    /// The decision that shaped the outcome, and the operation it was for.
+    last: Option<(Cause, Operation)>,
+    /// The action the outcome reports (a remedy the host cannot run is
+    /// reported as the divert it became).
+    action: Option<ActionKind>,
+    /// The errno of the failure the outcome rests on (it shapes the copy).
+    errno: Option<i64>,
+    /// The capture this flush made, for the outcome.
+    capture: Option<CaptureReport>,
+}
+
+impl FlushMachine {
+    /// A flush of `start`'s batch on a handle in `handle`'s state.
+    pub fn new(start: FlushStart, handle: &HandleState) -> FlushMachine {
+        let phase = match (handle.sticky, handle.open) {
+            (Some(cause), _) => Phase::Diverting { cause },
+            (None, true) => Phase::Writing,
+            (None, false) => Phase::Opening,
+        };
+        let action = handle.sticky.map(|_| ActionKind::Divert);
+        FlushMachine {
+            start,
+            phase,
+            plan: WritePlan::default(),
+            attempts: 0,
+            last: None,
+            action,
+            errno: None,
+            capture: None,
+        }
+    }
+
+    /// The batch this flush was started with.
+    pub fn into_start(self) -> FlushStart {
+        self.start
+    }
+
+    /// The step this flush waits on.
+    pub fn poll(&self, handle: &HandleState) -> Step {
+        match &self.phase {
+            Phase::Opening => Step::Open,
+            Phase::Writing => Step::Write(self.plan),
+            Phase::Waiting { ms, .. } => Step::Wait { ms: *ms },
+            Phase::Capturing { .. } => Step::Capture,
+            Phase::Diverting { cause } => Step::Divert { cause: *cause },
+            Phase::Done(ending) => Step::Done(Box::new(self.report(ending, handle))),
+        }
+    }
+
+    /// Take the result of the step this flush waits on.
+    pub fn handle(&mut self, handle: &mut HandleState, event: Event) -> Result<(), ProtocolError> {
+        let next = match (&self.phase, event) {
+            (Phase::Opening, Event::Opened) => {
+                handle.open = true;
+                Phase::Writing
+            }
+            (Phase::Opening, Event::Failed(f)) => self.failed(handle, Operation::Open, f),
+            (Phase::Writing, Event::Committed) => {
+                self.attempts = self.attempts.saturating_add(1);
+                Phase::Done(Ending::Committed)
+            }
+            (Phase::Writing, Event::Failed(f)) => self.failed(handle, Operation::AppendBatch, f),
+            (Phase::Waiting { then, .. }, Event::Waited { .. }) => match then {
+                Resume::Open => Phase::Opening,
+                Resume::Write => Phase::Writing,
+            },
+            (Phase::Capturing { then }, Event::Captured(receipt)) => {
+                let then = *then;
+                self.captured(handle, CaptureReport::Captured(receipt));
+                phase_after(then)
+            }
+            (Phase::Capturing { then }, Event::CaptureFailed { failure, error }) => {
+                let then = *then;
+                self.captured(handle, CaptureReport::Failed { failure, error });
+                phase_after(then)
+            }
+            (Phase::Diverting { .. }, Event::Diverted(receipt)) => Phase::Done(Ending::Diverted(receipt)),
+            (
+                Phase::Diverting { .. },
+                Event::DivertFailed {
+                    failure,
+                    message,
+                    residue,
+                },
+            ) => Phase::Done(Ending::DivertFailed {
+                error: DivertErrorReport::new(failure, message),
+                residue,
+            }),
+            (phase, event) => {
+                return Err(ProtocolError::Unexpected {
+                    step: phase_label(phase),
+                    event: event.label(),
+                });
+            }
+        };
+        self.phase = next;
+        Ok(())
+    }
+
+    fn captured(&mut self, handle: &mut HandleState, report: CaptureReport) {
+        handle.capture = Some(report.clone());
+        self.capture = Some(report);
+    }
+
+    /// Ask the decision table about a failed open or write, and move on.
+    fn failed(&mut self, handle: &mut HandleState, operation: Operation, f: Failure) -> Phase {
+        self.attempts = self.attempts.saturating_add(1);
+        let obs = Observation {
+            operation,
+            code: f.code,
+            extended_code: f.extended_code,
+            message: f.message,
+            errno: f.errno,
+            evidence: f.evidence,
+            attempt: self.attempts,
+            elapsed_ms: f.elapsed_ms,
+            seed: self.start.seed,
+        };
+        let d = crate::decide(&obs);
+        self.last = Some((d.classification.cause, operation));
+        self.errno = obs.errno;
+        self.action = Some(d.action);
+        if d.sticky {
+            // Quarantined: nothing opens or writes this database again.
+            handle.sticky = Some(d.classification.cause);
+        }
+        let cause = d.classification.cause;
+        let terminal = match d.action {
+            ActionKind::Retry => {
+                let then = match operation {
+                    Operation::Open => Resume::Open,
+                    _ => Resume::Write,
+                };
+                return Phase::Waiting {
+                    ms: d.delay_ms.unwrap_or(1),
+                    then,
+                };
+            }
+            // Remedies need an open database: after a failed open they
+            // cannot run, so the batch is diverted.
+            ActionKind::DegradeFts | ActionKind::RecreateSession if operation == Operation::Open => {
+                self.action = Some(ActionKind::Divert);
+                Terminal::Divert(cause)
+            }
+            ActionKind::DegradeFts => {
+                self.plan.degrade_fts = true;
+                return Phase::Writing;
+            }
+            ActionKind::RecreateSession => {
+                self.plan.recreate_session = true;
+                return Phase::Writing;
+            }
+            // No host keeps continuation sessions yet, so there is nothing
+            // to adopt: the batch is kept in the divert file instead.
+            ActionKind::AdoptContinuation => {
+                self.action = Some(ActionKind::Divert);
+                Terminal::Divert(cause)
+            }
+            ActionKind::Divert => Terminal::Divert(cause),
+            ActionKind::FailClosed => Terminal::HandBack,
+        };
+        // The retired generation is captured once per handle, from a live
+        // store, before the batch goes anywhere.
+        if d.capture && handle.capture.is_none() && handle.open {
+            return Phase::Capturing { then: terminal };
+        }
+        phase_after(terminal)
+    }
+
+    fn report(&self, ending: &Ending, handle: &HandleState) -> FlushReport {
+        let (cause, operation) = match self.last {
+            Some((c, op)) => (Some(c), Some(op)),
+            None => (None, None),
+        };
+        let cause = cause.or(handle.sticky);
+        let operation = match (operation, handle.sticky) {
+            (Some(op), _) => Some(op),
+            // A sticky handle's batch never reached the database.
+            (None, Some(_)) => Some(Operation::AppendBatch),
+            (None, None) => None,
+        };
+        report::build(report::Parts {
+            start: &self.start,
+            attempts: self.attempts,
+            operation,
+            cause,
+            action: self.action,
+            errno: self.errno,
+            capture_now: self.capture.as_ref(),
+            capture_known: handle.capture.as_ref(),
+            ending: match ending {
+                Ending::Committed => report::End::Committed,
+                Ending::Diverted(r) => report::End::Diverted(r),
+                Ending::DivertFailed { error, residue } => report::End::DivertFailed {
+                    error,
+                    residue: residue.as_ref(),
+                },
+                Ending::HandedBack => report::End::HandedBack,
+            },
+        })
+    }
+}
+
+fn phase_after(t: Terminal) -> Phase {
+    match t {
+        Terminal::Divert(cause) => Phase::Diverting { cause },
+        Terminal::HandBack => Phase::Done(Ending::HandedBack),
+    }
+}
+
+fn phase_label(p: &Phase) -> &'static str {
+    match p {
+        Phase::Opening => "open",
+        Phase::Writing => "write",
+        Phase::Waiting { .. } => "wait",
+        Phase::Capturing { .. } => "capture",
+        Phase::Diverting { .. } => "divert",
+        Phase::Done(_) => "done",
+    }
+}

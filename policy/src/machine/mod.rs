@@ -1,0 +1,290 @@
+//! The flush protocol as a sans-IO state machine: the policy drives, the
+//! host only performs effects.
+//!
+//! Two machines:
+//! - a [`Handle`] owns what lasts across batches: whether the store is
+//!   open, the sticky cause that quarantines it, and the capture of its
+//!   retired generation;
+//! - a [`FlushMachine`] runs one batch inside the handle.
+//!
+//! # How a host drives them
+//!
+//! ```text
+//! let mut handle = Handle::new();                 // once per store
+//! handle.start(FlushStart { .. })?;               // once per batch
+//! loop {
+//!     match handle.poll() {
+//!         Some(Step::Done(report)) => break report,   // the whole outcome
+//!         Some(step) => {
+//!             let event = perform(step);              // the host's only job
+//!             handle.handle(event)?;
+//!         }
+//!         None => unreachable,                        // no flush started
+//!     }
+//! }
+//! ```
+//!
+//! The calls, in order:
+//! - [`Handle::start`] begins a flush; it refuses while one is running.
+//! - [`Handle::poll`] returns the step the machine waits on. Polling again
+//!   without an event returns the same step. [`Step::Done`] ends the flush:
+//!   the handle forgets it and `poll` returns `None` until the next start.
+//! - [`Handle::handle`] feeds back the result of the step just performed.
+//!   An event that does not answer that step is refused with a
+//!   [`ProtocolError`] and changes nothing.
+//!
+//! After every `handle`, drain `poll` until it returns a step that needs an
+//! effect ([`Step::Wait`] included) or [`Step::Done`].
+//!
+//! # Contract
+//! - No I/O. Time (`elapsed_ms` on events), chance (the seed), uids and
+//!   everything else the host made are inputs; two hosts fed the same
+//!   inputs build byte-identical outcomes.
+//! - Every batch ends in exactly one place: `committed + diverted +
+//!   handed_back` is the batch size in every [`FlushReport`].
+//! - A copy claims a kept copy only with a divert receipt and a capture only
+//!   with a capture receipt.
+//! - After a sticky cause, no step opens or writes the database again, in
+//!   this flush or a later one; after a failed divert nothing is written.
+//! - A one-shot remedy runs at most once per flush, and a retry is asked
+//!   only for the causes the decision table makes retryable.
+
+mod flush;
+mod report;
+
+pub use flush::{FlushMachine, FlushStart};
+pub use report::{CaptureReport, DivertErrorReport, FlushReport};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{CaptureFailure, CaptureReceipt, Cause, DivertFailure, DivertResidue, Evidence};
+
+/// What the host changes about the write when it runs it again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WritePlan {
+    /// Clear the full-text-index flag in the same transaction.
+    pub degrade_fts: bool,
+    /// Recreate the session's row before writing.
+    pub recreate_session: bool,
+}
+
+/// The next effect the host performs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Open the store; answer [`Event::Opened`] or [`Event::Failed`].
+    Open,
+    /// Write the batch in one transaction with this plan; answer
+    /// [`Event::Committed`] or [`Event::Failed`].
+    Write(WritePlan),
+    /// Sleep; answer [`Event::Waited`].
+    Wait { ms: u64 },
+    /// Capture the retired WAL generation; answer [`Event::Captured`] or
+    /// [`Event::CaptureFailed`].
+    Capture,
+    /// Append the batch to the divert file, labelled with `cause`; answer
+    /// [`Event::Diverted`] or [`Event::DivertFailed`].
+    Divert { cause: Cause },
+    /// The flush is over; nothing more to do.
+    Done(Box<FlushReport>),
+}
+
+/// A failed open or write, as the host saw it. The machine adds the
+/// operation, the attempt number and the seed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Failure {
+    pub code: Option<i64>,
+    pub extended_code: Option<i64>,
+    pub message: String,
+    pub errno: Option<i64>,
+    pub evidence: Vec<Evidence>,
+    /// Milliseconds since the flush started.
+    pub elapsed_ms: u64,
+}
+
+/// Proof that a batch is in the divert file, made after its fsync.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DivertReceipt {
+    /// Absolute path of the divert file.
+    pub path: String,
+    /// Byte offset of the first line of this batch.
+    pub offset: u64,
+    /// Bytes written for this batch (its lines, newlines included).
+    pub length: u64,
+    /// Lines (messages) written.
+    pub count: u64,
+    /// Hex sha256 of the bytes in `[offset, offset + length)`.
+    pub sha256: String,
+}
+
+/// The result of the step the machine waits on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Opened,
+    Committed,
+    /// The open or the write failed.
+    Failed(Failure),
+    Waited {
+        elapsed_ms: u64,
+    },
+    Captured(CaptureReceipt),
+    CaptureFailed {
+        failure: CaptureFailure,
+        /// The host's whole error text, for the outcome; the copy uses only `failure`.
+        error: String,
+    },
+    Diverted(DivertReceipt),
+    DivertFailed {
+        failure: DivertFailure,
+        /// The host's error text, shown when there is no errno.
+        message: String,
+        residue: Option<DivertResidue>,
+    },
+}
+
+impl Event {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Event::Opened => "opened",
+            Event::Committed => "committed",
+            Event::Failed(_) => "failed",
+            Event::Waited { .. } => "waited",
+            Event::Captured(_) => "captured",
+            Event::CaptureFailed { .. } => "capture_failed",
+            Event::Diverted(_) => "diverted",
+            Event::DivertFailed { .. } => "divert_failed",
+        }
+    }
+}
+
+impl Step {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Step::Open => "open",
+            Step::Write(_) => "write",
+            Step::Wait { .. } => "wait",
+            Step::Capture => "capture",
+            Step::Divert { .. } => "divert",
+            Step::Done(_) => "done",
+        }
+    }
+}
+
+/// A call the protocol does not allow; the machine is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// `start` while a flush is running.
+    FlushRunning,
+    /// `handle` with no flush running.
+    NoFlush,
+    /// The event does not answer the step the machine waits on.
+    Unexpected { step: &'static str, event: &'static str },
+}
+
+impl std::fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProtocolError::FlushRunning => f.write_str("a flush is already running on this handle"),
+            ProtocolError::NoFlush => f.write_str("no flush is running on this handle"),
+            ProtocolError::Unexpected { step, event } => {
+                write!(f, "event `{event}` does not answer step `{step}`")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+/// What a handle knows across batches.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandleState {
+    /// The store is open (the host holds a live connection).
+    pub open: bool,
+    /// Once set, every batch is diverted without touching the database.
+    pub sticky: Option<Cause>,
+    /// The capture of the retired generation, once tried: the copy of every
+    /// later batch names it (or its failure), and it is never tried twice.
+    pub capture: Option<CaptureReport>,
+}
+
+/// The handle machine: state across batches, and the flush in progress.
+#[derive(Debug, Clone, Default)]
+pub struct Handle {
+    state: HandleState,
+    flush: Option<FlushMachine>,
+}
+
+impl Handle {
+    /// A handle on a store that is not open yet.
+    pub fn new() -> Handle {
+        Handle::default()
+    }
+
+    pub fn state(&self) -> &HandleState {
+        &self.state
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.state.open
+    }
+
+    pub fn sticky(&self) -> Option<Cause> {
+        self.state.sticky
+    }
+
+    /// Whether a flush is running.
+    pub fn in_flush(&self) -> bool {
+        self.flush.is_some()
+    }
+
+    /// Begin the flush of one batch.
+    pub fn start(&mut self, start: FlushStart) -> Result<(), ProtocolError> {
+        if self.flush.is_some() {
+            return Err(ProtocolError::FlushRunning);
+        }
+        self.flush = Some(FlushMachine::new(start, &self.state));
+        Ok(())
+    }
+
+    /// The step the running flush waits on; `None` when no flush runs.
+    /// [`Step::Done`] ends the flush.
+    pub fn poll(&mut self) -> Option<Step> {
+        let step = self.flush.as_ref()?.poll(&self.state);
+        if matches!(step, Step::Done(_)) {
+            self.flush = None;
+        }
+        Some(step)
+    }
+
+    /// Feed back the result of the step just performed.
+    pub fn handle(&mut self, event: Event) -> Result<(), ProtocolError> {
+        let flush = self.flush.as_mut().ok_or(ProtocolError::NoFlush)?;
+        flush.handle(&mut self.state, event)
+    }
+}
+
+impl Handle {
+    /// End the running flush, whatever it waits on, handing the batch back
+    /// to the caller. Nothing was committed or kept by this flush's account;
+    /// for a host that cannot go on (an event it could not produce).
+    pub fn abandon(&mut self) -> FlushReport {
+        let start = self.flush.take().map(|f| f.into_start()).unwrap_or_default();
+        FlushReport {
+            persisted: false,
+            operation: None,
+            cause: Some(Cause::Unknown),
+            action: Some(crate::ActionKind::FailClosed),
+            attempts: 0,
+            committed: 0,
+            diverted: 0,
+            handed_back: start.uids.len(),
+            receipt: None,
+            divert_error: None,
+            divert_residue: None,
+            capture: None,
+            copy: None,
+            error: Some(Cause::Unknown.failure_label()),
+            uids: start.uids,
+            minted_uids: start.minted_uids,
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The outcome of a flush, built once, here: the counts, the cause, the
+//! action, the receipt or the divert's failure, the capture, and the copy.
+//! Its JSON is exactly what `turnsafe append` prints for the batch.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::{DivertReceipt, FlushStart};
+use crate::model::{
+    ActionKind, CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, DivertFailure, DivertResidue, Operation,
+    Outcome,
+};
+
+/// A capture that was tried: its receipt, or how it failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CaptureReport {
+    Captured(CaptureReceipt),
+    Failed {
+        failure: CaptureFailure,
+        /// The host's whole error text.
+        error: String,
+    },
+}
+
+impl CaptureReport {
+    fn to_value(&self) -> Value {
+        match self {
+            CaptureReport::Captured(r) => json!(r),
+            CaptureReport::Failed { failure, error } => json!({
+                "error": error,
+                "operation": failure.operation,
+                "errno": failure.errno,
+            }),
+        }
+    }
+
+    /// The copy context this capture allows: a receipt, or a failure.
+    fn context(&self) -> CopyContext {
+        match self {
+            CaptureReport::Captured(r) => CopyContext {
+                capture_receipt: Some(r.clone()),
+                ..CopyContext::default()
+            },
+            CaptureReport::Failed { failure, .. } => CopyContext {
+                capture_failure: Some(failure.clone()),
+                ..CopyContext::default()
+            },
+        }
+    }
+}
+
+/// A failed divert as the outcome shows it: the operation and errno, and a
+/// readable error; never a path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DivertErrorReport {
+    pub operation: String,
+    pub errno: Option<i64>,
+    pub error: String,
+}
+
+impl DivertErrorReport {
+    pub fn new(failure: DivertFailure, message: String) -> DivertErrorReport {
+        let error = failure.errno.map(crate::errno::human).unwrap_or(message);
+        DivertErrorReport {
+            operation: failure.operation,
+            errno: failure.errno,
+            error,
+        }
+    }
+
+    fn failure(&self) -> DivertFailure {
+        DivertFailure {
+            operation: self.operation.clone(),
+            errno: self.errno,
+        }
+    }
+}
+
+/// How one flush ended. `committed + diverted + handed_back` is always the
+/// batch size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlushReport {
+    pub persisted: bool,
+    /// The operation whose failure shaped the outcome; `None` on a first-try commit.
+    pub operation: Option<Operation>,
+    /// The cause that shaped the outcome; `None` on a first-try commit.
+    pub cause: Option<Cause>,
+    /// The last action taken; `None` on a first-try commit.
+    pub action: Option<ActionKind>,
+    /// Opens and writes tried against the database in this flush.
+    pub attempts: u32,
+    pub committed: usize,
+    pub diverted: usize,
+    pub handed_back: usize,
+    pub receipt: Option<DivertReceipt>,
+    pub divert_error: Option<DivertErrorReport>,
+    pub divert_residue: Option<DivertResidue>,
+    /// The capture this flush made, or its failure.
+    pub capture: Option<CaptureReport>,
+    pub copy: Option<Copy>,
+    /// `session_persistence_failed:<cause>` when not persisted.
+    pub error: Option<String>,
+    pub uids: Vec<String>,
+    pub minted_uids: Vec<String>,
+}
+
+impl FlushReport {
+    /// The outcome object `turnsafe append` prints.
+    pub fn to_value(&self) -> Value {
+        json!({
+            "persisted": self.persisted,
+            "operation": self.operation.map(|o| o.label()),
+            "cause": self.cause.map(|c| c.label()),
+            "action": self.action.map(|a| a.label()),
+            "attempts": self.attempts,
+            "committed": self.committed,
+            "diverted": self.diverted,
+            "handed_back": self.handed_back,
+            "receipt": self.receipt,
+            "divert_error": self.divert_error,
+            "copy": self.copy.as_ref().map(crate::json::copy_to_value),
+            "error": self.error,
+            "uids": self.uids,
+            "minted_uids": self.minted_uids,
+            "capture": self.capture.as_ref().map_or(Value::Null, CaptureReport::to_value),
+            "divert_residue": self.divert_residue,
+        })
+    }
+
+    /// [`FlushReport::to_value`] as one line of JSON.
+    pub fn to_json(&self) -> String {
+        self.to_value().to_string()
+    }
+}
+
+pub(super) enum End<'a> {
+    Committed,
+    Diverted(&'a DivertReceipt),
+    DivertFailed {
+        error: &'a DivertErrorReport,
+        residue: Option<&'a DivertResidue>,
+    },
+    HandedBack,
+}
+
+pub(super) struct Parts<'a> {
+    pub start: &'a FlushStart,
+    pub attempts: u32,
+    pub operation: Option<Operation>,
+    pub cause: Option<Cause>,
+    pub action: Option<ActionKind>,
+    pub errno: Option<i64>,
+    pub capture_now: Option<&'a CaptureReport>,
+    pub capture_known: Option<&'a CaptureReport>,
+    pub ending: End<'a>,
+}
+
+pub(super) fn build(p: Parts<'_>) -> FlushReport {
+    let n = p.start.uids.len();
+    let session = Some(p.start.session.clone());
+    let mut report = FlushReport {
+        persisted: false,
+        operation: p.operation,
+        cause: p.cause,
+        action: p.action,
+        attempts: p.attempts,
+        committed: 0,
+        diverted: 0,
+        handed_back: 0,
+        receipt: None,
+        divert_error: None,
+        divert_residue: None,
+        capture: p.capture_now.cloned(),
+        copy: None,
+        error: p.cause.map(Cause::failure_label),
+        uids: p.start.uids.clone(),
+        minted_uids: p.start.minted_uids.clone(),
+    };
+    // Only the artifacts that exist shape the copy.
+    let known = p.capture_known.map(CaptureReport::context).unwrap_or_default();
+    let failed_ctx = CopyContext {
+        session: session.clone(),
+        errno: p.errno,
+        ..known
+    };
+    let (outcome, ctx) = match p.ending {
+        End::Committed => {
+            report.persisted = true;
+            report.committed = n;
+            report.error = None;
+            let ctx = CopyContext {
+                session,
+                ..CopyContext::default()
+            };
+            (Outcome::Persisted, ctx)
+        }
+        End::Diverted(receipt) => {
+            report.diverted = n;
+            report.receipt = Some(receipt.clone());
+            let ctx = CopyContext {
+                receipt_path: Some(receipt.path.clone()),
+                ..failed_ctx
+            };
+            (Outcome::Diverted, ctx)
+        }
+        End::DivertFailed { error, residue } => {
+            report.handed_back = n;
+            report.divert_error = Some(error.clone());
+            report.divert_residue = residue.cloned();
+            let ctx = CopyContext {
+                divert_failure: Some(error.failure()),
+                divert_residue: residue.cloned(),
+                ..failed_ctx
+            };
+            (Outcome::DivertFailed, ctx)
+        }
+        End::HandedBack => {
+            report.handed_back = n;
+            (Outcome::HandedBack, failed_ctx)
+        }
+    };
+    report.copy = p.cause.and_then(|c| crate::explain(c, outcome, &ctx).ok());
+    report
+}
