@@ -9,7 +9,7 @@ use super::{DivertReceipt, Event, Failure, HandleState, ProtocolError, Step, Wri
 use crate::model::{ActionKind, Cause, DivertResidue, Observation, Operation};
 
 /// Everything a flush needs from the host before its first step.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct FlushStart {
     pub session: String,
     /// The uid of every message, in batch order: the batch size is its length.
@@ -21,7 +21,7 @@ pub struct FlushStart {
 }
 
 /// Where the flush stands: the step it waits on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 enum Phase {
     Opening,
     Writing,
@@ -32,21 +32,21 @@ enum Phase {
 }
 
 /// What runs again after a wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 enum Resume {
     Open,
     Write,
 }
 
 /// What comes after a capture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 enum Terminal {
     Divert(Cause),
     HandBack,
 }
 
 /// How the flush ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 enum Ending {
     Committed,
     Diverted(DivertReceipt),
@@ -59,7 +59,7 @@ enum Ending {
 
 /// One batch's protocol. Hosts normally drive it through
 /// [`super::Handle`], which owns the [`HandleState`] it reads and changes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct FlushMachine {
     start: FlushStart,
     phase: Phase,

@@ -195,7 +195,7 @@ impl std::fmt::Display for ProtocolError {
 impl std::error::Error for ProtocolError {}
 
 /// What a handle knows across batches.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct HandleState {
     /// The store is open (the host holds a live connection).
     pub open: bool,
@@ -207,7 +207,7 @@ pub struct HandleState {
 }
 
 /// The handle machine: state across batches, and the flush in progress.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Handle {
     state: HandleState,
     flush: Option<FlushMachine>,

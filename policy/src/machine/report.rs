@@ -12,7 +12,7 @@ use crate::model::{
 };
 
 /// A capture that was tried: its receipt, or how it failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CaptureReport {
     Captured(CaptureReceipt),
     Failed {
@@ -51,7 +51,7 @@ impl CaptureReport {
 
 /// A failed divert as the outcome shows it: the operation and errno, and a
 /// readable error; never a path.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DivertErrorReport {
     pub operation: String,
     pub errno: Option<i64>,
