@@ -135,7 +135,19 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Vec<String>
     }
     match outcome {
         Outcome::Persisted | Outcome::HandedBack => {}
-        Outcome::Diverted => steps.push("When storage is fixed, run `turnsafe replay` to import the kept copy.".into()),
+        // Replay refuses while a capture is unsettled: the capture's rows
+        // come first, or the diverted ones would leave a hole before them.
+        Outcome::Diverted => steps.push(match &ctx.capture_receipt {
+            Some(r) => format!(
+                "Settle the capture first with `turnsafe recover --source {} --install` (or `--dismiss` if its \
+                 frames do not matter), then run `turnsafe replay` to import the kept copy.",
+                r.path
+            ),
+            None if crate::decide::needs_capture(cause) => "When storage is fixed and every capture `turnsafe doctor` \
+                lists is settled, run `turnsafe replay` to import the kept copy."
+                .into(),
+            None => "When storage is fixed, run `turnsafe replay` to import the kept copy.".into(),
+        }),
         Outcome::DivertFailed if ctx.divert_residue.is_some() => steps.push(
             "Some lines of this turn may remain in the session's divert file: when you send the messages again, \
              send them with the uids this outcome lists, so that a later `turnsafe replay` cannot store them twice."
