@@ -1,6 +1,8 @@
 //! SQLite result codes the policy reads. An extended code's low byte is
 //! its primary code, so classification works on `extended_code` first.
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 pub const ERROR: i64 = 1;
 pub const PERM: i64 = 3;
 pub const BUSY: i64 = 5;

@@ -1,6 +1,8 @@
 //! The WASM component's exports: thin conversions between the WIT types
 //! and the crate's own, so every runtime runs exactly the native code.
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 use crate::model as m;
 
 wit_bindgen::generate!({
@@ -14,6 +16,20 @@ use exports::turnsafe::policy::engine::{
 };
 
 struct Component;
+
+// One instance runs one call at a time: the component model gives a
+// component instance no threads.
+#[global_allocator]
+static ALLOCATOR: lol_alloc::AssumeSingleThreaded<lol_alloc::FreeListAllocator> =
+    // SAFETY: a component instance is single-threaded.
+    unsafe { lol_alloc::AssumeSingleThreaded::new(lol_alloc::FreeListAllocator::new()) };
+
+/// Every function of the policy is total; a panic is a bug, and the host
+/// sees it as a trap.
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
+    core::arch::wasm32::unreachable()
+}
 
 fn operation(o: Operation) -> m::Operation {
     match o {

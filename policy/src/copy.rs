@@ -12,6 +12,8 @@
 //! - A failed divert that may have left lines behind never says the
 //!   messages are "not stored anywhere".
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 use crate::decide::is_producible;
 use crate::errno;
 use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Outcome};
@@ -25,8 +27,8 @@ pub enum CopyError {
     MissingReceipt,
 }
 
-impl std::fmt::Display for CopyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl core::fmt::Display for CopyError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             CopyError::NotProducible { cause, outcome } => write!(
                 f,
@@ -39,7 +41,7 @@ impl std::fmt::Display for CopyError {
     }
 }
 
-impl std::error::Error for CopyError {}
+impl core::error::Error for CopyError {}
 
 /// What happened, in words a user of an agent runtime understands.
 fn reason(cause: Cause) -> &'static str {

@@ -1,5 +1,7 @@
 //! The action table: classification -> what the host does next.
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 use crate::classify::classify;
 use crate::model::{ActionKind, Cause, Classification, CopyContext, Decision, Observation, Operation, Outcome};
 use crate::retry::RetryPlan;

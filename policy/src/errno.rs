@@ -1,6 +1,8 @@
 //! Linux errno numbers the policy names in copy. The policy never reads
 //! the environment, so this is a fixed table (x86_64/aarch64 Linux values).
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 pub const ENOENT: i64 = 2;
 pub const EACCES: i64 = 13;
 pub const EMFILE: i64 = 24;

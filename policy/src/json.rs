@@ -9,6 +9,8 @@
 //! integers (negative `attempt`/`elapsed_ms` read as 0); extra fields are
 //! ignored. A field of the wrong type is an error, not a guess.
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 use serde_json::{Map, Value, json};
 
 use crate::copy::{explain, parse_capture_failure, parse_divert_failure};
@@ -77,13 +79,19 @@ fn int_field(obj: &Map<String, Value>, key: &str) -> Result<Option<i64>, String>
                 Ok(Some(i64::MAX))
             } else {
                 match n.as_f64() {
-                    Some(f) if f.fract() == 0.0 && f.is_finite() => Ok(Some(f as i64)),
+                    Some(f) if is_integral(f) => Ok(Some(f as i64)),
                     _ => Err(format!("field `{key}` must be an integer")),
                 }
             }
         }
         Some(_) => Err(format!("field `{key}` must be an integer or null")),
     }
+}
+
+/// A finite float with no fractional part (every float of magnitude
+/// 2^53 or more is one). `f64::fract` needs std.
+fn is_integral(f: f64) -> bool {
+    f.is_finite() && (f.abs() >= 9_007_199_254_740_992.0 || (f as i64) as f64 == f)
 }
 
 /// The seed is a u64; negative values are taken modulo 2^64.

@@ -27,6 +27,22 @@
 //! and the component's `*-json` functions share, so their outputs are
 //! byte-identical. [`table`] renders the decision table (`docs/POLICY.md`).
 
+// The component is built without std: no allocator of std's, no panic
+// formatting, a smaller module. Native builds keep std.
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+/// The `alloc` names every module uses, so the same code builds with and without std.
+mod prelude {
+    pub use alloc::borrow::ToOwned;
+    pub use alloc::boxed::Box;
+    pub use alloc::format;
+    pub use alloc::string::{String, ToString};
+    pub use alloc::vec;
+    pub use alloc::vec::Vec;
+}
+
 mod classify;
 pub mod codes;
 mod copy;

@@ -2,6 +2,8 @@
 //! policy answers. Every enum here is exhaustive on purpose: a new variant
 //! must break every `match` that decides something.
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// The storage operation that failed.

@@ -13,6 +13,8 @@
 //! a user should not wait much more than SQLite's own customary 5 s before
 //! the batch is kept safely elsewhere.
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 /// Backoff and patience, all in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPlan {

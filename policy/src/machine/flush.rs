@@ -2,6 +2,8 @@
 //! outcome. Every decision it takes is the decision table's
 //! ([`crate::decide`]); what it adds is the order of effects.
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::report::{self, CaptureReport, DivertErrorReport, FlushReport};

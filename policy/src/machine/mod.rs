@@ -49,6 +49,8 @@
 //! - A one-shot remedy runs at most once per flush, and a retry is asked
 //!   only for the causes the decision table makes retryable.
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 mod flush;
 mod report;
 
@@ -180,8 +182,8 @@ pub enum ProtocolError {
     Unexpected { step: &'static str, event: &'static str },
 }
 
-impl std::fmt::Display for ProtocolError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl core::fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             ProtocolError::FlushRunning => f.write_str("a flush is already running on this handle"),
             ProtocolError::NoFlush => f.write_str("no flush is running on this handle"),
@@ -192,7 +194,7 @@ impl std::fmt::Display for ProtocolError {
     }
 }
 
-impl std::error::Error for ProtocolError {}
+impl core::error::Error for ProtocolError {}
 
 /// What a handle knows across batches.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -2,6 +2,8 @@
 //! action, the receipt or the divert's failure, the capture, and the copy.
 //! Its JSON is exactly what `turnsafe append` prints for the batch.
 
+#[allow(unused_imports)]
+use crate::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
