@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+use crate::machine;
 use crate::model as m;
 
 wit_bindgen::generate!({
@@ -10,9 +11,12 @@ wit_bindgen::generate!({
     path: "../wit",
 });
 
+use alloc::rc::Rc;
+use core::cell::RefCell;
+
 use exports::turnsafe::policy::engine::{
-    Action, Basis, Cause, Classification, CopyContext, Decision, Evidence, Guest, Observation, Operation, Outcome,
-    UserCopy,
+    Action, Basis, Cause, Classification, CopyContext, Decision, Event, Evidence, Flush, FlushStart, Guest,
+    GuestFlush, GuestHandle, Observation, Operation, Outcome, Step, UserCopy, WritePlan,
 };
 
 struct Component;
@@ -146,7 +150,148 @@ fn action(a: m::ActionKind) -> Action {
     }
 }
 
+fn cause_opt(c: Option<m::Cause>) -> Option<Cause> {
+    c.map(cause_out)
+}
+
+fn capture_failure(f: exports::turnsafe::policy::engine::CaptureFailure) -> m::CaptureFailure {
+    m::CaptureFailure {
+        operation: f.operation,
+        errno: f.errno,
+    }
+}
+
+fn event_in(e: Event) -> machine::Event {
+    match e {
+        Event::Opened => machine::Event::Opened,
+        Event::Committed => machine::Event::Committed,
+        Event::Failed(f) => machine::Event::Failed(machine::Failure {
+            code: f.code,
+            extended_code: f.extended_code,
+            message: f.message,
+            errno: f.errno,
+            evidence: {
+                let mut ev: Vec<m::Evidence> = f.evidence.into_iter().map(evidence).collect();
+                ev.sort();
+                ev.dedup();
+                ev
+            },
+            elapsed_ms: f.elapsed_ms,
+        }),
+        Event::Waited(elapsed_ms) => machine::Event::Waited { elapsed_ms },
+        Event::Captured(r) => machine::Event::Captured(m::CaptureReceipt {
+            path: r.path,
+            files: r
+                .files
+                .into_iter()
+                .map(|f| m::CapturedFile {
+                    name: f.name,
+                    size: f.size,
+                })
+                .collect(),
+            manifest_sha256: r.manifest_sha256,
+        }),
+        Event::CaptureFailed(e) => machine::Event::CaptureFailed {
+            failure: capture_failure(e.failure),
+            error: e.error,
+        },
+        Event::Diverted(r) => machine::Event::Diverted(machine::DivertReceipt {
+            path: r.path,
+            offset: r.offset,
+            length: r.length,
+            count: r.count,
+            sha256: r.sha256,
+        }),
+        Event::DivertFailed(e) => machine::Event::DivertFailed {
+            failure: m::DivertFailure {
+                operation: e.failure.operation,
+                errno: e.failure.errno,
+            },
+            message: e.message,
+            residue: e.residue.map(|r| m::DivertResidue {
+                path: r.path,
+                offset: r.offset,
+            }),
+        },
+    }
+}
+
+fn step_out(s: machine::Step) -> Step {
+    match s {
+        machine::Step::Open => Step::Open,
+        machine::Step::Write(p) => Step::Write(WritePlan {
+            degrade_fts: p.degrade_fts,
+            recreate_session: p.recreate_session,
+        }),
+        machine::Step::Wait { ms } => Step::Wait(ms),
+        machine::Step::Capture => Step::Capture,
+        machine::Step::Divert { cause } => Step::Divert(cause_out(cause)),
+        machine::Step::Done(report) => Step::Done(report.to_json()),
+    }
+}
+
+/// The handle resource; its flushes share its state.
+struct HandleResource {
+    machine: Rc<RefCell<machine::Handle>>,
+}
+
+/// One flush on a handle.
+struct FlushResource {
+    machine: Rc<RefCell<machine::Handle>>,
+}
+
+impl GuestHandle for HandleResource {
+    fn new() -> Self {
+        HandleResource {
+            machine: Rc::new(RefCell::new(machine::Handle::new())),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.machine.borrow().is_open()
+    }
+
+    fn sticky(&self) -> Option<Cause> {
+        cause_opt(self.machine.borrow().sticky())
+    }
+
+    fn start(&self, start: FlushStart) -> Result<Flush, String> {
+        self.machine
+            .borrow_mut()
+            .start(machine::FlushStart {
+                session: start.session,
+                uids: start.uids,
+                minted_uids: start.minted_uids,
+                seed: start.seed,
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(Flush::new(FlushResource {
+            machine: self.machine.clone(),
+        }))
+    }
+}
+
+impl GuestFlush for FlushResource {
+    fn poll(&self) -> Option<Step> {
+        self.machine.borrow_mut().poll().map(step_out)
+    }
+
+    fn handle(&self, event: Event) -> Result<(), String> {
+        self.machine
+            .borrow_mut()
+            .handle(event_in(event))
+            .map_err(|e| e.to_string())
+    }
+}
+
 impl Guest for Component {
+    type Handle = HandleResource;
+    type Flush = FlushResource;
+
+    fn flush_step_json(request: String) -> String {
+        crate::machine::flush_step_json(&request)
+    }
+
     fn classify(o: Observation) -> Classification {
         classification(crate::classify(&observation(o)))
     }

@@ -11,7 +11,9 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
+
+use crate::value as v;
 
 use crate::copy::{explain, parse_capture_failure, parse_divert_failure};
 use crate::decide::{decide, outcome_for};
@@ -123,19 +125,19 @@ pub fn copy_to_value(c: &Copy) -> Value {
         .iter()
         .map(|(k, v)| (k.clone(), Value::String(v.clone())))
         .collect();
-    json!({
-        "code": c.code,
-        "cause": c.cause.label(),
-        "outcome": c.outcome.label(),
-        "title": c.title,
-        "body": c.body,
-        "remediation": c.remediation,
-        "details": details,
-    })
+    v::obj(vec![
+        ("code", v::s(&c.code)),
+        ("cause", v::s(c.cause.label())),
+        ("outcome", v::s(c.outcome.label())),
+        ("title", v::s(&c.title)),
+        ("body", v::s(&c.body)),
+        ("remediation", v::strs(&c.remediation)),
+        ("details", Value::Object(details)),
+    ])
 }
 
 fn error_value(msg: impl Into<String>) -> Value {
-    json!({ "error": msg.into() })
+    v::obj(vec![("error", Value::String(msg.into()))])
 }
 
 /// `classify-json`: one observation object in, the classify object out.

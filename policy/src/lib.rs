@@ -53,6 +53,7 @@ pub mod machine;
 mod model;
 mod retry;
 pub mod table;
+mod value;
 
 #[cfg(target_arch = "wasm32")]
 mod component;

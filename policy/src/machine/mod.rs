@@ -53,9 +53,11 @@
 use crate::prelude::*;
 mod flush;
 mod report;
+mod wire;
 
 pub use flush::{FlushMachine, FlushStart};
 pub use report::{CaptureReport, DivertErrorReport, FlushReport};
+pub use wire::{STATE_FORMAT, event_from_value, event_to_value, flush_step_json, step_to_value};
 
 use serde::{Deserialize, Serialize};
 
@@ -219,6 +221,11 @@ impl Handle {
     /// A handle on a store that is not open yet.
     pub fn new() -> Handle {
         Handle::default()
+    }
+
+    /// A handle that knows `state` and runs no flush.
+    pub fn with_state(state: HandleState) -> Handle {
+        Handle { state, flush: None }
     }
 
     pub fn state(&self) -> &HandleState {

@@ -5,9 +5,10 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{DivertReceipt, FlushStart};
+use crate::value as v;
 use crate::model::{
     ActionKind, CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, DivertFailure, DivertResidue, Operation,
     Outcome,
@@ -27,12 +28,12 @@ pub enum CaptureReport {
 impl CaptureReport {
     fn to_value(&self) -> Value {
         match self {
-            CaptureReport::Captured(r) => json!(r),
-            CaptureReport::Failed { failure, error } => json!({
-                "error": error,
-                "operation": failure.operation,
-                "errno": failure.errno,
-            }),
+            CaptureReport::Captured(r) => v::capture_receipt(r),
+            CaptureReport::Failed { failure, error } => v::obj(vec![
+                ("error", v::s(error)),
+                ("operation", v::s(&failure.operation)),
+                ("errno", v::opt_i(failure.errno)),
+            ]),
         }
     }
 
@@ -109,24 +110,31 @@ pub struct FlushReport {
 impl FlushReport {
     /// The outcome object `turnsafe append` prints.
     pub fn to_value(&self) -> Value {
-        json!({
-            "persisted": self.persisted,
-            "operation": self.operation.map(|o| o.label()),
-            "cause": self.cause.map(|c| c.label()),
-            "action": self.action.map(|a| a.label()),
-            "attempts": self.attempts,
-            "committed": self.committed,
-            "diverted": self.diverted,
-            "handed_back": self.handed_back,
-            "receipt": self.receipt,
-            "divert_error": self.divert_error,
-            "copy": self.copy.as_ref().map(crate::json::copy_to_value),
-            "error": self.error,
-            "uids": self.uids,
-            "minted_uids": self.minted_uids,
-            "capture": self.capture.as_ref().map_or(Value::Null, CaptureReport::to_value),
-            "divert_residue": self.divert_residue,
-        })
+        let divert_error = self.divert_error.as_ref().map_or(Value::Null, |e| {
+            v::obj(vec![
+                ("operation", v::s(&e.operation)),
+                ("errno", v::opt_i(e.errno)),
+                ("error", v::s(&e.error)),
+            ])
+        });
+        v::obj(vec![
+            ("persisted", Value::Bool(self.persisted)),
+            ("operation", v::opt_s(self.operation.map(|o| o.label()))),
+            ("cause", v::opt_s(self.cause.map(|c| c.label()))),
+            ("action", v::opt_s(self.action.map(|a| a.label()))),
+            ("attempts", Value::from(self.attempts)),
+            ("committed", Value::from(self.committed as u64)),
+            ("diverted", Value::from(self.diverted as u64)),
+            ("handed_back", Value::from(self.handed_back as u64)),
+            ("receipt", self.receipt.as_ref().map_or(Value::Null, v::divert_receipt)),
+            ("divert_error", divert_error),
+            ("copy", self.copy.as_ref().map_or(Value::Null, crate::json::copy_to_value)),
+            ("error", v::opt_s(self.error.as_deref())),
+            ("uids", v::strs(&self.uids)),
+            ("minted_uids", v::strs(&self.minted_uids)),
+            ("capture", self.capture.as_ref().map_or(Value::Null, CaptureReport::to_value)),
+            ("divert_residue", v::residue(self.divert_residue.as_ref())),
+        ])
     }
 
     /// [`FlushReport::to_value`] as one line of JSON.
