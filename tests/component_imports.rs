@@ -21,3 +21,14 @@ fn the_component_is_a_component_not_a_core_module() {
     assert_eq!(&COMPONENT[0..4], b"\0asm");
     assert_eq!(&COMPONENT[6..8], &[0x01, 0x00]);
 }
+
+/// The design's hard cap on the component the binary carries (stripped,
+/// no imports). The bench `policy` prints the raw, stripped and gzip sizes.
+#[test]
+fn the_component_stays_under_its_hard_cap() {
+    assert!(
+        COMPONENT.len() <= 150_000,
+        "the component is {} bytes; the cap is 150,000",
+        COMPONENT.len()
+    );
+}

@@ -11,11 +11,11 @@
 //! `deleted_wal` never comes from a code or a message, and `replaced` comes
 //! only from evidence or `SQLITE_READONLY_DBMOVED`.
 
-#[allow(unused_imports)]
-use crate::prelude::*;
 use crate::codes::*;
 use crate::errno::{EDQUOT, ENOSPC};
 use crate::model::{Basis, Cause, Classification, Evidence, Observation, Operation};
+#[allow(unused_imports)]
+use crate::prelude::*;
 
 /// Classify one observation. Total: every input gets a cause.
 pub fn classify(obs: &Observation) -> Classification {

@@ -1,10 +1,10 @@
 //! The WASM component's exports: thin conversions between the WIT types
 //! and the crate's own, so every runtime runs exactly the native code.
 
-#[allow(unused_imports)]
-use crate::prelude::*;
 use crate::machine;
 use crate::model as m;
+#[allow(unused_imports)]
+use crate::prelude::*;
 
 wit_bindgen::generate!({
     world: "policy",
@@ -15,8 +15,8 @@ use alloc::rc::Rc;
 use core::cell::RefCell;
 
 use exports::turnsafe::policy::engine::{
-    Action, Basis, Cause, Classification, CopyContext, Decision, Event, Evidence, Flush, FlushStart, Guest,
-    GuestFlush, GuestHandle, Observation, Operation, Outcome, Step, UserCopy, WritePlan,
+    Action, Basis, Cause, Classification, CopyContext, Decision, Event, Evidence, Flush, FlushStart, Guest, GuestFlush,
+    GuestHandle, Observation, Operation, Outcome, Step, UserCopy, WritePlan,
 };
 
 struct Component;

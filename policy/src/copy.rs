@@ -12,11 +12,11 @@
 //! - A failed divert that may have left lines behind never says the
 //!   messages are "not stored anywhere".
 
-#[allow(unused_imports)]
-use crate::prelude::*;
 use crate::decide::is_producible;
 use crate::errno;
 use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Outcome};
+#[allow(unused_imports)]
+use crate::prelude::*;
 
 /// Why a copy could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,9 +1,9 @@
 //! The action table: classification -> what the host does next.
 
-#[allow(unused_imports)]
-use crate::prelude::*;
 use crate::classify::classify;
 use crate::model::{ActionKind, Cause, Classification, CopyContext, Decision, Observation, Operation, Outcome};
+#[allow(unused_imports)]
+use crate::prelude::*;
 use crate::retry::RetryPlan;
 
 /// Decide with the default retry plan.

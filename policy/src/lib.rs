@@ -49,6 +49,7 @@ mod copy;
 mod decide;
 pub mod errno;
 pub mod json;
+mod jsontext;
 pub mod machine;
 mod model;
 mod retry;

@@ -1,10 +1,10 @@
 //! Renders `docs/POLICY.md` from the code itself, so the document cannot
 //! drift: a test compares the committed file with [`render_markdown`].
 
-#[allow(unused_imports)]
-use crate::prelude::*;
 use crate::decide::{is_sticky, needs_capture, outcomes_of, possible_actions};
 use crate::model::{Cause, Outcome};
+#[allow(unused_imports)]
+use crate::prelude::*;
 use crate::retry::RetryPlan;
 
 fn basis_of(cause: Cause) -> &'static str {

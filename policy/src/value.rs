@@ -1,49 +1,41 @@
-//! Small builders of `serde_json::Value`s. They build each object field by
-//! field instead of through `json!` and `Serialize`, which keeps the
-//! component small: a `json!` field instantiates a serializer per type.
-//! Objects keep serde_json's key order (sorted), so the output is the same.
+//! Small builders of [`Json`] values for the policy's outputs.
 
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use serde_json::{Map, Value};
-
+use crate::jsontext::Json;
 use crate::machine::DivertReceipt;
 use crate::model::{CaptureReceipt, DivertResidue};
 
-pub(crate) fn obj(pairs: Vec<(&str, Value)>) -> Value {
-    let mut m = Map::new();
-    for (k, v) in pairs {
-        m.insert(k.to_string(), v);
-    }
-    Value::Object(m)
+pub(crate) fn obj(pairs: Vec<(&str, Json)>) -> Json {
+    Json::Obj(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 
-pub(crate) fn s(x: &str) -> Value {
-    Value::String(x.to_string())
+pub(crate) fn s(x: &str) -> Json {
+    Json::Str(x.to_string())
 }
 
-pub(crate) fn opt_s(x: Option<&str>) -> Value {
-    x.map_or(Value::Null, s)
+pub(crate) fn opt_s(x: Option<&str>) -> Json {
+    x.map_or(Json::Null, s)
 }
 
-pub(crate) fn opt_i(x: Option<i64>) -> Value {
-    x.map_or(Value::Null, Value::from)
+pub(crate) fn opt_i(x: Option<i64>) -> Json {
+    x.map_or(Json::Null, Json::int)
 }
 
-pub(crate) fn strs(xs: &[String]) -> Value {
-    Value::Array(xs.iter().map(|x| s(x)).collect())
+pub(crate) fn strs(xs: &[String]) -> Json {
+    Json::Arr(xs.iter().map(|x| s(x)).collect())
 }
 
-pub(crate) fn capture_receipt(r: &CaptureReceipt) -> Value {
+pub(crate) fn capture_receipt(r: &CaptureReceipt) -> Json {
     obj(vec![
         ("path", s(&r.path)),
         (
             "files",
-            Value::Array(
+            Json::Arr(
                 r.files
                     .iter()
-                    .map(|f| obj(vec![("name", s(&f.name)), ("size", Value::from(f.size))]))
+                    .map(|f| obj(vec![("name", s(&f.name)), ("size", Json::uint(f.size))]))
                     .collect(),
             ),
         ),
@@ -51,18 +43,18 @@ pub(crate) fn capture_receipt(r: &CaptureReceipt) -> Value {
     ])
 }
 
-pub(crate) fn divert_receipt(r: &DivertReceipt) -> Value {
+pub(crate) fn divert_receipt(r: &DivertReceipt) -> Json {
     obj(vec![
         ("path", s(&r.path)),
-        ("offset", Value::from(r.offset)),
-        ("length", Value::from(r.length)),
-        ("count", Value::from(r.count)),
+        ("offset", Json::uint(r.offset)),
+        ("length", Json::uint(r.length)),
+        ("count", Json::uint(r.count)),
         ("sha256", s(&r.sha256)),
     ])
 }
 
-pub(crate) fn residue(r: Option<&DivertResidue>) -> Value {
-    r.map_or(Value::Null, |r| {
-        obj(vec![("path", s(&r.path)), ("offset", Value::from(r.offset))])
+pub(crate) fn residue(r: Option<&DivertResidue>) -> Json {
+    r.map_or(Json::Null, |r| {
+        obj(vec![("path", s(&r.path)), ("offset", Json::uint(r.offset))])
     })
 }

@@ -57,7 +57,7 @@ mod wire;
 
 pub use flush::{FlushMachine, FlushStart};
 pub use report::{CaptureReport, DivertErrorReport, FlushReport};
-pub use wire::{STATE_FORMAT, event_from_value, event_to_value, flush_step_json, step_to_value};
+pub use wire::{STATE_FORMAT, event_from_text, event_to_text, flush_step_json, step_to_text};
 
 use serde::{Deserialize, Serialize};
 

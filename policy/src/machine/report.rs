@@ -5,14 +5,15 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+
+use crate::jsontext::Json;
 
 use super::{DivertReceipt, FlushStart};
-use crate::value as v;
 use crate::model::{
     ActionKind, CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, DivertFailure, DivertResidue, Operation,
     Outcome,
 };
+use crate::value as v;
 
 /// A capture that was tried: its receipt, or how it failed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -26,7 +27,7 @@ pub enum CaptureReport {
 }
 
 impl CaptureReport {
-    fn to_value(&self) -> Value {
+    fn to_json(&self) -> Json {
         match self {
             CaptureReport::Captured(r) => v::capture_receipt(r),
             CaptureReport::Failed { failure, error } => v::obj(vec![
@@ -109,8 +110,8 @@ pub struct FlushReport {
 
 impl FlushReport {
     /// The outcome object `turnsafe append` prints.
-    pub fn to_value(&self) -> Value {
-        let divert_error = self.divert_error.as_ref().map_or(Value::Null, |e| {
+    pub(crate) fn json(&self) -> Json {
+        let divert_error = self.divert_error.as_ref().map_or(Json::Null, |e| {
             v::obj(vec![
                 ("operation", v::s(&e.operation)),
                 ("errno", v::opt_i(e.errno)),
@@ -118,28 +119,38 @@ impl FlushReport {
             ])
         });
         v::obj(vec![
-            ("persisted", Value::Bool(self.persisted)),
+            ("persisted", Json::Bool(self.persisted)),
             ("operation", v::opt_s(self.operation.map(|o| o.label()))),
             ("cause", v::opt_s(self.cause.map(|c| c.label()))),
             ("action", v::opt_s(self.action.map(|a| a.label()))),
-            ("attempts", Value::from(self.attempts)),
-            ("committed", Value::from(self.committed as u64)),
-            ("diverted", Value::from(self.diverted as u64)),
-            ("handed_back", Value::from(self.handed_back as u64)),
-            ("receipt", self.receipt.as_ref().map_or(Value::Null, v::divert_receipt)),
+            ("attempts", Json::uint(u64::from(self.attempts))),
+            ("committed", Json::uint(self.committed as u64)),
+            ("diverted", Json::uint(self.diverted as u64)),
+            ("handed_back", Json::uint(self.handed_back as u64)),
+            ("receipt", self.receipt.as_ref().map_or(Json::Null, v::divert_receipt)),
             ("divert_error", divert_error),
-            ("copy", self.copy.as_ref().map_or(Value::Null, crate::json::copy_to_value)),
+            ("copy", self.copy.as_ref().map_or(Json::Null, crate::json::copy_json)),
             ("error", v::opt_s(self.error.as_deref())),
             ("uids", v::strs(&self.uids)),
             ("minted_uids", v::strs(&self.minted_uids)),
-            ("capture", self.capture.as_ref().map_or(Value::Null, CaptureReport::to_value)),
+            (
+                "capture",
+                self.capture.as_ref().map_or(Json::Null, CaptureReport::to_json),
+            ),
             ("divert_residue", v::residue(self.divert_residue.as_ref())),
         ])
     }
 
-    /// [`FlushReport::to_value`] as one line of JSON.
+    /// The outcome object as one line of JSON: what `turnsafe append`
+    /// prints, and what the component's `done` step carries.
     pub fn to_json(&self) -> String {
-        self.to_value().to_string()
+        self.json().to_text()
+    }
+
+    /// The outcome object as a `serde_json::Value`, for native hosts.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.to_json()).unwrap_or(serde_json::Value::Null)
     }
 }
 

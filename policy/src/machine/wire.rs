@@ -29,7 +29,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use serde_json::{Map, Value};
+use crate::jsontext::{Json, parse};
 
 use super::{CaptureReport, DivertReceipt, Event, Failure, FlushStart, Handle, HandleState, Step};
 use crate::model::{CaptureFailure, CaptureReceipt, CapturedFile, Cause, DivertFailure, DivertResidue, Evidence};
@@ -38,7 +38,8 @@ use crate::value as v;
 /// The version of the opaque state this build reads and writes.
 pub const STATE_FORMAT: u64 = 1;
 
-type Obj = Map<String, Value>;
+type Obj = Json;
+type Value = Json;
 
 fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
     o.get(key).filter(|v| !v.is_null())
@@ -46,7 +47,7 @@ fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
 
 fn string(o: &Obj, key: &str, what: &str) -> Result<String, String> {
     match field(o, key) {
-        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Json::Str(s)) => Ok(s.clone()),
         None => Ok(String::new()),
         Some(_) => Err(format!("{what}: field `{key}` must be a string")),
     }
@@ -54,7 +55,7 @@ fn string(o: &Obj, key: &str, what: &str) -> Result<String, String> {
 
 fn required_string(o: &Obj, key: &str, what: &str) -> Result<String, String> {
     match field(o, key) {
-        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Json::Str(s)) => Ok(s.clone()),
         _ => Err(format!("{what}: field `{key}` must be a string")),
     }
 }
@@ -81,7 +82,7 @@ fn i64_opt(o: &Obj, key: &str, what: &str) -> Result<Option<i64>, String> {
 fn strings(o: &Obj, key: &str, what: &str) -> Result<Vec<String>, String> {
     match field(o, key) {
         None => Ok(Vec::new()),
-        Some(Value::Array(items)) => items
+        Some(Json::Arr(items)) => items
             .iter()
             .map(|i| {
                 i.as_str()
@@ -94,7 +95,11 @@ fn strings(o: &Obj, key: &str, what: &str) -> Result<Vec<String>, String> {
 }
 
 fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Obj, String> {
-    v.as_object().ok_or_else(|| format!("{what} must be a JSON object"))
+    if v.is_object() {
+        Ok(v)
+    } else {
+        Err(format!("{what} must be a JSON object"))
+    }
 }
 
 fn start_from_value(v: &Value) -> Result<FlushStart, String> {
@@ -112,7 +117,7 @@ fn start_to_value(s: &FlushStart) -> Value {
         ("session", v::s(&s.session)),
         ("uids", v::strs(&s.uids)),
         ("minted_uids", v::strs(&s.minted_uids)),
-        ("seed", Value::from(s.seed)),
+        ("seed", Json::uint(s.seed)),
     ])
 }
 
@@ -120,7 +125,7 @@ fn capture_receipt_from(o: &Obj) -> Result<CaptureReceipt, String> {
     let what = "capture receipt";
     let files = match field(o, "files") {
         None => Vec::new(),
-        Some(Value::Array(items)) => items
+        Some(Json::Arr(items)) => items
             .iter()
             .map(|f| {
                 let f = object(f, "a captured file")?;
@@ -151,13 +156,13 @@ fn divert_receipt_from(o: &Obj) -> Result<DivertReceipt, String> {
 }
 
 /// An event from its wire object.
-pub fn event_from_value(v: &Value) -> Result<Event, String> {
+pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
     let o = object(v, "`event`")?;
     let kind = required_string(o, "type", "event")?;
     let what = format!("event `{kind}`");
     let receipt = || -> Result<&Obj, String> {
         field(o, "receipt")
-            .and_then(Value::as_object)
+            .filter(|r| r.is_object())
             .ok_or_else(|| format!("{what}: field `receipt` must be an object"))
     };
     Ok(match kind.as_str() {
@@ -166,7 +171,7 @@ pub fn event_from_value(v: &Value) -> Result<Event, String> {
         "failed" => {
             let evidence = match field(o, "evidence") {
                 None => Vec::new(),
-                Some(Value::Array(items)) => {
+                Some(Json::Arr(items)) => {
                     let mut ev: Vec<Evidence> = items
                         .iter()
                         .filter_map(|i| i.as_str().and_then(Evidence::from_label))
@@ -230,7 +235,7 @@ fn typed(kind: &str, mut rest: Vec<(&str, Value)>) -> Value {
 }
 
 /// An event as its wire object.
-pub fn event_to_value(e: &Event) -> Value {
+pub(crate) fn event_to_value(e: &Event) -> Value {
     match e {
         Event::Opened => typed("opened", Vec::new()),
         Event::Committed => typed("committed", Vec::new()),
@@ -241,11 +246,14 @@ pub fn event_to_value(e: &Event) -> Value {
                 ("extended_code", v::opt_i(f.extended_code)),
                 ("message", v::s(&f.message)),
                 ("errno", v::opt_i(f.errno)),
-                ("evidence", Value::Array(f.evidence.iter().map(|e| v::s(e.label())).collect())),
-                ("elapsed_ms", Value::from(f.elapsed_ms)),
+                (
+                    "evidence",
+                    Json::Arr(f.evidence.iter().map(|e| v::s(e.label())).collect()),
+                ),
+                ("elapsed_ms", Json::uint(f.elapsed_ms)),
             ],
         ),
-        Event::Waited { elapsed_ms } => typed("waited", vec![("elapsed_ms", Value::from(*elapsed_ms))]),
+        Event::Waited { elapsed_ms } => typed("waited", vec![("elapsed_ms", Json::uint(*elapsed_ms))]),
         Event::Captured(r) => typed("captured", vec![("receipt", v::capture_receipt(r))]),
         Event::CaptureFailed { failure, error } => typed(
             "capture_failed",
@@ -273,7 +281,7 @@ pub fn event_to_value(e: &Event) -> Value {
 }
 
 /// A step as its wire object.
-pub fn step_to_value(step: &Step) -> Value {
+pub(crate) fn step_to_value(step: &Step) -> Value {
     match step {
         Step::Open => typed("open", Vec::new()),
         Step::Write(p) => typed(
@@ -281,15 +289,15 @@ pub fn step_to_value(step: &Step) -> Value {
             vec![(
                 "plan",
                 v::obj(vec![
-                    ("degrade_fts", Value::Bool(p.degrade_fts)),
-                    ("recreate_session", Value::Bool(p.recreate_session)),
+                    ("degrade_fts", Json::Bool(p.degrade_fts)),
+                    ("recreate_session", Json::Bool(p.recreate_session)),
                 ]),
             )],
         ),
-        Step::Wait { ms } => typed("wait", vec![("ms", Value::from(*ms))]),
+        Step::Wait { ms } => typed("wait", vec![("ms", Json::uint(*ms))]),
         Step::Capture => typed("capture", Vec::new()),
         Step::Divert { cause } => typed("divert", vec![("cause", v::s(cause.label()))]),
-        Step::Done(report) => typed("done", vec![("outcome", report.to_value())]),
+        Step::Done(report) => typed("done", vec![("outcome", report.json())]),
     }
 }
 
@@ -311,17 +319,17 @@ fn capture_to_value(c: &CaptureReport) -> Value {
 }
 
 fn saved_to_value(s: &Saved) -> Value {
-    let flush = s.flush.as_ref().map_or(Value::Null, |(start, events)| {
+    let flush = s.flush.as_ref().map_or(Json::Null, |(start, events)| {
         v::obj(vec![
             ("start", start_to_value(start)),
-            ("events", Value::Array(events.iter().map(event_to_value).collect())),
+            ("events", Json::Arr(events.iter().map(event_to_value).collect())),
         ])
     });
     v::obj(vec![
-        ("v", Value::from(STATE_FORMAT)),
-        ("open", Value::Bool(s.state.open)),
+        ("v", Json::uint(STATE_FORMAT)),
+        ("open", Json::Bool(s.state.open)),
         ("sticky", v::opt_s(s.state.sticky.map(Cause::label))),
-        ("capture", s.state.capture.as_ref().map_or(Value::Null, capture_to_value)),
+        ("capture", s.state.capture.as_ref().map_or(Json::Null, capture_to_value)),
         ("flush", flush),
     ])
 }
@@ -337,15 +345,18 @@ fn saved_from_value(v: Option<&Value>) -> Result<Saved, String> {
             flush: None,
         });
     };
-    let o = v.as_object().ok_or_else(|| refuse("not an object"))?;
-    match o.get("v").and_then(Value::as_u64) {
+    let o = v;
+    if !o.is_object() {
+        return Err(refuse("not an object"));
+    }
+    match o.get("v").and_then(Json::as_u64) {
         Some(STATE_FORMAT) => {}
         Some(n) => return Err(refuse(&format!("format {n}; this build reads format {STATE_FORMAT}"))),
         None => return Err(refuse("no format version")),
     }
     let open = o
         .get("open")
-        .and_then(Value::as_bool)
+        .and_then(Json::as_bool)
         .ok_or_else(|| refuse("`open` is missing"))?;
     let sticky = match field(o, "sticky") {
         None => None,
@@ -366,10 +377,12 @@ fn saved_from_value(v: Option<&Value>) -> Result<Saved, String> {
     let flush = match field(o, "flush") {
         None => None,
         Some(f) => {
-            let f = f.as_object().ok_or_else(|| refuse("`flush` is not an object"))?;
-            let start = start_from_value(f.get("start").unwrap_or(&Value::Null)).map_err(|e| refuse(&e))?;
+            if !f.is_object() {
+                return Err(refuse("`flush` is not an object"));
+            }
+            let start = start_from_value(f.get("start").unwrap_or(&Json::Null)).map_err(|e| refuse(&e))?;
             let events = match f.get("events") {
-                Some(Value::Array(items)) => items
+                Some(Json::Arr(items)) => items
                     .iter()
                     .map(|e| event_from_value(e).map_err(|e| refuse(&e)))
                     .collect::<Result<Vec<_>, _>>()?,
@@ -403,7 +416,7 @@ fn restore(saved: &Saved) -> Result<Handle, String> {
 /// `flush-step-json`: one step of the flush protocol, string in, string out.
 pub fn flush_step_json(request: &str) -> String {
     let run = || -> Result<Value, String> {
-        let v: Value = serde_json::from_str(request).map_err(|e| format!("invalid JSON: {e}"))?;
+        let v = parse(request).map_err(|e| format!("invalid JSON: {e}"))?;
         let obj = object(&v, "the request")?;
         let mut saved = saved_from_value(obj.get("state"))?;
         let mut handle = restore(&saved)?;
@@ -431,8 +444,25 @@ pub fn flush_step_json(request: &str) -> String {
         }
         Ok(v::obj(vec![
             ("state", saved_to_value(&saved)),
-            ("step", step.as_ref().map_or(Value::Null, step_to_value)),
+            ("step", step.as_ref().map_or(Json::Null, step_to_value)),
         ]))
     };
-    run().unwrap_or_else(|e| v::obj(vec![("error", Value::String(e))])).to_string()
+    run()
+        .unwrap_or_else(|e| v::obj(vec![("error", Json::Str(e))]))
+        .to_text()
+}
+
+/// An event from its wire text (for hosts and tests that speak the wire).
+pub fn event_from_text(text: &str) -> Result<Event, String> {
+    event_from_value(&parse(text).map_err(|e| format!("invalid JSON: {e}"))?)
+}
+
+/// An event as its wire text.
+pub fn event_to_text(e: &Event) -> String {
+    event_to_value(e).to_text()
+}
+
+/// A step as its wire text.
+pub fn step_to_text(step: &Step) -> String {
+    step_to_value(step).to_text()
 }
