@@ -35,7 +35,6 @@ extern crate alloc;
 
 /// The `alloc` names every module uses, so the same code builds with and without std.
 mod prelude {
-    pub use alloc::borrow::ToOwned;
     pub use alloc::boxed::Box;
     pub use alloc::format;
     pub use alloc::string::{String, ToString};
