@@ -44,6 +44,8 @@ pub trait PolicyEngine {
     fn classify_json(&mut self, observation: &str) -> Result<String, EngineError>;
     fn explain_json(&mut self, request: &str) -> Result<String, EngineError>;
     fn evaluate_json(&mut self, request: &str) -> Result<String, EngineError>;
+    /// One step of the flush machine (`{state, start?, event?}` in).
+    fn flush_step_json(&mut self, request: &str) -> Result<String, EngineError>;
 }
 
 /// The native policy.
@@ -59,6 +61,9 @@ impl PolicyEngine for NativeEngine {
     }
     fn evaluate_json(&mut self, request: &str) -> Result<String, EngineError> {
         Ok(turnsafe_policy::json::evaluate_json(request))
+    }
+    fn flush_step_json(&mut self, request: &str) -> Result<String, EngineError> {
+        Ok(turnsafe_policy::machine::flush_step_json(request))
     }
 }
 
@@ -146,6 +151,9 @@ impl PolicyEngine for WasmEngine {
     }
     fn evaluate_json(&mut self, request: &str) -> Result<String, EngineError> {
         self.call(|g, s| g.call_evaluate_json(s, request))
+    }
+    fn flush_step_json(&mut self, request: &str) -> Result<String, EngineError> {
+        self.call(|g, s| g.call_flush_step_json(s, request))
     }
 }
 

@@ -20,6 +20,7 @@ export function native(command, lines) {
 
 export function vectors() {
   const dir = join(ROOT, 'tests', 'vectors');
-  return readdirSync(dir).filter((f) => f.endsWith('.json')).sort()
+  // flush_sequences.json has its own runner.
+  return readdirSync(dir).filter((f) => f.endsWith('.json') && f !== 'flush_sequences.json').sort()
     .flatMap((f) => JSON.parse(readFileSync(join(dir, f), 'utf8')));
 }

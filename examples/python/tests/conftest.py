@@ -29,6 +29,8 @@ def policy() -> Policy:
 def vectors() -> list[dict]:
     out = []
     for f in sorted((ROOT / "tests" / "vectors").glob("*.json")):
+        if f.name == "flush_sequences.json":  # the flush machine's own runner reads it
+            continue
         out.extend(json.loads(f.read_text()))
     assert len(out) >= 60
     return out
