@@ -7,6 +7,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use turnsafe_host::engine::{COMPONENT, COMPONENT_UNSTRIPPED_LEN, PolicyEngine, WasmEngine, wit};
+use turnsafe_policy::machine as m;
 use turnsafe_policy::{CopyContext, Observation, Operation, Outcome, decide, explain};
 
 fn main() {
@@ -75,6 +76,68 @@ fn main() {
     }
     let wasm_json = t.elapsed().as_secs_f64() / f64::from(m);
 
+    // One whole flush through the machine, no I/O: open, a locked write,
+    // a wait, the write again, committed, done with its outcome.
+    let flushes = 20_000u32;
+    let uids: Vec<String> = (0..10).map(|i| format!("u{i}")).collect();
+    let locked = m::Failure {
+        code: Some(5),
+        extended_code: Some(5),
+        message: "database is locked".into(),
+        ..m::Failure::default()
+    };
+    let t = Instant::now();
+    for i in 0..flushes {
+        let mut h = m::Handle::new();
+        h.start(m::FlushStart {
+            session: "s1".into(),
+            uids: uids.clone(),
+            minted_uids: Vec::new(),
+            seed: u64::from(i),
+        })
+        .unwrap();
+        let events = [
+            m::Event::Opened,
+            m::Event::Failed(locked.clone()),
+            m::Event::Waited { elapsed_ms: 30 },
+            m::Event::Committed,
+        ];
+        for e in events {
+            let _ = h.poll();
+            h.handle(e).unwrap();
+        }
+        if let Some(m::Step::Done(r)) = h.poll() {
+            sink += r.to_json().len();
+        }
+    }
+    let native_flush = t.elapsed().as_secs_f64() / f64::from(flushes);
+
+    let start = serde_json::json!({ "session": "s1", "uids": uids, "minted_uids": [], "seed": 7 });
+    let events = [
+        serde_json::json!({ "type": "opened" }),
+        serde_json::json!({ "type": "failed", "code": 5, "extended_code": 5, "message": "database is locked" }),
+        serde_json::json!({ "type": "waited", "elapsed_ms": 30 }),
+        serde_json::json!({ "type": "committed" }),
+    ];
+    let mut json_flush = |engine: &mut dyn PolicyEngine, n: u32| {
+        let t = Instant::now();
+        for _ in 0..n {
+            let mut answer = engine
+                .flush_step_json(&serde_json::json!({ "state": null, "start": start }).to_string())
+                .unwrap();
+            for e in &events {
+                let state: serde_json::Value = serde_json::from_str::<serde_json::Value>(&answer).unwrap()["state"].clone();
+                answer = engine
+                    .flush_step_json(&serde_json::json!({ "state": state, "event": e }).to_string())
+                    .unwrap();
+            }
+            sink += answer.len();
+        }
+        t.elapsed().as_secs_f64() / f64::from(n)
+    };
+    let native_json_flush = json_flush(&mut turnsafe_host::engine::NativeEngine, flushes);
+    let wasm_json_flush = json_flush(&mut engine, flushes / 4);
+
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     gz.write_all(COMPONENT).unwrap();
     let gz = gz.finish().unwrap().len();
@@ -87,6 +150,14 @@ fn main() {
         wasm / native
     );
     println!("  wasmtime json    {:>8.3} us/classify-json", wasm_json * 1e6);
+    println!("one whole flush through the machine (open, locked, wait, write, committed, done)");
+    println!("  native typed     {:>8.3} us/flush", native_flush * 1e6);
+    println!("  native json      {:>8.3} us/flush  (flush-step-json, 5 calls)", native_json_flush * 1e6);
+    println!(
+        "  wasmtime json    {:>8.3} us/flush  ({:.1}x native json)",
+        wasm_json_flush * 1e6,
+        wasm_json_flush / native_json_flush
+    );
     println!(
         "component (wasm32-unknown-unknown + wit-component, imports: {:?})",
         engine.imports()
