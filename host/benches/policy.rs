@@ -126,7 +126,8 @@ fn main() {
                 .flush_step_json(&serde_json::json!({ "state": null, "start": start }).to_string())
                 .unwrap();
             for e in &events {
-                let state: serde_json::Value = serde_json::from_str::<serde_json::Value>(&answer).unwrap()["state"].clone();
+                let state: serde_json::Value =
+                    serde_json::from_str::<serde_json::Value>(&answer).unwrap()["state"].clone();
                 answer = engine
                     .flush_step_json(&serde_json::json!({ "state": state, "event": e }).to_string())
                     .unwrap();
@@ -152,7 +153,10 @@ fn main() {
     println!("  wasmtime json    {:>8.3} us/classify-json", wasm_json * 1e6);
     println!("one whole flush through the machine (open, locked, wait, write, committed, done)");
     println!("  native typed     {:>8.3} us/flush", native_flush * 1e6);
-    println!("  native json      {:>8.3} us/flush  (flush-step-json, 5 calls)", native_json_flush * 1e6);
+    println!(
+        "  native json      {:>8.3} us/flush  (flush-step-json, 5 calls)",
+        native_json_flush * 1e6
+    );
     println!(
         "  wasmtime json    {:>8.3} us/flush  ({:.1}x native json)",
         wasm_json_flush * 1e6,

@@ -16,7 +16,10 @@
 //! once more.
 
 pub mod schema;
+mod shared;
 mod write;
+
+pub use shared::SharedStore;
 
 use std::collections::HashMap;
 use std::os::unix::fs::OpenOptionsExt;
