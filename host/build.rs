@@ -24,6 +24,10 @@ fn main() {
 }
 
 fn run() -> Result<(), String> {
+    // Only the `wasm-engine` feature embeds the component.
+    if env::var_os("CARGO_FEATURE_WASM_ENGINE").is_none() {
+        return Ok(());
+    }
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?);
     let root = manifest_dir
         .parent()

@@ -2,16 +2,22 @@
 //!
 //! The native shell around `turnsafe-policy`: it performs every effect
 //! (the SQLite store, the flush, the divert, the guard) and asks the policy
-//! what each failure means. This crate also carries the policy as a WASM
-//! component ([`engine::COMPONENT`]) and can run either implementation.
+//! what each failure means.
+//!
+//! With the `wasm-engine` feature (on by default, and what the `turnsafe`
+//! command line needs) it also carries the policy as a WASM component
+//! (`engine::COMPONENT`) and can run either implementation. Without it, as
+//! in the Python package, it builds with no wasm32 target and no wasmtime.
 
 pub mod capture;
 pub mod captures;
+#[cfg(feature = "wasm-engine")]
 pub mod cli;
 pub mod divert;
 pub mod divert_files;
 pub mod doctor;
 pub mod durable;
+#[cfg(feature = "wasm-engine")]
 pub mod engine;
 pub mod exit;
 pub mod failpoint;
