@@ -159,9 +159,12 @@ fn finish(step: &Value, events: &mut Vec<Value>) -> bool {
     true
 }
 
-/// The cases: (name, turns of (start, events)). A turn's events may be
-/// completed by `finish` (marked by a trailing `null`).
-fn cases() -> Vec<(String, Vec<(Value, Vec<Value>)>)> {
+/// One turn: a start and the events fed back.
+type Turn = (Value, Vec<Value>);
+
+/// The cases: (name, turns). A turn's events may be completed by `finish`
+/// (marked by a trailing `null`).
+fn cases() -> Vec<(String, Vec<Turn>)> {
     let mut out = Vec::new();
     for cause in CAUSES {
         // At open: past the patience, so a retryable cause ends too.
@@ -284,7 +287,7 @@ fn step(engine: &mut dyn PolicyEngine, request: Value) -> (String, Value) {
 }
 
 /// Drive one case; returns each turn's steps and the raw answers.
-fn drive(engine: &mut dyn PolicyEngine, turns: &[(Value, Vec<Value>)]) -> (Vec<Vec<Value>>, Vec<String>) {
+fn drive(engine: &mut dyn PolicyEngine, turns: &[Turn]) -> (Vec<Vec<Value>>, Vec<String>) {
     let mut state = Value::Null;
     let mut all_steps = Vec::new();
     let mut answers = Vec::new();
@@ -362,7 +365,7 @@ fn native_and_wasm_give_the_expected_steps_byte_for_byte() {
     let mut native = NativeEngine;
     let mut wasm = WasmEngine::new().expect("component loads");
     for case in &cases {
-        let turns: Vec<(Value, Vec<Value>)> = case["turns"]
+        let turns: Vec<Turn> = case["turns"]
             .as_array()
             .expect("turns")
             .iter()
