@@ -1,11 +1,14 @@
-"""A small agent session writer on the standard library's sqlite3, whose
-failure handling is entirely the turnsafe policy component.
+"""A small agent session writer on the standard library's sqlite3 whose
+flush protocol is the turnsafe policy component's flush machine.
 
-On a failed append it builds the observation (Python 3.11 exposes the
-extended code as ``sqlite_errorcode``), asks the policy, and does what the
-policy says: retry after the policy's delay, divert the batch to JSONL in
-the docs/DIVERT.md format (flock, O_NOFOLLOW, fsync, then a receipt), or
-fail closed. It shows the policy's copy.
+The writer holds no decision of its own. For each batch it starts the
+machine (``flush-step-json``) and performs the steps it asks for: open the
+database, write the batch, wait, capture (this host keeps no retired
+generation, so it reports that it cannot), or divert the batch to JSONL in
+the docs/DIVERT.md format (flock, O_NOFOLLOW, fsync, then a receipt). It
+feeds back what happened (Python 3.11 exposes the extended code as
+``sqlite_errorcode``) until the machine says ``done``, and returns the
+outcome the component built: ``outcome_text`` is its exact JSON.
 """
 
 from __future__ import annotations
@@ -114,6 +117,22 @@ def divert(home: Path, session: str, cause: str, messages: list[dict], first_seq
     }
 
 
+def failure(err: BaseException, elapsed_ms: int) -> dict:
+    """A failed open or write, as the flush machine takes it."""
+    obs = observation("append_batch", err, 1, elapsed_ms, 0)
+    return {"type": "failed", "code": obs["code"], "extended_code": obs["extended_code"],
+            "message": obs["message"], "errno": obs["errno"], "evidence": [], "elapsed_ms": elapsed_ms}
+
+
+def outcome_text(answer: str) -> str:
+    """The outcome object of a ``done`` answer, byte for byte as the
+    component wrote it (its keys are sorted: ``state`` then ``step``, and
+    in the step ``outcome`` then ``type``)."""
+    head = '"step":{"outcome":'
+    tail = ',"type":"done"}}'
+    return answer[answer.index(head) + len(head):answer.rindex(tail)]
+
+
 class SessionWriter:
     def __init__(self, home: str | os.PathLike, session: str, policy: Policy | None = None,
                  db_uri: str | None = None, busy_timeout: float = 0.0):
@@ -124,80 +143,107 @@ class SessionWriter:
         self.busy_timeout = busy_timeout
         self.conn: sqlite3.Connection | None = None
         self.next_seq: int | None = None
+        # The machine's handle (open, sticky, capture), opaque to this host.
+        self.state = None
+        self.outcome_text: str | None = None
 
-    def _open(self) -> sqlite3.Connection:
-        if self.conn is None:
+    # The effects. Each one does what its step says and reports what happened.
+
+    def _open(self, started: float) -> dict:
+        try:
             target = self.db_uri or str(self.home / "state.db")
             conn = sqlite3.connect(target, uri=self.db_uri is not None, timeout=self.busy_timeout,
                                    isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.executescript(SCHEMA)
-            self.conn = conn
-        return self.conn
-
-    def append(self, messages: list[dict]) -> dict:
-        batch = [dict(m, uid=m.get("uid") or uuid.uuid4().hex) for m in messages]
-        started = time.monotonic()
-        seed = random.getrandbits(63)
-        attempt = 0
-        while True:
-            attempt += 1
-            operation = "open" if self.conn is None else "append_batch"
             try:
-                conn = self._open()
-                operation = "append_batch"
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    seq = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?",
-                                       (self.session,)).fetchone()[0]
-                    if self.next_seq is None:
-                        self.next_seq = seq
-                    for i, m in enumerate(batch):
-                        conn.execute(
-                            "INSERT INTO messages(session_id, uid, seq, role, content) VALUES (?, ?, ?, ?, ?)",
-                            (self.session, m["uid"], seq + i, m["role"], json.dumps(m["content"])
-                             if not isinstance(m["content"], str) else m["content"]))
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-                self.next_seq = seq + len(batch)
-                return self._outcome(True, None, None, attempt, len(batch), 0, 0, None, None, batch)
-            except sqlite3.Error as err:
-                elapsed = int((time.monotonic() - started) * 1000)
-                obs = observation(operation, err, attempt, elapsed, seed)
-                decision = self.policy.decide(obs)
-                action = decision["action"]
-                if action == "retry":
-                    time.sleep(decision["delay_ms"] / 1000)
-                    continue
-                if action in ("divert", "adopt_continuation", "degrade_fts", "recreate_session"):
-                    return self._divert(decision["cause"], attempt, batch)
-                return self._outcome(False, decision["cause"], action, attempt, 0, 0, len(batch),
-                                     None, self.policy.explain(decision["cause"], "handed_back",
-                                                               session=self.session), batch)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.executescript(SCHEMA)
+            except BaseException:
+                conn.close()
+                raise
+        except sqlite3.Error as err:
+            return failure(err, self._elapsed(started))
+        self.conn = conn
+        return {"type": "opened"}
 
-    def _divert(self, cause: str, attempt: int, batch: list[dict]) -> dict:
+    def _write(self, batch: list[dict], started: float) -> dict:
+        # This schema has no search index and no session rows, so the
+        # plan's `degrade_fts` and `recreate_session` have nothing to change.
+        conn = self.conn
+        if conn is None:
+            return failure(sqlite3.OperationalError("the database is not open"), self._elapsed(started))
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                seq = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?",
+                                   (self.session,)).fetchone()[0]
+                if self.next_seq is None:
+                    self.next_seq = seq
+                for i, m in enumerate(batch):
+                    conn.execute(
+                        "INSERT INTO messages(session_id, uid, seq, role, content) VALUES (?, ?, ?, ?, ?)",
+                        (self.session, m["uid"], seq + i, m["role"], json.dumps(m["content"])
+                         if not isinstance(m["content"], str) else m["content"]))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as err:
+            return failure(err, self._elapsed(started))
+        self.next_seq = seq + len(batch)
+        return {"type": "committed"}
+
+    def _divert(self, cause: str, batch: list[dict]) -> dict:
         try:
             receipt = divert(self.home, self.session, cause, batch, self.next_seq)
         except DivertFailed as e:
-            copy = self.policy.explain(cause, "divert_failed", session=self.session,
-                                       divert_error=f"{e.operation}: errno {e.errno}" if e.errno else e.operation)
-            out = self._outcome(False, cause, "divert", attempt, 0, 0, len(batch), None, copy, batch)
-            out["divert_error"] = {"operation": e.operation, "errno": e.errno}
-            return out
+            return {"type": "divert_failed", "operation": e.operation, "errno": e.errno,
+                    "message": str(e), "residue": None}
         if self.next_seq is not None:
             self.next_seq += len(batch)
-        copy = self.policy.explain(cause, "diverted", session=self.session, receipt_path=receipt["path"])
-        return self._outcome(False, cause, "divert", attempt, 0, len(batch), 0, receipt, copy, batch)
+        return {"type": "diverted", "receipt": receipt}
 
-    def _outcome(self, persisted, cause, action, attempts, committed, diverted, handed_back, receipt, copy, batch):
-        return {
-            "persisted": persisted, "cause": cause, "action": action, "attempts": attempts,
-            "committed": committed, "diverted": diverted, "handed_back": handed_back,
-            "receipt": receipt, "copy": copy,
-            "error": None if persisted else f"session_persistence_failed:{cause}",
-            "uids": [m["uid"] for m in batch],
-        }
+    @staticmethod
+    def _elapsed(started: float) -> int:
+        return int((time.monotonic() - started) * 1000)
+
+    def append(self, messages: list[dict]) -> dict:
+        """Flush one batch; the outcome the component built, as a dict."""
+        minted = []
+        batch = []
+        for m in messages:
+            uid = m.get("uid")
+            if not uid:
+                uid = uuid.uuid4().hex
+                minted.append(uid)
+            batch.append(dict(m, uid=uid))
+        started = time.monotonic()
+        start = {"session": self.session, "uids": [m["uid"] for m in batch], "minted_uids": minted,
+                 "seed": random.getrandbits(63)}
+        answer = self.policy.flush_step({"state": self.state, "start": start})
+        while True:
+            reply = json.loads(answer)
+            if "error" in reply:
+                raise RuntimeError(f"the flush machine refused a step: {reply['error']}")
+            self.state = reply["state"]
+            step = reply["step"]
+            kind = step["type"]
+            if kind == "done":
+                self.outcome_text = outcome_text(answer)
+                return step["outcome"]
+            if kind == "open":
+                event = self._open(started)
+            elif kind == "write":
+                event = self._write(batch, started)
+            elif kind == "wait":
+                time.sleep(step["ms"] / 1000)
+                event = {"type": "waited", "elapsed_ms": self._elapsed(started)}
+            elif kind == "capture":
+                event = {"type": "capture_failed", "operation": "read", "errno": None,
+                         "error": "this host keeps no record of the generation it wrote, so it cannot capture it"}
+            elif kind == "divert":
+                event = self._divert(step["cause"], batch)
+            else:
+                raise RuntimeError(f"unknown step {kind!r}")
+            answer = self.policy.flush_step({"state": self.state, "event": event})

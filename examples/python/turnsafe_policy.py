@@ -35,7 +35,7 @@ class Policy:
             if iface is None:
                 raise RuntimeError(f"the component does not export {INTERFACE}")
             funcs = {}
-            for name in ("classify-json", "explain-json", "evaluate-json", "version"):
+            for name in ("classify-json", "explain-json", "evaluate-json", "flush-step-json", "version"):
                 index = instance.get_export_index(store, name, iface)
                 funcs[name] = instance.get_func(store, index)
             self._live = (store, funcs)
@@ -60,6 +60,13 @@ class Policy:
 
     def evaluate_json(self, request: str) -> str:
         return self._call("evaluate-json", request)
+
+    def flush_step_json(self, request: str) -> str:
+        return self._call("flush-step-json", request)
+
+    def flush_step(self, request: dict) -> str:
+        """One step of the flush machine; the answer's raw text."""
+        return self.flush_step_json(json.dumps(request))
 
     def version(self) -> str:
         return self._call("version")

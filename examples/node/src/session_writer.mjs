@@ -1,13 +1,16 @@
-// A small session writer on better-sqlite3 whose failure handling is the
-// turnsafe policy: retry on its plan, divert to JSONL (docs/DIVERT.md) with
-// fsync and a receipt, or fail closed, and show its copy.
+// A small session writer on better-sqlite3 whose flush protocol is the
+// turnsafe policy component's flush machine. The writer holds no decision
+// of its own: it performs the steps the machine asks for (open, write,
+// wait, capture, divert to JSONL per docs/DIVERT.md with fsync and a
+// receipt), feeds back what happened, and returns the outcome the
+// component built (`outcomeText` is its exact JSON).
 import Database from 'better-sqlite3';
 import { createHash, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 
 import { codesOf } from './codes.mjs';
-import { decide, explain } from './policy.mjs';
+import { flushStep } from './policy.mjs';
 
 const SCHEMA = `CREATE TABLE IF NOT EXISTS messages(
   id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, uid TEXT NOT NULL, seq INTEGER NOT NULL,
@@ -93,6 +96,20 @@ export function divert(home, session, cause, batch, firstSeq) {
   }
 }
 
+/** A failed open or write, as the flush machine takes it. */
+export function failure(err, elapsedMs) {
+  const obs = observation('append_batch', err, 1, elapsedMs, 0);
+  return { type: 'failed', code: obs.code, extended_code: obs.extended_code, message: obs.message,
+    errno: obs.errno, evidence: [], elapsed_ms: elapsedMs };
+}
+
+/** The outcome object of a `done` answer, byte for byte as the component wrote it. */
+export function outcomeText(answer) {
+  const head = '"step":{"outcome":';
+  const tail = ',"type":"done"}}';
+  return answer.slice(answer.indexOf(head) + head.length, answer.lastIndexOf(tail));
+}
+
 export class SessionWriter {
   constructor(home, session, { readonly = false, timeout = 0 } = {}) {
     this.home = home;
@@ -101,80 +118,116 @@ export class SessionWriter {
     this.timeout = timeout;
     this.db = null;
     this.nextSeq = null;
+    // The machine's handle (open, sticky, capture), opaque to this host.
+    this.state = null;
+    this.outcomeText = null;
   }
 
-  open() {
-    if (!this.db) {
+  // The effects. Each one does what its step says and reports what happened.
+
+  open(started) {
+    try {
       const db = new Database(path.join(this.home, 'state.db'), { readonly: this.readonly, fileMustExist: this.readonly, timeout: this.timeout });
-      if (!this.readonly) {
-        db.pragma('journal_mode = WAL');
-        db.pragma('synchronous = FULL');
-        db.exec(SCHEMA);
+      try {
+        if (!this.readonly) {
+          db.pragma('journal_mode = WAL');
+          db.pragma('synchronous = FULL');
+          db.exec(SCHEMA);
+        }
+      } catch (e) {
+        db.close();
+        throw e;
       }
       this.db = db;
+      return { type: 'opened' };
+    } catch (err) {
+      // better-sqlite3 throws a codeless TypeError for a missing folder:
+      // every failure to open is the store's.
+      return failure(err, Date.now() - started);
     }
-    return this.db;
+  }
+
+  write(batch, started) {
+    // This schema has no search index and no session rows, so the plan's
+    // `degrade_fts` and `recreate_session` have nothing to change.
+    const db = this.db;
+    try {
+      db.exec('BEGIN IMMEDIATE');
+      try {
+        const seq = db.prepare('SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM messages WHERE session_id = ?').get(this.session).s;
+        if (this.nextSeq === null) this.nextSeq = seq;
+        const ins = db.prepare('INSERT INTO messages(session_id, uid, seq, role, content) VALUES (?, ?, ?, ?, ?)');
+        batch.forEach((m, i) => ins.run(this.session, m.uid, seq + i, m.role,
+          typeof m.content === 'string' ? m.content : JSON.stringify(m.content)));
+        db.exec('COMMIT');
+        this.nextSeq = seq + batch.length;
+      } catch (e) {
+        if (db.inTransaction) db.exec('ROLLBACK');
+        throw e;
+      }
+      return { type: 'committed' };
+    } catch (err) {
+      const sqlite = err instanceof Database.SqliteError || (typeof err?.code === 'string' && err.code.startsWith('SQLITE_'));
+      if (!sqlite) throw err;
+      return failure(err, Date.now() - started);
+    }
+  }
+
+  divertBatch(cause, batch) {
+    try {
+      const receipt = divert(this.home, this.session, cause, batch, this.nextSeq);
+      if (this.nextSeq !== null) this.nextSeq += batch.length;
+      return { type: 'diverted', receipt };
+    } catch (e) {
+      const errno = typeof e.errno === 'number' ? Math.abs(e.errno) : null;
+      return { type: 'divert_failed', operation: e.operation ?? 'write', errno, message: String(e.message ?? e),
+        residue: null };
+    }
   }
 
   append(messages) {
-    const batch = messages.map((m) => ({ ...m, uid: m.uid ?? randomUUID().replaceAll('-', '') }));
+    const minted = [];
+    const batch = messages.map((m) => {
+      if (m.uid) return { ...m };
+      const uid = randomUUID().replaceAll('-', '');
+      minted.push(uid);
+      return { ...m, uid };
+    });
     const started = Date.now();
-    const seed = Math.floor(Math.random() * 2 ** 32);
-    for (let attempt = 1; ; attempt++) {
-      let operation = this.db ? 'append_batch' : 'open';
-      try {
-        const db = this.open();
-        operation = 'append_batch';
-        db.exec('BEGIN IMMEDIATE');
-        try {
-          const seq = db.prepare('SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM messages WHERE session_id = ?').get(this.session).s;
-          if (this.nextSeq === null) this.nextSeq = seq;
-          const ins = db.prepare('INSERT INTO messages(session_id, uid, seq, role, content) VALUES (?, ?, ?, ?, ?)');
-          batch.forEach((m, i) => ins.run(this.session, m.uid, seq + i, m.role,
-            typeof m.content === 'string' ? m.content : JSON.stringify(m.content)));
-          db.exec('COMMIT');
-          this.nextSeq = seq + batch.length;
-        } catch (e) {
-          if (db.inTransaction) db.exec('ROLLBACK');
-          throw e;
-        }
-        return this.outcome(true, null, null, attempt, batch.length, 0, 0, null, null, batch);
-      } catch (err) {
-        // Any failure to open is the store's; after that, only SQLite's own errors.
-        const sqlite = err instanceof Database.SqliteError || (typeof err?.code === 'string' && err.code.startsWith('SQLITE_'));
-        if (!sqlite && operation !== 'open') throw err;
-        const decision = decide(observation(operation, err, attempt, Date.now() - started, seed));
-        if (decision.action === 'retry') {
-          sleep(decision.delay_ms);
-          continue;
-        }
-        if (decision.action === 'fail_closed') {
-          return this.outcome(false, decision.cause, 'fail_closed', attempt, 0, 0, batch.length, null,
-            explain(decision.cause, 'handed_back', { session: this.session }), batch);
-        }
-        return this.divertBatch(decision.cause, attempt, batch);
+    const start = { session: this.session, uids: batch.map((m) => m.uid), minted_uids: minted,
+      seed: Math.floor(Math.random() * 2 ** 32) };
+    let answer = flushStep({ state: this.state, start });
+    for (;;) {
+      const reply = JSON.parse(answer);
+      if (reply.error) throw new Error(`the flush machine refused a step: ${reply.error}`);
+      this.state = reply.state;
+      const step = reply.step;
+      let event;
+      switch (step.type) {
+        case 'done':
+          this.outcomeText = outcomeText(answer);
+          return step.outcome;
+        case 'open':
+          event = this.open(started);
+          break;
+        case 'write':
+          event = this.write(batch, started);
+          break;
+        case 'wait':
+          sleep(step.ms);
+          event = { type: 'waited', elapsed_ms: Date.now() - started };
+          break;
+        case 'capture':
+          event = { type: 'capture_failed', operation: 'read', errno: null,
+            error: 'this host keeps no record of the generation it wrote, so it cannot capture it' };
+          break;
+        case 'divert':
+          event = this.divertBatch(step.cause, batch);
+          break;
+        default:
+          throw new Error(`unknown step ${step.type}`);
       }
+      answer = flushStep({ state: this.state, event });
     }
-  }
-
-  divertBatch(cause, attempt, batch) {
-    let receipt;
-    try {
-      receipt = divert(this.home, this.session, cause, batch, this.nextSeq);
-    } catch (e) {
-      const errno = typeof e.errno === 'number' ? Math.abs(e.errno) : null;
-      const copy = explain(cause, 'divert_failed', { session: this.session,
-        divert_error: { operation: e.operation ?? 'write', errno } });
-      return { ...this.outcome(false, cause, 'divert', attempt, 0, 0, batch.length, null, copy, batch),
-        divert_error: { operation: e.operation ?? 'write', errno } };
-    }
-    if (this.nextSeq !== null) this.nextSeq += batch.length;
-    const copy = explain(cause, 'diverted', { session: this.session, receipt_path: receipt.path });
-    return this.outcome(false, cause, 'divert', attempt, 0, batch.length, 0, receipt, copy, batch);
-  }
-
-  outcome(persisted, cause, action, attempts, committed, diverted, handedBack, receipt, copy, batch) {
-    return { persisted, cause, action, attempts, committed, diverted, handed_back: handedBack, receipt, copy,
-      error: persisted ? null : `session_persistence_failed:${cause}`, uids: batch.map((m) => m.uid) };
   }
 }
