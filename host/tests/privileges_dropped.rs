@@ -11,10 +11,12 @@ fn an_unprivileged_writer_gets_disk_and_a_failed_divert() {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !is_root || !have_setpriv {
-        println!("SKIPPED privileges_dropped: needs root and setpriv (root: {is_root}, setpriv: {have_setpriv})");
-        return;
-    }
+    let capable = if is_root && have_setpriv {
+        Ok(())
+    } else {
+        Err(format!("needs root and setpriv (root: {is_root}, setpriv: {have_setpriv})"))
+    };
+    turnsafe_tests::require!(capable);
     let dir = tempfile::tempdir().unwrap();
     // Root makes a healthy store first.
     let ok = assert_cmd::Command::cargo_bin("turnsafe")

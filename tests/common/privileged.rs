@@ -1,7 +1,8 @@
 //! Fixtures that need root: an immutable file (`chattr +i`) and a small
 //! tmpfs mount. Each undoes itself in `Drop`, which also runs while a
-//! failing test unwinds. When the machine cannot do it, `new` says why and
-//! the test prints that reason and returns.
+//! failing test unwinds. When the machine cannot do it, `new` says why, and
+//! `skip_unless!` hands that reason to `turnsafe_tests::require`: a failure
+//! under `CI=true`, otherwise a skip that the test command counts.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -85,17 +86,10 @@ pub fn fill(dir: &Path) {
     let _ = f.sync_all();
 }
 
-/// Print why a test is skipped, so it is never silent.
+/// The fixture, or a failure in CI, or a recorded skip (see `turnsafe_tests::require`).
 #[macro_export]
 macro_rules! skip_unless {
     ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(why) => {
-                eprintln!("SKIPPED {}: {}", module_path!(), why);
-                println!("SKIPPED {}: {}", module_path!(), why);
-                return;
-            }
-        }
+        turnsafe_tests::require!($e)
     };
 }
