@@ -1,6 +1,9 @@
 //! Garbage over the database header: SQLITE_NOTADB at open is `corrupt`,
-//! diverted, and sticky for the handle.
+//! diverted, and sticky for the handle. And BUSY_SNAPSHOT: what it looks
+//! like from a real second connection, and why a flush never meets it.
 mod common;
+use std::sync::{Arc, Mutex};
+
 use common::*;
 use turnsafe_policy::{ActionKind, Cause};
 
@@ -23,6 +26,25 @@ fn garbage_over_the_header_is_corrupt_and_sticky() {
     assert_eq!(out.copy.as_ref().unwrap().code, "corrupt.diverted");
     let lines = receipt_lines(out.receipt.as_ref().unwrap());
     assert_eq!(lines[0]["cause"], "corrupt");
+
+    // Sticky: the handle refuses the database from now on. The next batch
+    // is diverted without another open or write attempt.
+    assert_eq!(store.sticky(), Some(Cause::Corrupt));
+    let before = store.counters();
+    let next = store.append_batch(&sid("s1"), &batch("c", 3));
+    assert!(!next.persisted);
+    assert_eq!((next.cause, next.action), (Some(Cause::Corrupt), Some(ActionKind::Divert)));
+    assert_eq!((next.committed, next.diverted, next.handed_back), (0, 3, 0));
+    assert_eq!(next.attempts, 0, "a sticky handle makes no attempt");
+    let after = store.counters();
+    assert_eq!(
+        (after.open_attempts, after.append_attempts),
+        (before.open_attempts, before.append_attempts),
+        "a sticky handle must not touch the database"
+    );
+    assert_eq!(after.diverts, before.diverts + 1);
+    let lines = receipt_lines(next.receipt.as_ref().unwrap());
+    assert_eq!(lines.iter().map(|l| l["uid"].as_str().unwrap()).collect::<Vec<_>>(), ["c-0", "c-1", "c-2"]);
 }
 
 #[test]
@@ -48,24 +70,51 @@ fn busy_snapshot_is_recorded_from_a_real_second_connection() {
 }
 
 #[test]
-fn the_flush_never_reads_before_begin_immediate() {
-    // If a flush read under a deferred transaction, a commit by another
-    // writer in between would give it BUSY_SNAPSHOT and a retry. It never does.
+fn no_other_writer_commits_between_the_flush_read_and_its_write() {
+    // The flush reads (the next seq, the lease) and then writes, in one
+    // transaction. Under BEGIN IMMEDIATE it holds the write lock from the
+    // start, so another writer that tries to commit inside that window is
+    // refused with BUSY, and the flush commits at its first attempt. Under
+    // BEGIN DEFERRED the other commit would land, and the flush's write
+    // would meet BUSY_SNAPSHOT.
     let home = Home::new();
     let mut store = home.store();
+    assert!(store.append_batch(&sid("s1"), &batch("a", 2)).persisted);
     let other = home.other();
-    for i in 0..100 {
-        other
-            .execute(
-                "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('probe', ?1)",
-                [i.to_string()],
-            )
-            .unwrap();
-        let out = store.append_batch(&sid("s1"), &batch(&format!("b{i}"), 2));
-        assert!(
-            out.persisted && out.attempts == 1 && out.cause.is_none(),
-            "{:?}",
-            out.to_value()
-        );
+    other.busy_timeout(std::time::Duration::ZERO).unwrap();
+    let other = Mutex::new(other);
+    let tried: Arc<Mutex<Vec<Result<(), (Option<i64>, Option<i64>, String)>>>> = Arc::default();
+    let hook = {
+        let tried = tried.clone();
+        turnsafe_host::failpoint::on("flush.after_read", move || {
+            let c = other.lock().unwrap();
+            let r = c
+                .execute(
+                    "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('probe', 'inside the window')",
+                    [],
+                )
+                .map(|_| ())
+                .map_err(|e| turnsafe_host::observe::sqlite_parts(&e));
+            tried.lock().unwrap().push(r);
+        })
+    };
+    let out = store.append_batch(&sid("s1"), &batch("b", 2));
+    drop(hook);
+    let tried = tried.lock().unwrap().clone();
+    match tried.first() {
+        Some(Err((Some(5), Some(5), msg))) => assert_eq!(msg, "database is locked"),
+        other => panic!("another writer got through between the flush's read and its write: {other:?}"),
     }
+    assert_eq!(tried.len(), 1, "the flush reached its window once: {tried:?}");
+    assert!(
+        out.persisted && out.attempts == 1 && out.cause.is_none(),
+        "{:?}",
+        out.to_value()
+    );
+    let probe: Option<String> = home
+        .other()
+        .query_row("SELECT value FROM state_meta WHERE key = 'probe'", [], |r| r.get(0))
+        .ok();
+    assert_eq!(probe, None);
+    assert_eq!(home.rows("s1").len(), 4);
 }

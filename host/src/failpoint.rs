@@ -1,11 +1,14 @@
 //! Crash points for the torture test: with `TURNSAFE_CRASH_AT=<point>:<n>`
 //! the process kills itself (SIGKILL) the n-th time it reaches `<point>`;
 //! with `TURNSAFE_JITTER_US=<max>` each point also sleeps a pseudo-random
-//! 0..max microseconds, to shake out orderings. Without either variable
-//! this is one relaxed atomic load.
+//! 0..max microseconds, to shake out orderings. Tests that drive the host
+//! in-process can also run their own code at a point with [`on`] (another
+//! connection committing inside a flush's window, say). Without either
+//! variable or a hook this is two relaxed atomic loads.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
 static STATE: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 off, 2 on
 static HITS: AtomicU32 = AtomicU32::new(0);
@@ -39,6 +42,7 @@ fn armed() -> bool {
 
 /// Every crash point, for the torture test.
 pub const POINTS: &[&str] = &[
+    "flush.after_read",
     "flush.before_commit",
     "flush.after_commit",
     "divert.before_mkdir",
@@ -53,8 +57,69 @@ pub const POINTS: &[&str] = &[
     "replay.before_settle",
 ];
 
+type Hook = Arc<dyn Fn() + Send + Sync>;
+
+struct Registered {
+    id: u64,
+    point: String,
+    thread: ThreadId,
+    hook: Hook,
+}
+
+static HOOKS: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
+static HOOK_COUNT: AtomicUsize = AtomicUsize::new(0);
+static NEXT_HOOK: AtomicU32 = AtomicU32::new(0);
+
+/// Removes its hook when dropped.
+pub struct HookGuard {
+    id: u64,
+}
+
+impl Drop for HookGuard {
+    fn drop(&mut self) {
+        if let Ok(mut all) = HOOKS.lock() {
+            all.retain(|r| r.id != self.id);
+            HOOK_COUNT.store(all.len(), Ordering::SeqCst);
+        }
+    }
+}
+
+/// Run `hook` each time the calling thread reaches `point`, until the
+/// guard is dropped. Other threads (tests running in parallel) never run it.
+pub fn on(point: &str, hook: impl Fn() + Send + Sync + 'static) -> HookGuard {
+    let id = u64::from(NEXT_HOOK.fetch_add(1, Ordering::SeqCst));
+    let mut all = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+    all.push(Registered {
+        id,
+        point: point.to_string(),
+        thread: std::thread::current().id(),
+        hook: Arc::new(hook),
+    });
+    HOOK_COUNT.store(all.len(), Ordering::SeqCst);
+    HookGuard { id }
+}
+
+fn run_hooks(point: &str) {
+    let me = std::thread::current().id();
+    // Clone the matching hooks out, so a hook may itself reach a point.
+    let hooks: Vec<Hook> = match HOOKS.lock() {
+        Ok(all) => all
+            .iter()
+            .filter(|r| r.point == point && r.thread == me)
+            .map(|r| r.hook.clone())
+            .collect(),
+        Err(_) => return,
+    };
+    for h in hooks {
+        h();
+    }
+}
+
 /// Mark an effect boundary.
 pub fn hit(point: &str) {
+    if HOOK_COUNT.load(Ordering::Relaxed) > 0 {
+        run_hooks(point);
+    }
     if !armed() {
         return;
     }

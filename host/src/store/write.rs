@@ -78,6 +78,9 @@ impl SessionStore {
             }
             let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq)?;
             first_seq = Some(seq);
+            // Between this transaction's first read and its first write:
+            // under BEGIN IMMEDIATE no other writer can commit here.
+            crate::failpoint::hit("flush.after_read");
             if plan.degrade_fts {
                 super::schema::disable_fts(conn)?;
             }
