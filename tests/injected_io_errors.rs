@@ -202,3 +202,39 @@ fn negative_controls_do_not_divert() {
     );
     assert!(!home.divert_file("s1").exists());
 }
+
+#[test]
+fn a_disarmed_fault_leaves_no_errno_for_a_later_real_failure() {
+    // The fault VFS hands SQLite the injected errno. Once the fault is
+    // disarmed, a real failure on the same thread and connection must
+    // report its own errno, not the injected one.
+    let home = Home::new();
+    faultvfs::register().unwrap();
+    let conn = rusqlite::Connection::open_with_flags_and_vfs(
+        home.db(),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_CREATE,
+        faultvfs::VFS_NAME,
+    )
+    .unwrap();
+    let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).unwrap();
+    conn.execute_batch("CREATE TABLE t(x)").unwrap();
+    let tag = home.path().to_string_lossy().into_owned();
+    let fault = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1).errno(libc::ENOSPC)).unwrap();
+    let injected = conn.execute("INSERT INTO t VALUES (1)", []).unwrap_err();
+    assert_eq!(injected.sqlite_error_code(), Some(rusqlite::ErrorCode::SystemIoFailure));
+    assert_eq!(fault.fired(), 1);
+    assert_eq!(turnsafe_host::observe::system_errno(&conn), Some(i64::from(libc::ENOSPC)));
+    drop(fault);
+
+    // A real CANTOPEN, through the same VFS: a file in a folder that does not exist.
+    let missing = home.path().join("no-such-folder").join("other.db");
+    let real = conn
+        .execute("ATTACH DATABASE ?1 AS other", [missing.to_str().unwrap()])
+        .unwrap_err();
+    assert_eq!(real.sqlite_error_code(), Some(rusqlite::ErrorCode::CannotOpen), "{real}");
+    assert_eq!(
+        turnsafe_host::observe::system_errno(&conn),
+        Some(i64::from(libc::ENOENT)),
+        "the errno of the real failure, not the disarmed fault's"
+    );
+}

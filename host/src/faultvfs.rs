@@ -90,6 +90,8 @@ impl Fault {
 }
 
 struct Armed {
+    /// Unique per `arm`, so a saved errno can name the fault it came from.
+    id: u64,
     fault: Fault,
     seen: AtomicU32,
     fired: AtomicU32,
@@ -116,6 +118,8 @@ impl Drop for FaultGuard {
         if let Ok(mut all) = plan().lock() {
             all.retain(|a| !Arc::ptr_eq(a, &self.armed));
         }
+        // Other threads drop theirs lazily: see `x_get_last_error`.
+        forget_errno_of(self.armed.id);
     }
 }
 
@@ -126,8 +130,10 @@ fn plan() -> &'static Mutex<Vec<Arc<Armed>>> {
 
 /// Arm a fault (and register the VFS if needed).
 pub fn arm(fault: Fault) -> Result<FaultGuard, String> {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     register()?;
     let armed = Arc::new(Armed {
+        id: NEXT_ID.fetch_add(1, Ordering::SeqCst),
         fault,
         seen: AtomicU32::new(0),
         fired: AtomicU32::new(0),
@@ -232,7 +238,28 @@ fn tally(kind: FileKind, path: &str, event: Event) {
 }
 
 thread_local! {
-    static LAST_ERRNO: std::cell::Cell<Option<c_int>> = const { std::cell::Cell::new(None) };
+    /// The errno of the last fault that fired on this thread, with the id of
+    /// that fault. It is SQLite's answer only while that fault is armed.
+    static LAST_ERRNO: std::cell::Cell<Option<(u64, Option<c_int>)>> = const { std::cell::Cell::new(None) };
+}
+
+fn forget_errno_of(id: u64) {
+    LAST_ERRNO.with(|e| {
+        if e.get().is_some_and(|(fired, _)| fired == id) {
+            e.set(None);
+        }
+    });
+}
+
+/// The injected errno SQLite should see, if the fault that set it is still armed.
+fn injected_errno() -> Option<c_int> {
+    let (id, errno) = LAST_ERRNO.with(|e| e.get())?;
+    let armed = plan().lock().is_ok_and(|all| all.iter().any(|a| a.id == id));
+    if !armed {
+        LAST_ERRNO.with(|e| e.set(None));
+        return None;
+    }
+    errno
 }
 
 fn natural_code(op: Op) -> c_int {
@@ -262,7 +289,7 @@ fn check(op: Op, kind: FileKind, path: &str) -> Option<c_int> {
         };
         if fires {
             a.fired.fetch_add(1, Ordering::SeqCst);
-            LAST_ERRNO.with(|e| e.set(f.errno));
+            LAST_ERRNO.with(|e| e.set(Some((a.id, f.errno))));
             if let Some(errno) = f.errno {
                 // SAFETY: writes this thread's errno, as a failed syscall would.
                 unsafe { *libc::__errno_location() = errno };
@@ -438,7 +465,7 @@ unsafe extern "C" fn x_full_pathname(
 }
 
 unsafe extern "C" fn x_get_last_error(_vfs: *mut ffi::sqlite3_vfs, n: c_int, out: *mut c_char) -> c_int {
-    if let Some(e) = LAST_ERRNO.with(|e| e.get()) {
+    if let Some(e) = injected_errno() {
         return e;
     }
     unsafe {
