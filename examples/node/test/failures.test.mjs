@@ -2,11 +2,14 @@
 // host gets for the same failure, and copy that matches what happened.
 import Database from 'better-sqlite3';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { once } from 'node:events';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 
 import { CODES } from '../src/codes.mjs';
 import { decide } from '../src/policy.mjs';
@@ -70,20 +73,59 @@ test('a read-only open is disk and the batch is diverted with a receipt', () => 
   sameAsRustHost(observation('append_batch', err, 1, 0, 1), 'disk', 'divert');
 });
 
-test('BUSY from a second connection is locked and retried to a commit', () => {
+// Another process holds BEGIN IMMEDIATE on the db until `holdMs` after it
+// says `held`; resolves once it holds the lock.
+const HOLDER = `
+import Database from 'better-sqlite3';
+const db = new Database(process.env.TURNSAFE_HOLD_DB);
+db.exec('BEGIN IMMEDIATE');
+process.stdout.write('held\\n');
+setTimeout(() => { db.exec('COMMIT'); db.close(); }, Number(process.env.TURNSAFE_HOLD_MS));
+`;
+
+function holdLockInAnotherProcess(db, holdMs) {
+  const child = spawn(process.execPath, ['--input-type=module', '-e', HOLDER], {
+    cwd: fileURLToPath(new URL('..', import.meta.url)),
+    env: { ...process.env, TURNSAFE_HOLD_DB: db, TURNSAFE_HOLD_MS: String(holdMs) },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const exited = once(child, 'exit');
+  const held = new Promise((resolve, reject) => {
+    let out = '';
+    child.stdout.on('data', (d) => {
+      out += d;
+      if (out.includes('held\n')) resolve();
+    });
+    exited.then(([code]) => reject(new Error(`the lock holder exited (${code}) before holding the lock`)));
+  });
+  return { held, exited };
+}
+
+test('BUSY from another process is locked, retried, and committed once the lock is released', async () => {
   const home = tmp();
+  const db = path.join(home, 'state.db');
   const w = new SessionWriter(home, 's1');
   assert.equal(w.append([{ role: 'user', content: 'first' }]).persisted, true);
-  const holder = new Database(path.join(home, 'state.db'));
-  holder.exec('BEGIN IMMEDIATE');
+  const holder = holdLockInAnotherProcess(db, 500);
+  await holder.held;
   let err;
   try {
-    new Database(path.join(home, 'state.db'), { timeout: 0 }).exec('BEGIN IMMEDIATE');
+    new Database(db, { timeout: 0 }).exec('BEGIN IMMEDIATE');
   } catch (e) {
     err = e;
   }
-  assert.equal(err.code, 'SQLITE_BUSY');
+  assert.equal(err?.code, 'SQLITE_BUSY');
   sameAsRustHost(observation('append_batch', err, 1, 0, 1), 'locked', 'retry');
-  holder.exec('COMMIT');
-  assert.equal(w.append([{ role: 'user', content: 'second' }]).persisted, true);
+  // The writer blocks this process while it retries; the holder, in its
+  // own process, lets go after about 500 ms.
+  const started = Date.now();
+  const out = w.append([{ role: 'user', content: 'second' }]);
+  const waited = Date.now() - started;
+  assert.equal(out.persisted, true, JSON.stringify(out));
+  assert.ok(out.attempts > 1, `committed at attempt ${out.attempts}: the lock was never met`);
+  assert.ok(waited >= 300, `waited only ${waited} ms for a lock held about 500 ms`);
+  const [code] = await holder.exited;
+  assert.equal(code, 0);
+  const rows = new Database(db, { readonly: true }).prepare('SELECT content FROM messages ORDER BY seq').all();
+  assert.deepEqual(rows.map((r) => r.content), ['first', 'second']);
 });

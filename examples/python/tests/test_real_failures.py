@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import native
 from session_writer import SessionWriter, observation
 
@@ -47,12 +48,11 @@ def test_read_only_open_is_disk_and_diverted(policy, tmp_path):
     import hashlib
     assert hashlib.sha256(data).hexdigest() == receipt["sha256"]
     assert receipt["path"] in out["copy"]["body"]
-    try:
-        c = sqlite3.connect(f"file:{tmp_path / 'state.db'}?mode=ro", uri=True)
+    c = sqlite3.connect(f"file:{tmp_path / 'state.db'}?mode=ro", uri=True)
+    with pytest.raises(sqlite3.OperationalError) as raised:
         c.execute("INSERT INTO messages(session_id, uid, seq, role, content) VALUES ('s','u',1,'r','c')")
-    except sqlite3.Error as e:
-        assert e.sqlite_errorcode == 8
-        same_as_rust_host(policy, observation("append_batch", e, 1, 0, 1), "disk", "divert")
+    assert raised.value.sqlite_errorcode == 8
+    same_as_rust_host(policy, observation("append_batch", raised.value, 1, 0, 1), "disk", "divert")
 
 
 def test_busy_from_a_second_connection_is_locked_and_retried(policy, tmp_path):
