@@ -24,6 +24,11 @@ use crate::store::{SessionId, SessionStore, StoreOptions};
 /// write lock held by another connection, a corrupt FTS index, and a
 /// divert blocked by a file where `sessions/` should be. Exit 4 if the
 /// recount does not add up.
+///
+/// Message uids are fixed, `demo-<batch>-<message>` (both from 01), and the
+/// home keeps every batch's outcome in `demo-outcomes.jsonl` (the JSON
+/// `turnsafe append` prints), so anyone can recount a kept home without
+/// trusting the demo's own report.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Keep the demo home in DIR (must not exist or be empty) instead of a temporary folder.
@@ -86,7 +91,16 @@ fn row(failure: &'static str, out: &Value) -> Row {
     }
 }
 
-fn turn(n: usize, size: usize) -> Vec<Message> {
+/// The file in a demo home that keeps each batch's outcome, one JSON line each.
+pub const OUTCOMES_FILE: &str = "demo-outcomes.jsonl";
+
+/// The uid of message `message` (from 1) of batch `batch` (from 1).
+pub fn demo_uid(batch: usize, message: usize) -> String {
+    format!("demo-{batch:02}-{message:02}")
+}
+
+/// Batch number `batch`: `n` messages of about `size` bytes.
+fn turn(batch: usize, n: usize, size: usize) -> Vec<Message> {
     (0..n)
         .map(|i| {
             let role = if i % 2 == 0 { "user" } else { "assistant" };
@@ -94,6 +108,7 @@ fn turn(n: usize, size: usize) -> Vec<Message> {
                 role,
                 &format!("turn message {i}: {}", "the quick brown fox ".repeat(size / 20 + 1)),
             )
+            .with_uid(&demo_uid(batch, i + 1))
         })
         .collect()
 }
@@ -157,9 +172,16 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
     let tag = home.to_string_lossy().into_owned();
     let mut rows = Vec::new();
     let mut ledger = Ledger::default();
+    let mut outcomes = Vec::new();
     let mut step = |failure: &'static str, out: Value, rows: &mut Vec<Row>| {
         ledger.record(&out);
         rows.push(row(failure, &out));
+        outcomes.push(out);
+    };
+    let mut batches = 0;
+    let mut turn = |n: usize, size: usize| {
+        batches += 1;
+        turn(batches, n, size)
     };
 
     step(
@@ -232,7 +254,29 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
         &mut rows,
     );
     drop(store);
+    keep_outcomes(home, &outcomes)?;
     Ok((rows, ledger))
+}
+
+/// Write each batch's outcome to `home/demo-outcomes.jsonl` (0600, new file).
+fn keep_outcomes(home: &Path, outcomes: &[Value]) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = home.join(OUTCOMES_FILE);
+    let mut text = String::new();
+    for o in outcomes {
+        text.push_str(&o.to_string());
+        text.push('\n');
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| {
+            f.write_all(text.as_bytes())?;
+            f.sync_all()
+        })
+        .map_err(|e| format!("cannot keep the outcomes in {}: {e}", path.display()))
 }
 
 /// Another connection holds `BEGIN IMMEDIATE` for `hold`.
@@ -266,13 +310,7 @@ fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<Value, String> {
     let mut child = cmd.spawn().map_err(|e| format!("spawning the child: {e}"))?;
     let line: Vec<Value> = batch
         .iter()
-        .map(|m| {
-            let mut v = m.to_value(&crate::store::mint_id());
-            if let Value::Object(o) = &mut v {
-                o.remove("uid");
-            }
-            v
-        })
+        .map(|m| m.to_value(m.uid.as_deref().unwrap_or_default()))
         .collect();
     let mut stdin = child.stdin.take().ok_or("no child stdin")?;
     writeln!(stdin, "{}", Value::Array(line)).map_err(|e| e.to_string())?;
@@ -391,7 +429,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = SessionStore::create(dir.path(), StoreOptions::default()).unwrap();
         let s = SessionId::new("demo-session").unwrap();
-        let out = store.append_batch(&s, &turn(2, 10));
+        let out = store.append_batch(&s, &turn(1, 2, 10));
         drop(store);
         let mut ledger = Ledger::default();
         ledger.record(&out.to_value());
