@@ -54,7 +54,8 @@ pub struct Fault {
     /// The SQLite code to return; `None` picks the natural IOERR for `op`
     /// (CANTOPEN for `Open`).
     pub code: Option<c_int>,
-    /// The errno SQLite will see (`sqlite3_system_errno`).
+    /// The errno SQLite will see (`sqlite3_system_errno`); without one it
+    /// sees none (0).
     pub errno: Option<c_int>,
 }
 
@@ -251,7 +252,9 @@ fn forget_errno_of(id: u64) {
     });
 }
 
-/// The injected errno SQLite should see, if the fault that set it is still armed.
+/// The errno SQLite should see for an injected failure, if the fault that
+/// fired last on this thread is still armed: its configured errno, or 0
+/// (none) rather than whatever a real call left in `errno` before.
 fn injected_errno() -> Option<c_int> {
     let (id, errno) = LAST_ERRNO.with(|e| e.get())?;
     let armed = plan().lock().is_ok_and(|all| all.iter().any(|a| a.id == id));
@@ -259,7 +262,7 @@ fn injected_errno() -> Option<c_int> {
         LAST_ERRNO.with(|e| e.set(None));
         return None;
     }
-    errno
+    Some(errno.unwrap_or(0))
 }
 
 fn natural_code(op: Op) -> c_int {
@@ -274,8 +277,19 @@ fn natural_code(op: Op) -> c_int {
     }
 }
 
-/// The code to fail with, if an armed fault matches this call.
+/// The code to fail with, if an armed fault matches this call. A call that
+/// is not failed here ends what an earlier injected errno said: SQLite asks
+/// for the errno right after the call that failed, and a later failure is
+/// the real file system's, with its own errno.
 fn check(op: Op, kind: FileKind, path: &str) -> Option<c_int> {
+    let fired = fire(op, kind, path);
+    if fired.is_none() {
+        LAST_ERRNO.with(|e| e.set(None));
+    }
+    fired
+}
+
+fn fire(op: Op, kind: FileKind, path: &str) -> Option<c_int> {
     let all = plan().lock().ok()?;
     for a in all.iter() {
         let f = &a.fault;

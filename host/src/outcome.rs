@@ -6,7 +6,7 @@
 //! for callers in Rust.
 
 use serde_json::Value;
-use turnsafe_policy::machine::FlushReport;
+use turnsafe_policy::machine::{Failure, FlushReport};
 use turnsafe_policy::{ActionKind, Cause, Copy, DivertResidue, Operation};
 
 use crate::capture::{Capture, CaptureError};
@@ -45,6 +45,11 @@ pub struct FlushOutcome {
     pub divert_residue: Option<DivertResidue>,
     /// The machine's outcome, which the JSON is made from.
     pub report: FlushReport,
+    /// The last failed open or write of this flush, as the host observed it
+    /// and handed it to the policy (with `operation`, the attempt number and
+    /// the seed, the machine makes it the policy's observation); `None` when
+    /// nothing failed or a sticky handle never touched the database.
+    pub failure: Option<Failure>,
 }
 
 impl FlushOutcome {
@@ -72,6 +77,7 @@ impl FlushOutcome {
             capture,
             divert_residue: report.divert_residue.clone(),
             report,
+            failure: None,
         }
     }
 

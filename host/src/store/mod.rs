@@ -388,6 +388,9 @@ impl SessionStore {
                 Step::Capture => self.perform_capture(&mut made),
                 Step::Divert { cause } => self.perform_divert(&flush, cause, &mut made),
             };
+            if let Event::Failed(f) = &event {
+                made.failure = Some(f.clone());
+            }
             if let Err(e) = self.machine.handle(event) {
                 tracing::error!(error = %e, "the flush machine refused an event; the batch is handed back");
                 return made.into_outcome(self.machine.abandon());
@@ -698,11 +701,15 @@ struct Artifacts {
     capture: Option<Result<Capture, CaptureError>>,
     /// The failure that asked for a capture, for its manifest.
     trigger: String,
+    /// The last failed open or write, as handed to the machine.
+    failure: Option<Failure>,
 }
 
 impl Artifacts {
     fn into_outcome(self, report: turnsafe_policy::machine::FlushReport) -> FlushOutcome {
-        FlushOutcome::new(report, self.divert_error, self.capture)
+        let mut out = FlushOutcome::new(report, self.divert_error, self.capture);
+        out.failure = self.failure;
+        out
     }
 }
 

@@ -1,0 +1,195 @@
+//! The "induced" vectors (`tests/vectors/*.json` entries with an `induced`
+//! note) were recorded from real failures. Each is induced again for real
+//! by the runtime that recorded it, and the observation that runtime's host
+//! builds must equal the vector's: operation, codes, errno, evidence and
+//! message. Attempt, elapsed time and seed vary by nature and are left out.
+//!
+//! This file re-induces the vectors the Rust host recorded (`turnsafe ...`)
+//! and checks that every induced vector names a runtime whose suite does
+//! the same: `Python ...` in `examples/python/tests/test_induced_vectors.py`,
+//! `Node ...` in `examples/node/test/induced.test.mjs`.
+mod common;
+use common::*;
+use serde_json::Value;
+use turnsafe_host::faultvfs::{self, Fault, FileKind, Op};
+use turnsafe_host::outcome::FlushOutcome;
+use turnsafe_host::store::StoreOptions;
+use turnsafe_policy::{Evidence, Observation, Operation};
+
+fn induced_vectors() -> Vec<Value> {
+    let dir = turnsafe_tests::root().join("tests/vectors");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| {
+            let items: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+            items
+        })
+        .filter(|v| v.get("induced").is_some())
+        .collect()
+}
+
+/// A vector's observation, with the policy's defaults for absent fields.
+fn recorded(v: &Value) -> Observation {
+    let op = v["operation"].as_str().unwrap_or("append_batch");
+    let mut evidence: Vec<Evidence> = v["evidence"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| Evidence::from_label(e.as_str().unwrap()).expect("a known evidence label"))
+        .collect();
+    evidence.sort();
+    Observation {
+        code: v["code"].as_i64(),
+        extended_code: v["extended_code"].as_i64(),
+        message: v["message"].as_str().unwrap_or_default().to_string(),
+        errno: v["errno"].as_i64(),
+        evidence,
+        ..Observation::new(Operation::from_label(op).expect("a known operation"))
+    }
+}
+
+/// The fields a real failure fixes; `attempt`, `elapsed_ms` and `seed` do not.
+fn normalised(mut o: Observation) -> Observation {
+    o.attempt = 1;
+    o.elapsed_ms = 0;
+    o.seed = 0;
+    o
+}
+
+/// The observation a flush made of its last failure: what the host
+/// observed (the outcome's `failure`) and the operation that failed.
+fn observed(out: FlushOutcome) -> Observation {
+    let f = out.failure.expect("the flush observed a failure");
+    Observation {
+        code: f.code,
+        extended_code: f.extended_code,
+        message: f.message,
+        errno: f.errno,
+        evidence: f.evidence,
+        ..Observation::new(out.operation.expect("the outcome names the failed operation"))
+    }
+}
+
+/// The observation the Rust host builds when the failure is induced again.
+fn reinduce(name: &str) -> Option<Observation> {
+    let home = Home::new();
+    let tag = home.path().to_string_lossy().into_owned();
+    let fault_store = || {
+        faultvfs::register().unwrap();
+        home.store_with(StoreOptions {
+            vfs: Some(faultvfs::VFS_NAME.into()),
+            ..StoreOptions::default()
+        })
+    };
+    let observed = match name {
+        // WAL; B opens a read transaction, A commits, B tries to write.
+        "induced_busy_snapshot" => {
+            drop(home.store());
+            let a = home.other();
+            let b = home.other();
+            b.busy_timeout(std::time::Duration::ZERO).unwrap();
+            b.execute_batch("BEGIN").unwrap();
+            let _: i64 = b.query_row("SELECT count(*) FROM messages", [], |r| r.get(0)).unwrap();
+            a.execute("INSERT INTO state_meta(key, value) VALUES ('probe', 'a')", [])
+                .unwrap();
+            let err = b
+                .execute("UPDATE state_meta SET value = value WHERE key = 'generation'", [])
+                .unwrap_err();
+            let errno = turnsafe_host::observe::system_errno(&b);
+            turnsafe_host::observe::observation(Operation::AppendBatch, &err, errno, vec![], 1, 0, 0)
+        }
+        // The first 100 bytes of state.db overwritten with 0x5A, then the store opens it.
+        "induced_notadb_at_open_host" => {
+            let mut first = home.store();
+            assert!(first.append_batch(&sid("s1"), &batch("a", 1)).persisted);
+            drop(first);
+            let mut bytes = std::fs::read(home.db()).unwrap();
+            bytes[..100].fill(0x5A);
+            std::fs::write(home.db(), &bytes).unwrap();
+            let out = home.store().append_batch(&sid("s1"), &batch("b", 1));
+            observed(out)
+        }
+        // The first WAL xWrite of a flush fails with SQLITE_IOERR_WRITE.
+        "induced_fault_vfs_wal_write" => {
+            let mut store = fault_store();
+            let _f = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1)).unwrap();
+            let out = store.append_batch(&sid("s1"), &batch("a", 1));
+            observed(out)
+        }
+        // xShmMap/xShmLock fail.
+        "induced_fault_vfs_shm" => {
+            let mut store = fault_store();
+            let _f = faultvfs::arm(Fault::new(&tag, Op::Shm, FileKind::Main, 1).persistent()).unwrap();
+            let out = store.append_batch(&sid("s1"), &batch("a", 1));
+            observed(out)
+        }
+        // A WAL xWrite fails with errno ENOSPC, read back with sqlite3_system_errno.
+        "induced_fault_vfs_enospc" => {
+            let mut store = fault_store();
+            let _f = faultvfs::arm(Fault::new(&tag, Op::Write, FileKind::Wal, 1).errno(libc::ENOSPC)).unwrap();
+            let out = store.append_batch(&sid("s1"), &batch("a", 1));
+            observed(out)
+        }
+        // The FTS5 structure record overwritten with 0xFF, then INSERT INTO messages.
+        "fts_scope_with_constraint_is_fts_index" => {
+            let mut store = home.store();
+            assert!(store.append_batch(&sid("s1"), &batch("a", 2)).persisted);
+            home.other()
+                .execute("UPDATE messages_fts_data SET block = X'FFFFFFFF' WHERE id = 10", [])
+                .unwrap();
+            let out = store.append_batch(&sid("s1"), &batch("b", 1));
+            observed(out)
+        }
+        _ => return None,
+    };
+    Some(observed)
+}
+
+#[test]
+fn every_induced_vector_is_reinduced_by_the_runtime_that_recorded_it() {
+    let vectors = induced_vectors();
+    assert!(vectors.len() >= 5, "only {} induced vectors", vectors.len());
+    let mut by_runtime = std::collections::BTreeMap::<&str, Vec<&str>>::new();
+    for v in &vectors {
+        let name = v["name"].as_str().unwrap();
+        let note = v["induced"].as_str().unwrap();
+        let runtime = ["turnsafe", "Python", "Node"]
+            .into_iter()
+            .find(|r| note.starts_with(r))
+            .unwrap_or_else(|| panic!("{name}: `induced` must start with the runtime that recorded it: {note}"));
+        by_runtime.entry(runtime).or_default().push(name);
+    }
+    // The Python and Node suites fail on any vector of theirs they cannot induce.
+    assert!(by_runtime.contains_key("turnsafe"), "{by_runtime:?}");
+}
+
+#[test]
+fn the_rust_host_builds_the_recorded_observations() {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for v in induced_vectors() {
+        let name = v["name"].as_str().unwrap();
+        if !v["induced"].as_str().unwrap().starts_with("turnsafe") {
+            continue;
+        }
+        let want = normalised(recorded(&v["observation"]));
+        match reinduce(name) {
+            None => failures.push(format!("{name}: recorded by the Rust host, but not induced again here")),
+            Some(got) => {
+                let got = normalised(got);
+                checked += 1;
+                if got != want {
+                    failures.push(format!("{name}:\n  recorded: {want:?}\n  induced:  {got:?}"));
+                }
+            }
+        }
+    }
+    assert!(checked >= 5, "only {checked} vectors induced again");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
