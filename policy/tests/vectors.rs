@@ -1,0 +1,66 @@
+//! The shared vectors (`../tests/vectors/*.json`), run through the native
+//! policy's JSON entry points: each must meet its `expected`. The workspace's
+//! top-level `tests/vectors.rs` checks the WASM component answers the same
+//! bytes; this one lives here so that the policy's own tests (and a mutation
+//! run of this crate) see every vector.
+
+use serde_json::{Value, json};
+use turnsafe_policy::json::{classify_json, evaluate_json};
+
+fn load_vectors() -> Vec<(String, Value)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/vectors");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        // The flush machine's event sequences have their own runner.
+        .filter(|p| !p.ends_with("flush_sequences.json"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("readable vector file");
+        let items: Vec<Value> = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        for v in items {
+            let name = v["name"].as_str().expect("vector has a name").to_string();
+            out.push((name, v));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_vector_meets_expected_natively() {
+    let vectors = load_vectors();
+    assert!(vectors.len() >= 60, "only {} vectors", vectors.len());
+    let mut failures = Vec::new();
+    for (name, v) in vectors {
+        let request = json!({ "observation": v["observation"], "context": v["context"] }).to_string();
+        let out: Value = serde_json::from_str(&evaluate_json(&request)).expect("evaluate answers JSON");
+        let got = json!({
+            "cause": out["cause"],
+            "basis": out["basis"],
+            "action": out["action"],
+            "copy_code": out["copy"].get("code").cloned().unwrap_or(Value::Null),
+        });
+        if got != v["expected"] {
+            failures.push(format!("{name}: expected {}, got {got} (full: {out})", v["expected"]));
+        }
+        if (out["action"] == "retry") != out["delay_ms"].is_u64() {
+            failures.push(format!("{name}: delay_ms must come with retry and only with it: {out}"));
+        }
+        // classify answers the same cause, basis and action as evaluate.
+        let c: Value = serde_json::from_str(&classify_json(&v["observation"].to_string())).expect("JSON");
+        for k in ["cause", "basis", "action", "delay_ms"] {
+            if c[k] != out[k] {
+                failures.push(format!("{name}: classify {k} {} but evaluate {}", c[k], out[k]));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} vector failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
