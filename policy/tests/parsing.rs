@@ -1,0 +1,103 @@
+//! What the policy reads from free-form host input: a divert error's
+//! operation and errno, and the integer fields of a JSON observation.
+
+use serde_json::{Value, json};
+use turnsafe_policy::json::classify_json;
+use turnsafe_policy::{DivertFailure, RetryPlan, parse_divert_failure};
+
+fn parsed(text: &str) -> (String, Option<i64>) {
+    let DivertFailure { operation, errno } = parse_divert_failure(text);
+    (operation, errno)
+}
+
+#[test]
+fn a_divert_error_is_read_down_to_operation_and_errno() {
+    let cases: &[(&str, &str, Option<i64>)] = &[
+        ("open /x/sessions/s1.jsonl: Too many open files (os error 24)", "open", Some(24)),
+        ("Permission denied (os error 13)", "write", Some(13)),
+        ("open: EMFILE", "open", Some(24)),
+        ("fsync_dir: ENOSPC", "fsync_dir", Some(28)),
+        // The first errno named wins over later numbers.
+        ("open: EMFILE after 3 tries", "open", Some(24)),
+        ("fsync:28", "fsync", Some(28)),
+        ("mkdir 17", "mkdir", Some(17)),
+        // Only upper-case E-names are errno names; a lower-case word is text.
+        ("open: enospc", "open", None),
+        ("fsync: Eio", "fsync", None),
+        ("E", "write", None),
+        // More than four digits is no errno; neither is a number in a path.
+        ("write 12345", "write", None),
+        ("open /tmp/dir1/s1.jsonl: failed", "open", None),
+        ("", "write", None),
+    ];
+    for (text, operation, errno) in cases {
+        assert_eq!(parsed(text), (operation.to_string(), *errno), "{text:?}");
+    }
+}
+
+fn classify(v: Value) -> Value {
+    serde_json::from_str(&classify_json(&v.to_string())).expect("classify answers JSON")
+}
+
+#[test]
+fn integer_fields_accept_whole_floats_only() {
+    assert_eq!(classify(json!({"code": 14.0}))["cause"], "disk");
+    assert_eq!(classify(json!({"extended_code": 1032.0}))["cause"], "replaced");
+    for bad in [json!({"code": 14.5}), json!({"errno": 28.25})] {
+        let out = classify(bad.clone());
+        assert!(
+            out["error"].as_str().is_some_and(|e| e.contains("must be an integer")),
+            "{bad} -> {out}"
+        );
+    }
+}
+
+#[test]
+fn the_seed_reaches_the_retry_delay_as_a_u64() {
+    let plan = RetryPlan::DEFAULT;
+    let delay = |seed: Value| classify(json!({"code": 5, "attempt": 6, "seed": seed}))["delay_ms"].clone();
+    assert_eq!(delay(json!(99)), json!(478));
+    assert_eq!(delay(json!(1)), json!(plan.next_delay(6, 0, 1).unwrap()));
+    assert_eq!(delay(json!(u64::MAX)), json!(plan.next_delay(6, 0, u64::MAX).unwrap()));
+    // Negative seeds are taken modulo 2^64.
+    assert_eq!(delay(json!(-1)), json!(plan.next_delay(6, 0, u64::MAX).unwrap()));
+    assert_eq!(delay(Value::Null), json!(plan.next_delay(6, 0, 0).unwrap()));
+    // The values differ, so a seed read wrongly cannot pass.
+    let distinct: std::collections::BTreeSet<u64> = [0, 1, 99, u64::MAX, i64::MAX as u64]
+        .into_iter()
+        .map(|s| plan.next_delay(6, 0, s).unwrap())
+        .collect();
+    assert_eq!(distinct.len(), 5);
+}
+
+#[test]
+fn an_unknown_operation_is_named_in_the_error_clipped() {
+    let out = classify(json!({"operation": "bogus"}));
+    let e = out["error"].as_str().unwrap();
+    assert!(e.contains("unknown operation `bogus`"), "{e}");
+    let long = "x".repeat(100);
+    let out = classify(json!({ "operation": long }));
+    let e = out["error"].as_str().unwrap();
+    assert!(e.contains(&format!("`{}`", "x".repeat(40))), "{e}");
+    assert!(!e.contains(&"x".repeat(41)), "{e}");
+}
+
+#[test]
+fn remediation_for_a_cause_leads_every_copy_of_it() {
+    use turnsafe_policy::{Cause, CopyContext, Outcome, cause_remediation, explain, is_producible};
+    let ctx = CopyContext {
+        receipt_path: Some("/r/s.jsonl".into()),
+        ..CopyContext::default()
+    };
+    for cause in Cause::ALL {
+        let steps = cause_remediation(cause);
+        assert!(!steps.is_empty() && steps.iter().all(|s| s.len() > 10), "{cause:?}: {steps:?}");
+        for outcome in Outcome::ALL {
+            if !is_producible(cause, outcome) || outcome == Outcome::Persisted {
+                continue;
+            }
+            let copy = explain(cause, outcome, &ctx).unwrap();
+            assert_eq!(copy.remediation[..steps.len()], steps[..], "{cause:?}/{outcome:?}");
+        }
+    }
+}
