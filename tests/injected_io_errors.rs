@@ -223,7 +223,10 @@ fn a_disarmed_fault_leaves_no_errno_for_a_later_real_failure() {
     let injected = conn.execute("INSERT INTO t VALUES (1)", []).unwrap_err();
     assert_eq!(injected.sqlite_error_code(), Some(rusqlite::ErrorCode::SystemIoFailure));
     assert_eq!(fault.fired(), 1);
-    assert_eq!(turnsafe_host::observe::system_errno(&conn), Some(i64::from(libc::ENOSPC)));
+    assert_eq!(
+        turnsafe_host::observe::system_errno(&conn),
+        Some(i64::from(libc::ENOSPC))
+    );
     drop(fault);
 
     // A real CANTOPEN, through the same VFS: a file in a folder that does not exist.
@@ -231,7 +234,11 @@ fn a_disarmed_fault_leaves_no_errno_for_a_later_real_failure() {
     let real = conn
         .execute("ATTACH DATABASE ?1 AS other", [missing.to_str().unwrap()])
         .unwrap_err();
-    assert_eq!(real.sqlite_error_code(), Some(rusqlite::ErrorCode::CannotOpen), "{real}");
+    assert_eq!(
+        real.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::CannotOpen),
+        "{real}"
+    );
     assert_eq!(
         turnsafe_host::observe::system_errno(&conn),
         Some(i64::from(libc::ENOENT)),

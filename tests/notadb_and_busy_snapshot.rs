@@ -33,7 +33,10 @@ fn garbage_over_the_header_is_corrupt_and_sticky() {
     let before = store.counters();
     let next = store.append_batch(&sid("s1"), &batch("c", 3));
     assert!(!next.persisted);
-    assert_eq!((next.cause, next.action), (Some(Cause::Corrupt), Some(ActionKind::Divert)));
+    assert_eq!(
+        (next.cause, next.action),
+        (Some(Cause::Corrupt), Some(ActionKind::Divert))
+    );
     assert_eq!((next.committed, next.diverted, next.handed_back), (0, 3, 0));
     assert_eq!(next.attempts, 0, "a sticky handle makes no attempt");
     let after = store.counters();
@@ -44,7 +47,10 @@ fn garbage_over_the_header_is_corrupt_and_sticky() {
     );
     assert_eq!(after.diverts, before.diverts + 1);
     let lines = receipt_lines(next.receipt.as_ref().unwrap());
-    assert_eq!(lines.iter().map(|l| l["uid"].as_str().unwrap()).collect::<Vec<_>>(), ["c-0", "c-1", "c-2"]);
+    assert_eq!(
+        lines.iter().map(|l| l["uid"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["c-0", "c-1", "c-2"]
+    );
 }
 
 #[test]
@@ -69,6 +75,9 @@ fn busy_snapshot_is_recorded_from_a_real_second_connection() {
     assert_eq!((d.classification.cause, d.action), (Cause::Locked, ActionKind::Retry));
 }
 
+/// Another writer's try: Ok, or SQLite's (code, extended code, message).
+type Attempt = Result<(), (Option<i64>, Option<i64>, String)>;
+
 #[test]
 fn no_other_writer_commits_between_the_flush_read_and_its_write() {
     // The flush reads (the next seq, the lease) and then writes, in one
@@ -83,7 +92,7 @@ fn no_other_writer_commits_between_the_flush_read_and_its_write() {
     let other = home.other();
     other.busy_timeout(std::time::Duration::ZERO).unwrap();
     let other = Mutex::new(other);
-    let tried: Arc<Mutex<Vec<Result<(), (Option<i64>, Option<i64>, String)>>>> = Arc::default();
+    let tried: Arc<Mutex<Vec<Attempt>>> = Arc::default();
     let hook = {
         let tried = tried.clone();
         turnsafe_host::failpoint::on("flush.after_read", move || {

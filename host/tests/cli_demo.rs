@@ -105,7 +105,12 @@ fn the_kept_demo_home_recounts_from_disk() {
     let mut handed_back = BTreeSet::new();
     for (b, (o, &(failure, n, place))) in outcomes.iter().zip(BATCHES).enumerate() {
         let want: Vec<String> = (1..=n).map(|m| uid(b + 1, m)).collect();
-        let got: Vec<&str> = o["uids"].as_array().unwrap().iter().map(|u| u.as_str().unwrap()).collect();
+        let got: Vec<&str> = o["uids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u.as_str().unwrap())
+            .collect();
         assert_eq!(got, want, "batch {} ({failure}) sent other uids", b + 1);
         let counts = (
             o["committed"].as_u64().unwrap(),
@@ -146,7 +151,11 @@ fn the_kept_demo_home_recounts_from_disk() {
                 }
                 in_receipts.insert((path.to_string(), offset), offset + length);
             }
-            None => assert!(!claims_a_copy, "batch {} claims a copy without a receipt: {body}", b + 1),
+            None => assert!(
+                !claims_a_copy,
+                "batch {} claims a copy without a receipt: {body}",
+                b + 1
+            ),
         }
         if counts.2 > 0 {
             for u in &want {
@@ -159,7 +168,10 @@ fn the_kept_demo_home_recounts_from_disk() {
     // The database, read-only: only the demo's session, only sent uids.
     for (u, session) in db_uids(&keep.join("state.db")) {
         assert_eq!(session, "demo-session");
-        assert!(sent_uids.contains(u.as_str()), "state.db holds {u}, which was never sent");
+        assert!(
+            sent_uids.contains(u.as_str()),
+            "state.db holds {u}, which was never sent"
+        );
         places.entry(u).or_default().push(Committed);
     }
 

@@ -14,7 +14,9 @@ fn an_unprivileged_writer_gets_disk_and_a_failed_divert() {
     let capable = if is_root && have_setpriv {
         Ok(())
     } else {
-        Err(format!("needs root and setpriv (root: {is_root}, setpriv: {have_setpriv})"))
+        Err(format!(
+            "needs root and setpriv (root: {is_root}, setpriv: {have_setpriv})"
+        ))
     };
     turnsafe_tests::require!(capable);
     let dir = tempfile::tempdir().unwrap();

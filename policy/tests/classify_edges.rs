@@ -18,7 +18,12 @@ fn constraint_codes_mean_a_missing_session_or_a_uid_conflict_only_for_a_batch() 
     let unique = |op| classify(&obs(op, Some(19), Some(2067), "")).cause;
     assert_eq!(fk(Operation::AppendBatch), Cause::SessionRowMissing);
     assert_eq!(unique(Operation::AppendBatch), Cause::UidConflict);
-    for op in [Operation::Open, Operation::Checkpoint, Operation::Replay, Operation::Divert] {
+    for op in [
+        Operation::Open,
+        Operation::Checkpoint,
+        Operation::Replay,
+        Operation::Divert,
+    ] {
         assert_eq!(fk(op), Cause::Unknown, "{op:?}");
         assert_eq!(unique(op), Cause::Unknown, "{op:?}");
     }
@@ -36,6 +41,11 @@ fn only_generic_cantopen_may_rest_on_a_lock_in_its_text() {
         let c = classify(&obs(Operation::Open, Some(14), Some(ext), locked_text));
         assert_eq!((c.cause, c.basis), (Cause::Disk, Basis::Code), "{ext}");
     }
-    let c = classify(&obs(Operation::Open, Some(14), Some(14), "unable to open database file"));
+    let c = classify(&obs(
+        Operation::Open,
+        Some(14),
+        Some(14),
+        "unable to open database file",
+    ));
     assert_eq!((c.cause, c.basis), (Cause::Disk, Basis::Code));
 }

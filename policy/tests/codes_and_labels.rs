@@ -34,7 +34,10 @@ fn an_extended_codes_primary_is_its_low_byte() {
     for (name, n) in &table {
         if *n > 0xff {
             let primary = primary_name(primary_of(*n)).expect("every extended code has a primary");
-            assert!(name.starts_with(&format!("{primary}_")), "{name} ({n}) is not under {primary}");
+            assert!(
+                name.starts_with(&format!("{primary}_")),
+                "{name} ({n}) is not under {primary}"
+            );
         }
     }
     assert_eq!(primary_of(517), 5);
@@ -43,7 +46,13 @@ fn an_extended_codes_primary_is_its_low_byte() {
 
 #[test]
 fn errno_names_read_back_to_their_numbers() {
-    for (n, name) in [(24, "EMFILE"), (28, "ENOSPC"), (13, "EACCES"), (122, "EDQUOT"), (2, "ENOENT")] {
+    for (n, name) in [
+        (24, "EMFILE"),
+        (28, "ENOSPC"),
+        (13, "EACCES"),
+        (122, "EDQUOT"),
+        (2, "ENOENT"),
+    ] {
         assert_eq!(errno::from_name(name), Some(n));
         assert_eq!(errno::from_name(&name.to_lowercase()), Some(n));
         assert_eq!(errno::describe(n).map(|(s, _)| s), Some(name));

@@ -13,7 +13,11 @@ fn parsed(text: &str) -> (String, Option<i64>) {
 #[test]
 fn a_divert_error_is_read_down_to_operation_and_errno() {
     let cases: &[(&str, &str, Option<i64>)] = &[
-        ("open /x/sessions/s1.jsonl: Too many open files (os error 24)", "open", Some(24)),
+        (
+            "open /x/sessions/s1.jsonl: Too many open files (os error 24)",
+            "open",
+            Some(24),
+        ),
         ("Permission denied (os error 13)", "write", Some(13)),
         ("open: EMFILE", "open", Some(24)),
         ("fsync_dir: ENOSPC", "fsync_dir", Some(28)),
@@ -91,7 +95,10 @@ fn remediation_for_a_cause_leads_every_copy_of_it() {
     };
     for cause in Cause::ALL {
         let steps = cause_remediation(cause);
-        assert!(!steps.is_empty() && steps.iter().all(|s| s.len() > 10), "{cause:?}: {steps:?}");
+        assert!(
+            !steps.is_empty() && steps.iter().all(|s| s.len() > 10),
+            "{cause:?}: {steps:?}"
+        );
         for outcome in Outcome::ALL {
             if !is_producible(cause, outcome) || outcome == Outcome::Persisted {
                 continue;
