@@ -3,7 +3,7 @@
 //! Every user-copy snapshot lives in the top-level `snapshots/` folder;
 //! [`snapshot_settings`] is the one place that says so. A test that needs
 //! a capability the machine may lack (root, `chattr`, a tmpfs mount,
-//! `setpriv`) asks [`require`], which never lets it pass silently.
+//! `setpriv`, `strace`) asks [`require`], which never lets it pass silently.
 
 use std::io::Write;
 use std::path::PathBuf;

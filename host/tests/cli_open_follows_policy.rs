@@ -43,14 +43,12 @@ fn a_lock_held_while_the_schema_is_created_is_outlasted() {
 
 #[test]
 fn a_corrupt_db_is_opened_on_the_first_batch_only() {
-    if Command::new("strace").arg("-V").output().is_err() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "strace is needed to watch the opens from outside (.ci/run installs it)"
-        );
-        eprintln!("SKIPPED a_corrupt_db_is_opened_on_the_first_batch_only: strace is not installed");
-        return;
-    }
+    let strace = Command::new("strace")
+        .arg("-V")
+        .output()
+        .map(drop)
+        .map_err(|e| format!("strace is needed to watch the opens from outside (.ci/run installs it): {e}"));
+    turnsafe_tests::require!(strace);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
     let garbage = vec![0x5Au8; 8192];
