@@ -15,6 +15,7 @@ mod evaluate;
 mod explain;
 mod recover;
 mod replay;
+mod search;
 mod show;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +42,7 @@ pub struct Cli {
 enum Command {
     Append(append::Args),
     Show(show::Args),
+    Search(search::Args),
     Replay(replay::Args),
     Recover(recover::Args),
     Doctor(doctor::Args),
@@ -66,6 +68,7 @@ pub fn main() -> i32 {
     match cli.command {
         Command::Append(a) => append::run(a),
         Command::Show(a) => show::run(a),
+        Command::Search(a) => search::run(a),
         Command::Replay(a) => replay::run(a),
         Command::Recover(a) => recover::run(a),
         Command::Doctor(a) => doctor::run(a),

@@ -15,6 +15,7 @@
 //! open, read-only) diverts this batch and the next batch tries the open
 //! once more.
 
+pub mod index;
 pub mod schema;
 mod shared;
 mod write;
@@ -156,13 +157,12 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 fn random_u64() -> u64 {
-    let b = uuid::Uuid::new_v4().into_bytes();
-    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+    crate::ids::seed()
 }
 
-/// A fresh random id (uids, lease tokens, batch ids).
+/// A fresh id (uids, lease tokens, batch ids): see [`crate::ids`].
 pub fn mint_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    crate::ids::mint()
 }
 
 impl SessionStore {

@@ -1,12 +1,33 @@
 //! The schema and its migrations. `PRAGMA user_version` is the schema
 //! version; each migration runs in its own immediate transaction.
+//!
+//! **Version 2** takes the full-text index off the commit path. A commit
+//! writes only the messages; the index catches up afterwards
+//! ([`super::index`]) and `state_meta.fts_watermark` holds the highest
+//! `messages.id` it covers. Every row at or below the watermark is in the
+//! index; every row above it is not yet.
+//!
+//! The watermark stays true because ids are never reused below it. Rows
+//! are never deleted on the commit path, and the `messages_fts_unindex`
+//! trigger keeps the rule for any delete: it removes an indexed row from
+//! the index first (external-content FTS5 needs the old values for that),
+//! then lowers the watermark to the highest id left, so the id SQLite
+//! hands out next (one past the highest) is always above the watermark.
+//! This costs nothing per commit, unlike `AUTOINCREMENT`, which rewrites
+//! `sqlite_sequence` in every transaction.
+//!
+//! `state_meta.fts_enabled` is `1` while the index is kept and `0` once it
+//! is marked for rebuild (damaged, or never complete); [`rebuild_fts`]
+//! rebuilds it from the messages and sets the watermark to the highest id.
 
-use rusqlite::{Connection, params};
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension, params};
 
 /// Current schema version.
-pub const VERSION: i64 = 1;
+pub const VERSION: i64 = 2;
 
-const V1: &str = "
+const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS state_meta(
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -34,38 +55,118 @@ CREATE INDEX IF NOT EXISTS messages_by_seq ON messages(session_id, seq);
 CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
     content, content='messages', content_rowid='id'
 );
-CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages
-WHEN (SELECT value FROM state_meta WHERE key = 'fts_enabled') = '1'
+";
+
+/// Version 2's triggers: nothing runs on insert; a delete or a content
+/// change of an indexed row keeps the index and the watermark true.
+const V2_TRIGGERS: &str = "
+DROP TRIGGER IF EXISTS messages_fts_insert;
+CREATE TRIGGER IF NOT EXISTS messages_fts_unindex AFTER DELETE ON messages
 BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content)
+    SELECT 'delete', old.id, old.content
+    WHERE (SELECT value FROM state_meta WHERE key = 'fts_enabled') = '1'
+      AND old.id <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_watermark');
+    UPDATE state_meta
+       SET value = CAST(MIN(CAST(value AS INTEGER), COALESCE((SELECT MAX(id) FROM messages), 0)) AS TEXT)
+     WHERE key = 'fts_watermark';
+END;
+CREATE TRIGGER IF NOT EXISTS messages_fts_reindex AFTER UPDATE OF content ON messages
+WHEN (SELECT value FROM state_meta WHERE key = 'fts_enabled') = '1'
+ AND old.id <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_watermark')
+BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
     INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
 END;
 ";
 
-/// Whether the full-text index is being kept (`state_meta.fts_enabled`).
-pub fn fts_enabled(conn: &Connection) -> rusqlite::Result<bool> {
-    use rusqlite::OptionalExtension;
-    let v: Option<String> = conn
-        .query_row("SELECT value FROM state_meta WHERE key = 'fts_enabled'", [], |r| {
-            r.get(0)
-        })
-        .optional()?;
-    Ok(v.as_deref() == Some("1"))
+/// A database written by a newer turnsafe. Nothing may write to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "state.db has schema version {found}, newer than this turnsafe knows ({VERSION}); \
+     use a newer turnsafe (nothing was written)"
+)]
+pub struct NewerSchema {
+    pub found: i64,
 }
 
-/// Stop keeping the full-text index (inside the caller's transaction):
-/// the trigger skips it until [`rebuild_fts`] runs.
+impl NewerSchema {
+    /// As an SQLite-shaped error, for callers that speak rusqlite.
+    pub fn to_sqlite(self) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(self.to_string()),
+        )
+    }
+}
+
+/// The schema version of the database at `db`, read without writing
+/// anything (no sidecar is created): from the header when there is no
+/// WAL content, through a read-only connection otherwise. `None` when
+/// there is no file or it is not a database (the caller's open reports
+/// that in its own terms).
+pub fn version_at(db: &Path) -> Option<i64> {
+    use std::io::Read;
+    let wal = crate::guard::path_of(db, crate::guard::Part::Wal);
+    let wal_has_frames = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 32);
+    if wal_has_frames {
+        let c = Connection::open_with_flags(
+            db,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .ok()?;
+        return c.query_row("PRAGMA user_version", [], |r| r.get(0)).ok();
+    }
+    let mut header = [0u8; 100];
+    std::fs::File::open(db).ok()?.read_exact(&mut header).ok()?;
+    if &header[..16] != b"SQLite format 3\0" {
+        return None;
+    }
+    Some(i64::from(i32::from_be_bytes([
+        header[60], header[61], header[62], header[63],
+    ])))
+}
+
+/// Refuse a database newer than this binary, before anything writes to it.
+pub fn check_not_newer(db: &Path) -> Result<(), NewerSchema> {
+    match version_at(db) {
+        Some(found) if found > VERSION => Err(NewerSchema { found }),
+        _ => Ok(()),
+    }
+}
+
+/// Whether the full-text index is being kept (`state_meta.fts_enabled`).
+pub fn fts_enabled(conn: &Connection) -> rusqlite::Result<bool> {
+    Ok(meta(conn, "fts_enabled")?.as_deref() == Some("1"))
+}
+
+/// The highest `messages.id` the index covers (0 when none).
+pub fn fts_watermark(conn: &Connection) -> rusqlite::Result<i64> {
+    Ok(meta(conn, "fts_watermark")?.and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
+fn meta(conn: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
+    conn.prepare_cached("SELECT value FROM state_meta WHERE key = ?1")?
+        .query_row([key], |r| r.get(0))
+        .optional()
+}
+
+/// Mark the full-text index for rebuild (inside the caller's transaction):
+/// search stops trusting it until [`rebuild_fts`] runs.
 pub fn disable_fts(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'", [])
         .map(|_| ())
 }
 
-/// Rebuild the full-text index from the messages and switch it back on,
-/// in one immediate transaction.
+/// Rebuild the full-text index from the messages, switch it back on and
+/// move the watermark to the highest id, in one immediate transaction.
 pub fn rebuild_fts(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(
         "BEGIN IMMEDIATE;
          INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
          UPDATE state_meta SET value = '1' WHERE key = 'fts_enabled';
+         INSERT OR REPLACE INTO state_meta(key, value)
+             VALUES ('fts_watermark', CAST((SELECT COALESCE(MAX(id), 0) FROM messages) AS TEXT));
          COMMIT;",
     )
     .inspect_err(|_| {
@@ -76,26 +177,34 @@ pub fn rebuild_fts(conn: &Connection) -> rusqlite::Result<()> {
 }
 
 /// Bring the schema to [`VERSION`]. `generation` is stamped into
-/// `state_meta` when the database is new.
+/// `state_meta` when the database is new. A database newer than
+/// [`VERSION`] is refused before anything is written.
 pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    if version >= VERSION {
+    if version > VERSION {
+        return Err(NewerSchema { found: version }.to_sqlite());
+    }
+    if version == VERSION {
         return Ok(());
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
         // Re-read under the write lock: another process may have migrated.
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        if version >= VERSION {
+        if version > VERSION {
+            return Err(NewerSchema { found: version }.to_sqlite());
+        }
+        if version == VERSION {
             return Ok(());
         }
-        conn.execute_batch(V1)?;
-        // The generation also lives in the header (application_id, bytes
-        // 68-71), written before the switch to WAL so the main file has it.
-        conn.execute_batch(&format!("PRAGMA application_id = {generation}"))?;
+        if version == 0 {
+            create(conn, generation)?;
+        } else {
+            v1_to_v2(conn)?;
+        }
         conn.execute(
-            "INSERT OR IGNORE INTO state_meta(key, value) VALUES ('generation', ?1), ('fts_enabled', '1'), ('schema_version', ?2)",
-            params![generation.to_string(), VERSION.to_string()],
+            "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('schema_version', ?1)",
+            [VERSION.to_string()],
         )?;
         conn.execute_batch(&format!("PRAGMA user_version = {VERSION}"))
     })();
@@ -108,4 +217,40 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
             Err(e)
         }
     }
+}
+
+/// A new database, straight at the current version.
+fn create(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
+    conn.execute_batch(TABLES)?;
+    conn.execute_batch(V2_TRIGGERS)?;
+    // The generation also lives in the header (application_id, bytes
+    // 68-71), written before the switch to WAL so the main file has it.
+    conn.execute_batch(&format!("PRAGMA application_id = {generation}"))?;
+    conn.execute(
+        "INSERT OR IGNORE INTO state_meta(key, value) \
+         VALUES ('generation', ?1), ('fts_enabled', '1'), ('fts_watermark', '0')",
+        params![generation.to_string()],
+    )?;
+    Ok(())
+}
+
+/// Version 1 kept the index with an `AFTER INSERT` trigger, so an index
+/// that was on (`fts_enabled = 1`) covers every row: the watermark starts
+/// at the highest id. An index that was off (degraded) stays marked for
+/// rebuild, with the watermark at 0.
+fn v1_to_v2(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(V2_TRIGGERS)?;
+    let complete = fts_enabled(conn)?;
+    if !complete {
+        conn.execute(
+            "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('fts_enabled', '0')",
+            [],
+        )?;
+    }
+    conn.execute(
+        "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('fts_watermark', \
+         CASE WHEN ?1 THEN CAST((SELECT COALESCE(MAX(id), 0) FROM messages) AS TEXT) ELSE '0' END)",
+        [complete],
+    )?;
+    Ok(())
 }

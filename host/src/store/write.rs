@@ -28,9 +28,6 @@ enum Stop {
     Guard(Evidence, String),
     Probe(crate::guard::ProbeError),
     Sqlite(rusqlite::Error),
-    /// A message insert failed on something other than our own constraints:
-    /// the FTS trigger is the only other thing that statement touches.
-    Fts(rusqlite::Error),
     LeaseLost,
 }
 
@@ -111,20 +108,13 @@ impl SessionStore {
                             return Err(Stop::Sqlite(e));
                         }
                     }
-                    Err(e) if is_foreign_constraint(&e) => return Err(Stop::Fts(e)),
                     Err(e) => return Err(Stop::Sqlite(e)),
                 }
             }
             crate::failpoint::hit("flush.before_commit");
-            // FTS5 flushes its pending terms at COMMIT; a constraint failure
-            // there comes from its shadow tables, as ours are all immediate.
-            conn.execute_batch("COMMIT").map_err(|e| {
-                if is_constraint(&e) {
-                    Stop::Fts(e)
-                } else {
-                    Stop::Sqlite(e)
-                }
-            })?;
+            // The full-text index is not written here: it catches up after
+            // the commit (`super::index`), so no index failure can fail a turn.
+            conn.execute_batch("COMMIT")?;
             crate::failpoint::hit("flush.after_commit");
             Ok((token, seq))
         })();
@@ -153,11 +143,6 @@ impl SessionStore {
                         error,
                         errno,
                         evidence: Vec::new(),
-                    },
-                    Stop::Fts(error) => WriteFailure::Sqlite {
-                        error,
-                        errno,
-                        evidence: vec![Evidence::FtsScope],
                     },
                     Stop::LeaseLost => WriteFailure::LeaseLost,
                     Stop::Guard(evidence, detail) => WriteFailure::Guard { evidence, detail },
@@ -188,12 +173,17 @@ fn take_lease(
         .optional()?;
     let ours = state.lease_token.clone();
     match (row, ours) {
-        (Some((Some(t), _)), Some(mine)) if t == mine => {
-            // Still ours: renew it with this batch.
-            conn.execute(
-                "UPDATE sessions SET lease_expires_ms = ?2 WHERE id = ?1",
-                params![flush.session.as_str(), now + ttl_ms],
-            )?;
+        (Some((Some(t), expires)), Some(mine)) if t == mine => {
+            // Still ours. Renew it once half its time has passed, not with
+            // every batch: a renewal dirties the sessions page, and a batch
+            // that skips it commits one page fewer. The lease then never has
+            // less than half its time left after a batch.
+            if expires.is_none_or(|e| e - now < ttl_ms - ttl_ms / 2) {
+                conn.execute(
+                    "UPDATE sessions SET lease_expires_ms = ?2 WHERE id = ?1",
+                    params![flush.session.as_str(), now + ttl_ms],
+                )?;
+            }
             Ok(mine)
         }
         // We held the lease and someone else took it: fenced, whatever its expiry.
@@ -236,21 +226,7 @@ fn next_seq(conn: &Connection, session: &str, known: Option<i64>) -> rusqlite::R
     Ok(known.map_or(stored, |k| k.max(stored)))
 }
 
-fn is_constraint(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code & 0xff == rusqlite::ffi::SQLITE_CONSTRAINT)
-}
-
-/// A constraint failure of a message insert that is neither the session
-/// foreign key nor the (session, uid) uniqueness.
-fn is_foreign_constraint(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _)
-        if f.extended_code & 0xff == rusqlite::ffi::SQLITE_CONSTRAINT
-            && f.extended_code != rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY)
-        && !is_unique_violation(e)
-}
-
-/// The (session, uid) uniqueness of `messages`, and nothing else: a UNIQUE
-/// failure inside the FTS shadow tables is index damage, not a resend.
+/// The (session, uid) uniqueness of `messages`, and nothing else.
 fn is_unique_violation(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, Some(msg))
         if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE

@@ -1,0 +1,99 @@
+//! `turnsafe search`: full-text search over the committed messages.
+
+use std::path::PathBuf;
+
+use crate::exit;
+use crate::search::{IndexHealth, SearchError, SearchOptions};
+
+/// Search the stored messages; never misses a committed one.
+///
+/// First indexes every committed message past the index's watermark, then
+/// queries. The query is plain words, each matched as a quoted token (all
+/// must appear); `--fts5` takes raw FTS5 syntax instead. When the index
+/// cannot be brought up to date (read-only home, a lock held past the
+/// policy's patience, a full disk) or is damaged, the messages it lacks are
+/// scanned with `LIKE` and counted as `unindexed`.
+///
+/// Output: one line per hit. With `--json`,
+/// `{"type":"hit","data":{"session","uid","seq","role","snippet"}}` per hit,
+/// then `{"type":"end","data":{"hits","unindexed"}}`. Exit 2 for an empty
+/// query, an FTS5 syntax error (with SQLite's reason) or a database written
+/// by a newer turnsafe.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The turnsafe home holding `state.db`.
+    #[arg(long)]
+    home: PathBuf,
+    /// What to look for: plain words, or FTS5 syntax with `--fts5`.
+    query: String,
+    /// Only this session's messages.
+    #[arg(long)]
+    session: Option<String>,
+    /// At most N hits.
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    limit: u32,
+    /// JSON Lines output in the `{"type","data"}` envelope.
+    #[arg(long)]
+    json: bool,
+    /// The query is raw FTS5 syntax (operators, phrases, prefixes).
+    #[arg(long)]
+    fts5: bool,
+}
+
+pub fn run(args: Args) -> i32 {
+    let opts = SearchOptions {
+        session: args.session.clone(),
+        limit: args.limit as usize,
+        fts5: args.fts5,
+        read_only: false,
+    };
+    let report = match crate::search::search(&args.home, &args.query, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return match e {
+                SearchError::EmptyQuery | SearchError::Syntax(_) | SearchError::NewerSchema(_) => exit::USAGE,
+                SearchError::NoDatabase(_) | SearchError::Sqlite(_) => exit::FAILURE,
+            };
+        }
+    };
+    match report.index {
+        IndexHealth::Current => {}
+        IndexHealth::Behind(cause) => eprintln!(
+            "turnsafe search: {} committed message(s) are not indexed yet (the index could not be written: {}); \
+             they were scanned without it",
+            report.unindexed,
+            cause.map_or("unknown", |c| c.label())
+        ),
+        IndexHealth::Damaged => eprintln!(
+            "turnsafe search: the search index is damaged or marked for rebuild (fts_index); all {} message(s) \
+             were scanned without it. Rebuild it with `turnsafe doctor --home {} --repair-fts`.",
+            report.unindexed,
+            args.home.display()
+        ),
+    }
+    for hit in &report.hits {
+        let line = if args.json {
+            super::envelope("hit", serde_json::to_value(hit).unwrap_or_default())
+        } else {
+            format!("{}  {:>6}  {:<10} {}", hit.session, hit.seq, hit.role, hit.snippet)
+        };
+        if !super::emit(&line) {
+            return exit::OK;
+        }
+    }
+    let end = if args.json {
+        super::envelope(
+            "end",
+            serde_json::json!({ "hits": report.hits.len(), "unindexed": report.unindexed }),
+        )
+    } else {
+        format!(
+            "{} hit(s); {} message(s) scanned without the index",
+            report.hits.len(),
+            report.unindexed
+        )
+    };
+    super::emit(&end);
+    exit::OK
+}
