@@ -1,66 +1,186 @@
-"""`turnsafe append` end to end against the OpenAI Agents SDK's SQLiteSession.
+"""`turnsafe append` end to end, one session, against the OpenAI Agents SDK's
+`SQLiteSession` and the bare rusqlite floor, on the same batches.
 
-Same batches (10 messages of about 200 B), both WAL with synchronous=FULL;
-SQLiteSession keeps no full-text index, turnsafe does (FTS5 on). Prints
-msg/s for each and the ratio. Needs `pip install openai-agents` and a built
-`turnsafe` (TURNSAFE_BIN).
+Run it with `benches/append-vs-sqlitesession`, which builds the binaries
+and the bench's own venv. Every store gets 10 messages of about 230 B per
+batch, WAL and `synchronous=FULL`, in a closed loop: the next batch is sent
+only once the previous outcome was read. Stores run in turn, ROUNDS times,
+each round on a fresh database.
 
-    TURNSAFE_BIN=target/release/turnsafe python benches/append_vs_sqlitesession.py
+- `turnsafe append` (guard on): a child process, batches on stdin as JSON
+  Lines, outcomes read from stdout. The full-text index is off the commit
+  path; the search catch-up that indexes what was committed is timed apart,
+  after the run.
+- `SQLiteSession.add_items` (no full-text index), in this process.
+- The floor (`host/examples/bare_append.rs`): the same rows into the same
+  tables with the same pragmas through rusqlite, same protocol as turnsafe.
+
+Per store: msg/s (median round), p50 and p99 batch latency (from the line
+written, or `add_items` called, to the outcome read, over every round),
+and WAL frames per batch, read from the wal-index header (`mxFrame`, in the
+`-shm` file) after each batch, the same way for all three.
+
+Environment: TURNSAFE_BIN, FLOOR_BIN (required), BATCHES (default 1000),
+ROUNDS (default 3).
 """
 
 import asyncio
 import json
 import os
+import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 
 BATCHES = int(os.environ.get("BATCHES", "1000"))
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
 
 
-def batches():
+def batch(b: int) -> list:
+    return [{"role": "user" if i % 2 == 0 else "assistant",
+             "content": f"batch {b:>4} message {i} " + "x" * 210} for i in range(10)]
+
+
+class WalFrames:
+    """Frames per commit from the wal-index header's mxFrame (offset 16).
+    After a checkpoint the WAL restarts and mxFrame counts from 0 again."""
+
+    def __init__(self, db: str):
+        self.shm = db + "-shm"
+        self.last = None
+        self.frames = []
+
+    def read(self) -> int:
+        with open(self.shm, "rb") as f:
+            f.seek(16)
+            return struct.unpack("=I", f.read(4))[0]
+
+    def after_batch(self) -> None:
+        now = self.read()
+        if self.last is not None:
+            self.frames.append(now - self.last if now >= self.last else now)
+        self.last = now
+
+
+def closed_loop_process(cmd: list, db: str) -> tuple:
+    """Drive a JSON Lines writer one batch at a time. The first batch warms
+    up (opens and creates the store) and is not counted."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wal = WalFrames(db)
+    lat = []
+
+    def send(b: int) -> float:
+        line = (json.dumps(batch(b)) + "\n").encode()
+        t = time.perf_counter()
+        proc.stdin.write(line)
+        proc.stdin.flush()
+        out = proc.stdout.readline()
+        took = time.perf_counter() - t
+        o = json.loads(out)
+        assert o.get("persisted") is True and o.get("committed") == 10, o
+        wal.after_batch()
+        return took
+
+    send(-1)
+    start = time.perf_counter()
     for b in range(BATCHES):
-        yield [{"role": "user" if i % 2 == 0 else "assistant",
-                "content": f"batch {b} message {i} " + "x" * 180} for i in range(10)]
+        lat.append(send(b))
+    elapsed = time.perf_counter() - start
+    proc.stdin.close()
+    rc = proc.wait()
+    assert rc == 0, proc.stderr.read()[-2000:]
+    return BATCHES * 10 / elapsed, lat, wal.frames
 
 
-def run_turnsafe(home: str) -> float:
-    data = "".join(json.dumps(b) + "\n" for b in batches()).encode()
-    t = time.perf_counter()
-    proc = subprocess.run([os.environ["TURNSAFE_BIN"], "append", "--home", home, "--session", "bench"],
-                          input=data, capture_output=True, check=False)
-    elapsed = time.perf_counter() - t
-    outs = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert proc.returncode == 0 and len(outs) == BATCHES and all(o["persisted"] for o in outs), proc.stderr[-500:]
-    return BATCHES * 10 / elapsed
-
-
-async def run_sqlitesession(path: str) -> float:
+async def closed_loop_sqlitesession(db: str) -> tuple:
     from agents.memory import SQLiteSession
-    session = SQLiteSession("bench", path)
-    conn = session._get_connection()
-    conn.execute("PRAGMA synchronous=FULL")
-    t = time.perf_counter()
-    for b in batches():
-        await session.add_items(b)
-    elapsed = time.perf_counter() - t
+
+    # SQLiteSession opens one connection per worker thread; make every one
+    # of them FULL, as the other stores are.
+    original = SQLiteSession._configure_connection
+
+    def configure(conn):
+        original(conn)
+        conn.execute("PRAGMA synchronous=FULL")
+
+    SQLiteSession._configure_connection = staticmethod(configure)
+    session = SQLiteSession("bench", db)
+    wal = WalFrames(db)
+    lat = []
+    await session.add_items(batch(-1))
+    wal.after_batch()
+    start = time.perf_counter()
+    for b in range(BATCHES):
+        items = batch(b)
+        t = time.perf_counter()
+        await session.add_items(items)
+        lat.append(time.perf_counter() - t)
+        wal.after_batch()
+    elapsed = time.perf_counter() - start
     session.close()
-    return BATCHES * 10 / elapsed
+    SQLiteSession._configure_connection = staticmethod(original)
+    return BATCHES * 10 / elapsed, lat, wal.frames
 
 
-def main() -> None:
+def pct(xs: list, p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * p))]
+
+
+def main() -> int:
+    turnsafe, floor = os.environ["TURNSAFE_BIN"], os.environ["FLOOR_BIN"]
+    results = {"turnsafe": [], "sqlitesession": [], "floor": []}
     with tempfile.TemporaryDirectory() as d:
-        results = {"turnsafe": [], "sqlitesession": []}
-        for r in range(3):
-            results["turnsafe"].append(run_turnsafe(os.path.join(d, f"ts{r}")))
-            results["sqlitesession"].append(asyncio.run(run_sqlitesession(os.path.join(d, f"sdk{r}.db"))))
-        ts = sorted(results["turnsafe"])[1]
-        sdk = sorted(results["sqlitesession"])[1]
-        print(f"{BATCHES} batches x 10 messages, WAL, synchronous=FULL (median of 3)")
-        print(f"turnsafe append (end to end, FTS on): {ts:,.0f} msg/s")
-        print(f"SQLiteSession.add_items:              {sdk:,.0f} msg/s")
-        print(f"ratio turnsafe/SQLiteSession: {ts / sdk:.2f} (target >= 1.2)")
+        for r in range(ROUNDS):
+            home = os.path.join(d, f"ts{r}")
+            results["turnsafe"].append(closed_loop_process(
+                [turnsafe, "append", "--home", home, "--session", "bench"], os.path.join(home, "state.db")))
+            results["sqlitesession"].append(asyncio.run(closed_loop_sqlitesession(os.path.join(d, f"sdk{r}.db"))))
+            fhome = os.path.join(d, f"floor{r}")
+            results["floor"].append(closed_loop_process([floor, fhome, "bench"], os.path.join(fhome, "state.db")))
+
+        # Apart from the timed run: search's catch-up indexes what was committed.
+        home = os.path.join(d, f"ts{ROUNDS - 1}")
+        t = time.perf_counter()
+        out = subprocess.run([turnsafe, "search", "--home", home, "--json", "message 7"],
+                             capture_output=True, check=True, text=True)
+        catch_up = time.perf_counter() - t
+        end = json.loads(out.stdout.splitlines()[-1])
+        t = time.perf_counter()
+        subprocess.run([turnsafe, "search", "--home", home, "--json", "message 7"], capture_output=True, check=True)
+        warm = time.perf_counter() - t
+        indexed = (BATCHES + 1) * 10
+
+    rows = {}
+    for name, runs in results.items():
+        rows[name] = {
+            "msgs": statistics.median(r[0] for r in runs),
+            "p50": pct([x for r in runs for x in r[1]], 0.50) * 1e3,
+            "p99": pct([x for r in runs for x in r[1]], 0.99) * 1e3,
+            "frames": statistics.mean(x for r in runs for x in r[2]),
+        }
+    sdk, fl = rows["sqlitesession"], rows["floor"]
+    print(f"{BATCHES} batches x 10 messages of ~230 B, one session, closed loop, WAL, synchronous=FULL; "
+          f"msg/s is the median of {ROUNDS} rounds")
+    print(f"{'store':<34} {'msg/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'WAL frames/batch':>17} "
+          f"{'vs SQLiteSession':>17} {'vs floor':>9}")
+    labels = {"turnsafe": "turnsafe append (guard on)", "sqlitesession": "SQLiteSession.add_items",
+              "floor": "bare rusqlite floor"}
+    for name in ("turnsafe", "sqlitesession", "floor"):
+        row = rows[name]
+        print(f"{labels[name]:<34} {row['msgs']:>8,.0f} {row['p50']:>8.3f} {row['p99']:>8.3f} {row['frames']:>17.2f} "
+              f"{row['msgs'] / sdk['msgs']:>16.2f}x {row['msgs'] / fl['msgs']:>8.2f}x")
+    ts = rows["turnsafe"]
+    print(f"turnsafe/SQLiteSession msg/s: {ts['msgs'] / sdk['msgs']:.2f}x (target >= 1.2)")
+    print(f"floor/turnsafe batch time (msg/s ratio): {fl['msgs'] / ts['msgs']:.2f}x (target <= 1.25)")
+    print(f"WAL frames per batch: turnsafe {ts['frames']:.2f}, SQLiteSession {sdk['frames']:.2f} "
+          f"(target <= SQLiteSession + 2)")
+    print(f"search catch-up, apart: {indexed} messages indexed and searched in {catch_up * 1e3:.0f} ms "
+          f"({indexed / catch_up:,.0f} msg/s; {end['data']['hits']} hits, unindexed {end['data']['unindexed']}); "
+          f"the next search {warm * 1e3:.0f} ms")
+    return 0
 
 
 if __name__ == "__main__":

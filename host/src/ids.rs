@@ -14,9 +14,13 @@
 //! `multiprocessing` goes through `fork(3)`, which runs the handler.)
 //!
 //! **Order.** A uid is 32 lowercase hex digits: 12 of milliseconds since the
-//! Unix epoch, then 20 random ones (80 bits). Uids minted later sort later,
-//! so a batch's new entries land together at the end of the
-//! `(session_id, uid)` index and dirty one page, not one page per message.
+//! Unix epoch, then 20 (80 bits) drawn at random for the first id of each
+//! millisecond and counted up from there for the next ones in the same
+//! millisecond, as ULIDs do. A thread's uids therefore sort in the order
+//! they were minted, so a batch's new entries land together at the end of
+//! the `(session_id, uid)` index and dirty one page, not one per message.
+//! Two processes collide only if they draw suffixes within a few ids of
+//! each other in the same millisecond (about 2^-80 per pair of ids).
 
 use std::cell::RefCell;
 use std::sync::Once;
@@ -58,6 +62,10 @@ static CHECK_EVERY_DRAW: AtomicU32 = AtomicU32::new(0);
 struct Generator {
     pid: u32,
     rng: ChaCha12Rng,
+    /// The millisecond and 80-bit suffix of the last uid, counted up from
+    /// within the same millisecond. Reset with the seed, so a forked child
+    /// never continues its parent's count.
+    last: Option<(u64, u128)>,
 }
 
 impl Generator {
@@ -65,9 +73,13 @@ impl Generator {
         Generator {
             pid,
             rng: ChaCha12Rng::from_seed(os_seed()),
+            last: None,
         }
     }
 }
+
+const SUFFIX_BITS: u32 = 80;
+const SUFFIX_MASK: u128 = (1 << SUFFIX_BITS) - 1;
 
 /// 32 bytes from the OS. Should the OS refuse (it does not on Linux once
 /// booted), hash what differs between processes and calls instead: the
@@ -96,7 +108,7 @@ thread_local! {
 
 /// Run `f` on this thread's generator, (re)seeding it first if it is new
 /// or was seeded in another process.
-fn with_rng<T>(f: impl FnOnce(&mut ChaCha12Rng) -> T) -> T {
+fn with_generator<T>(f: impl FnOnce(&mut Generator) -> T) -> T {
     let pid = current_pid();
     GENERATOR.with(|g| {
         let mut g = g.borrow_mut();
@@ -104,13 +116,13 @@ fn with_rng<T>(f: impl FnOnce(&mut ChaCha12Rng) -> T) -> T {
             Some(gen_) if gen_.pid == pid => gen_,
             _ => g.insert(Generator::seeded(pid)),
         };
-        f(&mut gen_.rng)
+        f(gen_)
     })
 }
 
 /// A random 64-bit value (the policy's jitter seed, the file generation).
 pub fn seed() -> u64 {
-    with_rng(|r| r.next_u64())
+    with_generator(|g| g.rng.next_u64())
 }
 
 /// A fresh id: time-ordered, 32 lowercase hex digits (uids, lease tokens,
@@ -120,9 +132,27 @@ pub fn mint() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
         & 0xffff_ffff_ffff;
-    let (hi, lo) = with_rng(|r| (r.next_u64(), r.next_u32()));
-    // 80 random bits: 64 from `hi`, 16 from `lo`.
-    format!("{ms:012x}{hi:016x}{:04x}", lo & 0xffff)
+    let (ms, suffix) = with_generator(|g| {
+        let next = match g.last {
+            // Same (or an earlier: the clock stepped back) millisecond:
+            // count up, carrying into the millisecond when the suffix is full.
+            Some((last_ms, last)) if ms <= last_ms => {
+                if last == SUFFIX_MASK {
+                    (last_ms + 1, 0)
+                } else {
+                    (last_ms, last + 1)
+                }
+            }
+            _ => {
+                let hi = u128::from(g.rng.next_u64());
+                let lo = u128::from(g.rng.next_u32() & 0xffff);
+                (ms, (hi << 16) | lo)
+            }
+        };
+        g.last = Some(next);
+        next
+    });
+    format!("{:012x}{suffix:020x}", ms & 0xffff_ffff_ffff)
 }
 
 #[cfg(test)]
@@ -140,8 +170,8 @@ mod tests {
         unique.sort();
         unique.dedup();
         assert_eq!(unique.len(), ids.len());
-        // The time prefix never goes back within a process (barring a clock step).
-        assert!(ids.windows(2).all(|w| w[0][..12] <= w[1][..12]));
+        // A thread's ids sort in the order they were minted.
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]

@@ -33,3 +33,4 @@ pub mod recover;
 pub mod replay;
 pub mod search;
 pub mod store;
+pub mod walstat;

@@ -32,7 +32,7 @@ use crate::captures;
 use crate::divert::{FORMAT_VERSION, sync_dir};
 use crate::divert_files;
 use crate::message::Message;
-use crate::store::{StoreOptions, configure, now_ms, same_row, schema};
+use crate::store::{StoreOptions, configure, index, now_ms, same_row};
 
 /// Lines imported per transaction.
 const CHUNK: usize = 2_000;
@@ -146,7 +146,7 @@ pub fn replay_run(home: &Path, opts: &ReplayOptions) -> Result<ReplayRun, Replay
     let reports = &mut run.files;
     if opts.dry_run {
         for (session, path) in &listing.divert {
-            reports.push(settle_file(&conn, session, path, None, None)?);
+            reports.push(settle_file(&conn, session, path, None)?);
         }
         return Ok(run);
     }
@@ -165,7 +165,6 @@ pub fn replay_run(home: &Path, opts: &ReplayOptions) -> Result<ReplayRun, Replay
     sync_dir(&settling).map_err(io_err("fsync settling/"))?;
     sync_dir(&sessions).map_err(io_err("fsync sessions/"))?;
 
-    let fts_was_on = schema::fts_enabled(&conn)?;
     let ledger_path = sessions.join(divert_files::LEDGER);
     let mut ledger = OpenOptions::new()
         .append(true)
@@ -180,16 +179,17 @@ pub fn replay_run(home: &Path, opts: &ReplayOptions) -> Result<ReplayRun, Replay
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let target = settled.join(&name);
-        let mut report = settle_file(&conn, &session, &path, Some(&mut ledger), Some(fts_was_on))?;
+        let mut report = settle_file(&conn, &session, &path, Some(&mut ledger))?;
         crate::failpoint::hit("replay.before_settle");
         std::fs::rename(&path, &target).map_err(io_err(format!("settle {name}")))?;
         sync_dir(&settled).map_err(io_err("fsync settled/"))?;
         report.settled_to = Some(target.to_string_lossy().into_owned());
         reports.push(report);
     }
-    if fts_was_on {
-        // The import ran without the index; rebuild it once, then switch it back on.
-        schema::rebuild_fts(&conn)?;
+    // Imported rows land past the index's watermark; index them now. The
+    // import is committed either way, and search scans what is not indexed.
+    if let Err(e) = index::catch_up(&conn, None, None) {
+        tracing::warn!(error = %e, "replay: the search index did not catch up");
     }
     Ok(run)
 }
@@ -271,7 +271,6 @@ fn settle_file(
     session: &str,
     path: &Path,
     mut ledger: Option<&mut File>,
-    fts_was_on: Option<bool>,
 ) -> Result<FileReport, ReplayError> {
     let name = path
         .file_name()
@@ -292,9 +291,6 @@ fn settle_file(
     loop {
         if write {
             conn.execute_batch("BEGIN IMMEDIATE")?;
-            if first_chunk && fts_was_on == Some(true) {
-                schema::disable_fts(conn)?;
-            }
             if first_chunk {
                 conn.execute(
                     "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",

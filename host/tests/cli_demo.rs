@@ -206,4 +206,11 @@ fn the_kept_demo_home_recounts_from_disk() {
         assert_eq!(found, vec![*place], "batch {b}: message {u} is in {found:?}");
     }
     assert_eq!(places.len(), sent.len(), "messages found that were never sent");
+    // The corrupt index does not fail the turn; search reports it and scans.
+    let fts = text.lines().find(|l| l.starts_with("corrupt FTS5 index")).unwrap();
+    assert!(fts.split_whitespace().any(|w| w == "10"), "{fts}");
+    assert!(
+        text.contains("search with the corrupt FTS5 index: index damaged"),
+        "{text}"
+    );
 }

@@ -140,6 +140,13 @@ pub fn run(args: Args) -> i32 {
             SessionStore::new(&args.home, opts)
         }
     };
+    // A database a newer turnsafe wrote is refused before any batch is
+    // read: nothing was accepted, so nothing is lost, and the store's
+    // open (its only one) wrote nothing.
+    if let Some(newer) = store.open_error().and_then(crate::store::schema::NewerSchema::of) {
+        eprintln!("error: {newer}");
+        return exit::USAGE;
+    }
     let (mut all_persisted, mut batches) = (true, 0u64);
     let read = super::for_each_line(|line_no, text| {
         let answer = match Message::batch_from_json(text) {

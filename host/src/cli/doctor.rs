@@ -33,6 +33,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
+    if let Some(code) = super::refuse_newer_schema(&args.home.join("state.db")) {
+        return code;
+    }
     let (findings, facts) = crate::doctor::examine(&args.home, args.repair_fts);
     let problems = findings.iter().any(|f| f.severity == "error");
     for f in &findings {

@@ -165,6 +165,18 @@ pub(crate) fn answer_json_lines(
     if failed { exit::DATAERR } else { exit::OK }
 }
 
+/// Refuse a `state.db` written by a newer turnsafe (exit 2), before
+/// anything opens it for writing. `None` when the command may go on.
+pub(crate) fn refuse_newer_schema(db: &std::path::Path) -> Option<i32> {
+    match crate::store::schema::check_not_newer(db) {
+        Ok(()) => None,
+        Err(e) => {
+            eprintln!("error: {e}");
+            Some(exit::USAGE)
+        }
+    }
+}
+
 /// A `{"type": kind, "data": data}` envelope line.
 pub(crate) fn envelope(kind: &str, data: serde_json::Value) -> String {
     serde_json::json!({ "type": kind, "data": data }).to_string()

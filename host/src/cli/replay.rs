@@ -48,6 +48,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
+    if let Some(code) = super::refuse_newer_schema(&args.home.join("state.db")) {
+        return code;
+    }
     let opts = ReplayOptions {
         session: args.session,
         dry_run: args.dry_run,

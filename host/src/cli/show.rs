@@ -52,6 +52,9 @@ pub fn run(args: Args) -> i32 {
         eprintln!("error: no turnsafe store at {}", db.display());
         return exit::FAILURE;
     }
+    if let Some(code) = super::refuse_newer_schema(&db) {
+        return code;
+    }
     let conn =
         match Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX) {
             Ok(c) => c,

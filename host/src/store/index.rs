@@ -116,8 +116,8 @@ pub fn pending(conn: &Connection, watermark: i64, session: Option<&str>) -> rusq
         .map(|n| n.max(0) as u64)
 }
 
-/// Index committed rows past the watermark: all of them, or about
-/// `max_rows` (whole chunks). With a guard, each chunk first checks, under
+/// Index committed rows past the watermark: all of them, or at most
+/// `max_rows`. With a guard, each chunk first checks, under
 /// the write lock, that the file is still the one the guard recorded.
 /// Nothing is written when nothing is pending, so a read-only home with an
 /// up-to-date index never fails here.
@@ -147,7 +147,8 @@ pub fn catch_up(
             return Ok(out);
         }
         attempt += 1;
-        match index_chunk(conn, guard.as_deref_mut(), CHUNK_ROWS) {
+        let rows = max_rows.map_or(CHUNK_ROWS, |m| (m - out.indexed).min(CHUNK_ROWS));
+        match index_chunk(conn, guard.as_deref_mut(), rows) {
             Ok(Chunk::Indexed { rows, watermark }) => {
                 out.indexed += rows;
                 out.watermark = watermark;
@@ -307,7 +308,7 @@ fn index_chunk(conn: &Connection, guard: Option<&mut Guard>, rows: u64) -> Resul
 
 impl SessionStore {
     /// Bring the search index up to date through this handle, after its
-    /// commits: all pending rows, or about `max_rows`. The guard checks the
+    /// commits: all pending rows, or at most `max_rows`. The guard checks the
     /// file under the write lock first. A sticky handle never touches the
     /// database, so it does not index either.
     pub fn catch_up_index(&mut self, max_rows: Option<u64>) -> Result<CatchUp, IndexError> {

@@ -230,6 +230,10 @@ impl SessionStore {
     pub fn handle_identity(&self) -> Option<usize> {
         self.conn.as_ref().map(|c| unsafe { c.handle() } as usize)
     }
+    /// Why the open at construction failed, until a batch observes it.
+    pub fn open_error(&self) -> Option<&rusqlite::Error> {
+        self.open_failure.as_ref().map(|f| &f.error)
+    }
     /// The live connection, for tests and read-only commands.
     pub fn connection(&self) -> Option<&Connection> {
         self.conn.as_ref()

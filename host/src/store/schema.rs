@@ -90,13 +90,29 @@ pub struct NewerSchema {
     pub found: i64,
 }
 
+const NEWER_PREFIX: &str = "state.db has schema version ";
+
 impl NewerSchema {
-    /// As an SQLite-shaped error, for callers that speak rusqlite.
+    /// As an SQLite-shaped error (`SQLITE_ERROR`), for callers that speak
+    /// rusqlite; [`NewerSchema::of`] reads it back.
     pub fn to_sqlite(self) -> rusqlite::Error {
         rusqlite::Error::SqliteFailure(
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
             Some(self.to_string()),
         )
+    }
+
+    /// The refusal inside an error made by [`NewerSchema::to_sqlite`].
+    pub fn of(e: &rusqlite::Error) -> Option<NewerSchema> {
+        match e {
+            rusqlite::Error::SqliteFailure(f, Some(msg)) if f.extended_code == rusqlite::ffi::SQLITE_ERROR => {
+                let rest = msg.strip_prefix(NEWER_PREFIX)?;
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                let found = digits.parse().ok()?;
+                (found > VERSION && *msg == (NewerSchema { found }).to_string()).then_some(NewerSchema { found })
+            }
+            _ => None,
+        }
     }
 }
 

@@ -1,0 +1,51 @@
+//! Commits sync the WAL with fdatasync(2), never fsync(2): the bundled
+//! SQLite is built with `-DHAVE_FDATASYNC=1` (`LIBSQLITE3_FLAGS` in
+//! `.cargo/config.toml`, which only builds run inside this workspace read).
+//! Watched from outside with strace, on the binary itself.
+use std::process::Command;
+
+#[test]
+fn commits_call_fdatasync_not_fsync() {
+    if Command::new("strace").arg("-V").output().is_err() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "strace is needed to watch the syncs from outside (.ci/run installs it)"
+        );
+        eprintln!("SKIPPED commits_call_fdatasync_not_fsync: strace is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace");
+    let home = dir.path().join("home");
+    let batches: String = (0..3)
+        .map(|b| {
+            format!("[{{\"role\":\"user\",\"content\":\"batch {b}\"}},{{\"role\":\"assistant\",\"content\":\"ok\"}}]\n")
+        })
+        .collect();
+    let out = assert_cmd::Command::new("strace")
+        .args(["-f", "-y", "-e", "trace=fsync,fdatasync", "-o"])
+        .arg(&trace)
+        .arg(assert_cmd::cargo::cargo_bin("turnsafe"))
+        .args(["append", "--session", "s1", "--home"])
+        .arg(&home)
+        .write_stdin(batches)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let trace = std::fs::read_to_string(&trace).unwrap();
+    let wal = format!("{}-wal>", home.join("state.db").display());
+    let wal_datasyncs = trace
+        .lines()
+        .filter(|l| l.contains("fdatasync(") && l.contains(&wal))
+        .count();
+    assert!(
+        wal_datasyncs >= 3,
+        "one fdatasync of the WAL per commit at least:\n{trace}"
+    );
+    let fsyncs: Vec<&str> = trace.lines().filter(|l| l.contains(" fsync(")).collect();
+    assert!(
+        fsyncs.is_empty(),
+        "SQLite called fsync: it was built without HAVE_FDATASYNC (LIBSQLITE3_FLAGS)\n{}",
+        fsyncs.join("\n")
+    );
+}
