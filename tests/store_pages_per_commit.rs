@@ -37,7 +37,7 @@ fn a_batch_writes_a_handful_of_pages_and_none_of_the_index() {
     let per_commit = wal.get().per_commit_since(start);
     // About 7.3 here: the table's last leaf and its parent as the table
     // grows, the two indexes' last leaves, and page 1 as the file grows.
-    // With the index written at commit and random uids it was about 22.
+    // With the index written inside the commit it is about 15.
     assert!(per_commit <= 8.5, "{per_commit:.2} WAL frames per batch");
     let indexed: i64 = home
         .other()

@@ -62,7 +62,8 @@ impl SessionStore {
 
         let mut first_seq = None;
         let result = (|| -> Result<(String, i64), Stop> {
-            conn.execute_batch("BEGIN IMMEDIATE")?;
+            // Every statement of the hot path is prepared once per connection.
+            conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
             // Under the write lock: is this still the generation we opened?
             if let Some(g) = guard.as_mut() {
                 match g.check(conn) {
@@ -114,7 +115,7 @@ impl SessionStore {
             crate::failpoint::hit("flush.before_commit");
             // The full-text index is not written here: it catches up after
             // the commit (`super::index`), so no index failure can fail a turn.
-            conn.execute_batch("COMMIT")?;
+            conn.prepare_cached("COMMIT")?.execute([])?;
             crate::failpoint::hit("flush.after_commit");
             Ok((token, seq))
         })();
@@ -165,11 +166,8 @@ fn take_lease(
 ) -> Result<String, Stop> {
     let now = now_ms();
     let row: Option<(Option<String>, Option<i64>)> = conn
-        .query_row(
-            "SELECT lease_token, lease_expires_ms FROM sessions WHERE id = ?1",
-            [flush.session.as_str()],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
+        .prepare_cached("SELECT lease_token, lease_expires_ms FROM sessions WHERE id = ?1")?
+        .query_row([flush.session.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     let ours = state.lease_token.clone();
     match (row, ours) {
@@ -179,10 +177,8 @@ fn take_lease(
             // that skips it commits one page fewer. The lease then never has
             // less than half its time left after a batch.
             if expires.is_none_or(|e| e - now < ttl_ms - ttl_ms / 2) {
-                conn.execute(
-                    "UPDATE sessions SET lease_expires_ms = ?2 WHERE id = ?1",
-                    params![flush.session.as_str(), now + ttl_ms],
-                )?;
+                conn.prepare_cached("UPDATE sessions SET lease_expires_ms = ?2 WHERE id = ?1")?
+                    .execute(params![flush.session.as_str(), now + ttl_ms])?;
             }
             Ok(mine)
         }
@@ -218,11 +214,9 @@ fn take_lease(
 }
 
 fn next_seq(conn: &Connection, session: &str, known: Option<i64>) -> rusqlite::Result<i64> {
-    let stored: i64 = conn.query_row(
-        "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1",
-        [session],
-        |r| r.get(0),
-    )?;
+    let stored: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1")?
+        .query_row([session], |r| r.get(0))?;
     Ok(known.map_or(stored, |k| k.max(stored)))
 }
 
