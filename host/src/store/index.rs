@@ -292,7 +292,6 @@ fn index_chunk(conn: &Connection, guard: Option<&mut Guard>, rows: u64) -> Resul
             .map_err(in_index)?;
         conn.prepare_cached("INSERT OR REPLACE INTO state_meta(key, value) VALUES ('fts_watermark', ?1)")?
             .execute([upto.to_string()])?;
-        crate::failpoint::hit("index.before_commit");
         // FTS5 flushes its pending terms at COMMIT: a failure there is the index's.
         conn.execute_batch("COMMIT").map_err(in_index)?;
         Ok(Chunk::Indexed {

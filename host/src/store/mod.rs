@@ -662,6 +662,10 @@ impl Drop for SessionStore {
 pub fn configure(conn: &Connection, opts: &StoreOptions) -> rusqlite::Result<()> {
     conn.busy_timeout(opts.busy_timeout)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    // One plan per statement, whatever the bound values: otherwise the
+    // bundled SQLite (STAT4) prepares `WHERE session_id = ?` statements
+    // again on every bind, once per batch on the flush's path.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     // Any nonzero 32-bit value; zero means "never stamped".
     let generation = match random_u64() as i32 {
         0 => 1,
