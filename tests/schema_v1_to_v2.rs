@@ -47,7 +47,9 @@ fn uids(r: &search::SearchReport) -> Vec<String> {
 #[test]
 fn the_fixtures_are_v1() {
     for name in ["v1-index-complete.db", "v1-index-degraded.db"] {
-        let c = Connection::open_with_flags(fixture(name), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        // A copy: even a read-only open would leave sidecars next to the fixture.
+        let home = home_from(name);
+        let c = Connection::open_with_flags(home.db(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
         assert_eq!(version(&c), 1, "{name}");
         assert_eq!(triggers(&c), ["messages_fts_insert"], "{name}");
         assert_eq!(meta(&c, "fts_watermark"), None, "{name}");
