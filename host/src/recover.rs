@@ -380,6 +380,12 @@ pub fn carry_over(current: &Path, new_db: &Path) -> Result<CarryOver, RecoverErr
             return Err(e);
         }
     }
+    // The carried rows land past the search index's watermark: index them
+    // now, so the installed database's index is complete. They are
+    // committed either way, and search scans what is not indexed.
+    if let Err(e) = crate::store::index::catch_up(&to, None, None) {
+        tracing::warn!(error = %e, "carry-over: the search index did not catch up");
+    }
     // Everything into the main file: it is installed without its WAL.
     let _: (i64, i64, i64) = to.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?))
