@@ -156,14 +156,15 @@ pub fn run(args: Args) -> i32 {
                 batches += 1;
                 exhaust(batches);
                 crate::failpoint::hit("append.before_print");
-                outcome.to_value()
+                // The policy's own JSON text, as is: no parse and print again.
+                outcome.report.to_json()
             }
             Err(e) => {
                 all_persisted = false;
-                serde_json::json!({ "error": e.to_string(), "line": line_no })
+                serde_json::json!({ "error": e.to_string(), "line": line_no }).to_string()
             }
         };
-        super::emit(&answer.to_string())
+        super::emit(&answer)
     });
     if let Err(e) = read {
         eprintln!("turnsafe append: reading stdin: {e}");
