@@ -8,7 +8,8 @@
 //! every write (under the write lock) and before close.
 //!
 //! Probes use only what the process already holds or needs no descriptor:
-//! `stat` on the paths, `fstat`, `readlink` and `pread` on the held
+//! `statx` (identity and link count only, see [`IDENTITY`]) on the paths
+//! and the held descriptors, `readlink` and `pread` on the held
 //! descriptors, and `SQLITE_FCNTL_HAS_MOVED`. Listing `/proc/self/fd`
 //! needs one transient descriptor and happens only when a file is first
 //! recorded. A probe that fails is reported as such; the store then fails
@@ -92,13 +93,38 @@ pub fn path_of(db: &Path, part: Part) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// What the guard asks of a file: its identity and link count, never its
+/// times. On a filesystem with multigrain timestamps (ext4 and others since
+/// Linux 6.13) a `stat` that returns the times marks them as read, and the
+/// next write must then stamp a fine-grained, always-new mtime: the inode is
+/// dirtied by every commit, and `fdatasync` writes it out each time, one
+/// more synchronous write per batch. `statx` with only `STATX_INO` and
+/// `STATX_NLINK` asks for no time, so the WAL's mtime stays coarse.
+const IDENTITY: rustix::fs::StatxFlags = rustix::fs::StatxFlags::INO.union(rustix::fs::StatxFlags::NLINK);
+
+fn identity(st: &rustix::fs::Statx) -> (FileId, u64) {
+    (
+        FileId {
+            dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
+            ino: st.stx_ino,
+        },
+        u64::from(st.stx_nlink),
+    )
+}
+
 fn stat_id(path: &Path) -> io::Result<Option<FileId>> {
-    match rustix::fs::stat(path) {
-        Ok(st) => Ok(Some(FileId {
-            dev: st.st_dev,
-            ino: st.st_ino,
-        })),
+    match rustix::fs::statx(rustix::fs::CWD, path, rustix::fs::AtFlags::empty(), IDENTITY) {
+        Ok(st) => Ok(Some(identity(&st).0)),
         Err(rustix::io::Errno::NOENT) => Ok(None),
+        // A kernel without statx (before 4.11).
+        Err(rustix::io::Errno::NOSYS) => match rustix::fs::stat(path) {
+            Ok(st) => Ok(Some(FileId {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            })),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        },
         Err(e) => Err(e.into()),
     }
 }
@@ -106,14 +132,20 @@ fn stat_id(path: &Path) -> io::Result<Option<FileId>> {
 fn fd_stat(fd: RawFd) -> io::Result<(FileId, u64)> {
     // SAFETY: the descriptor is held open by this process's SQLite connection.
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
-    let st = rustix::fs::fstat(b)?;
-    Ok((
-        FileId {
-            dev: st.st_dev,
-            ino: st.st_ino,
-        },
-        st.st_nlink,
-    ))
+    match rustix::fs::statx(b, "", rustix::fs::AtFlags::EMPTY_PATH, IDENTITY) {
+        Ok(st) => Ok(identity(&st)),
+        Err(rustix::io::Errno::NOSYS) => {
+            let st = rustix::fs::fstat(b)?;
+            Ok((
+                FileId {
+                    dev: st.st_dev,
+                    ino: st.st_ino,
+                },
+                st.st_nlink,
+            ))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Header bytes 68-71 (`application_id`) read through a descriptor.
