@@ -4,8 +4,9 @@
 Run it with `benches/append-vs-sqlitesession`, which builds the binaries
 and the bench's own venv. Every store gets 10 messages of about 230 B per
 batch, WAL and `synchronous=FULL`, in a closed loop: the next batch is sent
-only once the previous outcome was read. Stores run in turn, ROUNDS times,
-each round on a fresh database.
+only once the previous outcome was read. The three stores take turns batch
+by batch (rotating who goes first), so a busy machine slows them alike;
+ROUNDS rounds, each on fresh databases.
 
 - `turnsafe append` (guard on): a child process, batches on stdin as JSON
   Lines, outcomes read from stdout. The full-text index is off the commit
@@ -15,8 +16,9 @@ each round on a fresh database.
 - The floor (`host/examples/bare_append.rs`): the same rows into the same
   tables with the same pragmas through rusqlite, same protocol as turnsafe.
 
-Per store: msg/s (median round), p50 and p99 batch latency (from the line
-written, or `add_items` called, to the outcome read, over every round),
+Per store: msg/s (messages over the sum of its batch latencies, median
+round), p50 and p99 batch latency (from the line written, or `add_items`
+called, to the outcome read, over every round),
 and WAL frames per batch, read from the wal-index header (`mxFrame`, in the
 `-shm` file) after each batch, the same way for all three.
 
@@ -64,64 +66,82 @@ class WalFrames:
         self.last = now
 
 
-def closed_loop_process(cmd: list, db: str) -> tuple:
-    """Drive a JSON Lines writer one batch at a time. The first batch warms
-    up (opens and creates the store) and is not counted."""
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wal = WalFrames(db)
-    lat = []
+class Process:
+    """A JSON Lines writer (`turnsafe append`, the floor) driven one batch at a time."""
 
-    def send(b: int) -> float:
-        line = (json.dumps(batch(b)) + "\n").encode()
+    def __init__(self, cmd: list, db: str):
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.wal = WalFrames(db)
+
+    async def send(self, items: list) -> float:
+        line = (json.dumps(items) + "\n").encode()
         t = time.perf_counter()
-        proc.stdin.write(line)
-        proc.stdin.flush()
-        out = proc.stdout.readline()
+        self.proc.stdin.write(line)
+        self.proc.stdin.flush()
+        out = self.proc.stdout.readline()
         took = time.perf_counter() - t
         o = json.loads(out)
-        assert o.get("persisted") is True and o.get("committed") == 10, o
-        wal.after_batch()
+        assert o.get("persisted") is True and o.get("committed") == len(items), o
+        self.wal.after_batch()
         return took
 
-    send(-1)
-    start = time.perf_counter()
-    for b in range(BATCHES):
-        lat.append(send(b))
-    elapsed = time.perf_counter() - start
-    proc.stdin.close()
-    rc = proc.wait()
-    assert rc == 0, proc.stderr.read()[-2000:]
-    return BATCHES * 10 / elapsed, lat, wal.frames
+    def close(self) -> None:
+        self.proc.stdin.close()
+        rc = self.proc.wait()
+        assert rc == 0, self.proc.stderr.read()[-2000:]
 
 
-async def closed_loop_sqlitesession(db: str) -> tuple:
-    from agents.memory import SQLiteSession
+class Sdk:
+    """The Agents SDK's SQLiteSession, every connection FULL like the others."""
 
-    # SQLiteSession opens one connection per worker thread; make every one
-    # of them FULL, as the other stores are.
-    original = SQLiteSession._configure_connection
+    def __init__(self, db: str):
+        from agents.memory import SQLiteSession
 
-    def configure(conn):
-        original(conn)
-        conn.execute("PRAGMA synchronous=FULL")
+        original = SQLiteSession._configure_connection
 
-    SQLiteSession._configure_connection = staticmethod(configure)
-    session = SQLiteSession("bench", db)
-    wal = WalFrames(db)
-    lat = []
-    await session.add_items(batch(-1))
-    wal.after_batch()
-    start = time.perf_counter()
+        def configure(conn):
+            original(conn)
+            conn.execute("PRAGMA synchronous=FULL")
+
+        # SQLiteSession opens one connection per worker thread.
+        SQLiteSession._configure_connection = staticmethod(configure)
+        self.session = SQLiteSession("bench", db)
+        self.wal = WalFrames(db)
+
+    async def send(self, items: list) -> float:
+        t = time.perf_counter()
+        await self.session.add_items(items)
+        took = time.perf_counter() - t
+        self.wal.after_batch()
+        return took
+
+    def close(self) -> None:
+        self.session.close()
+
+
+async def round_(d: str, r: int, turnsafe: str, floor: str) -> dict:
+    """One round on fresh databases. The stores take turns batch by batch
+    (rotating who goes first), so all three meet the same machine
+    conditions; each is still a closed loop of its own."""
+    home, fhome = os.path.join(d, f"ts{r}"), os.path.join(d, f"floor{r}")
+    stores = {
+        "turnsafe": Process([turnsafe, "append", "--home", home, "--session", "bench"],
+                            os.path.join(home, "state.db")),
+        "sqlitesession": Sdk(os.path.join(d, f"sdk{r}.db")),
+        "floor": Process([floor, fhome, "bench"], os.path.join(fhome, "state.db")),
+    }
+    names = list(stores)
+    for s in stores.values():
+        await s.send(batch(-1))  # opens and creates the store: not counted
+    lat = {n: [] for n in names}
     for b in range(BATCHES):
         items = batch(b)
-        t = time.perf_counter()
-        await session.add_items(items)
-        lat.append(time.perf_counter() - t)
-        wal.after_batch()
-    elapsed = time.perf_counter() - start
-    session.close()
-    SQLiteSession._configure_connection = staticmethod(original)
-    return BATCHES * 10 / elapsed, lat, wal.frames
+        for k in range(len(names)):
+            n = names[(b + k) % len(names)]
+            lat[n].append(await stores[n].send(items))
+    for s in stores.values():
+        s.close()
+    return {n: (BATCHES * 10 / sum(lat[n]), lat[n], stores[n].wal.frames) for n in names}
 
 
 def pct(xs: list, p: float) -> float:
@@ -134,12 +154,8 @@ def main() -> int:
     results = {"turnsafe": [], "sqlitesession": [], "floor": []}
     with tempfile.TemporaryDirectory() as d:
         for r in range(ROUNDS):
-            home = os.path.join(d, f"ts{r}")
-            results["turnsafe"].append(closed_loop_process(
-                [turnsafe, "append", "--home", home, "--session", "bench"], os.path.join(home, "state.db")))
-            results["sqlitesession"].append(asyncio.run(closed_loop_sqlitesession(os.path.join(d, f"sdk{r}.db"))))
-            fhome = os.path.join(d, f"floor{r}")
-            results["floor"].append(closed_loop_process([floor, fhome, "bench"], os.path.join(fhome, "state.db")))
+            for n, v in asyncio.run(round_(d, r, turnsafe, floor)).items():
+                results[n].append(v)
 
         # Apart from the timed run: search's catch-up indexes what was committed.
         home = os.path.join(d, f"ts{ROUNDS - 1}")
