@@ -1,7 +1,8 @@
 //! `turnsafe search`, driven from outside: it indexes what was committed
-//! before it queries, never misses a committed message (a read-only home
-//! is scanned with `LIKE` and reported as `unindexed`), takes plain words
-//! as quoted tokens, and refuses a bad `--fts5` query with exit 2.
+//! before it queries, never misses a committed message (what a read-only
+//! home or a full disk keeps it from indexing is scanned with `LIKE` and
+//! reported as `unindexed`), takes plain words as quoted tokens, and
+//! refuses a bad `--fts5` query with exit 2.
 #[path = "../../tests/common/privileged.rs"]
 #[macro_use]
 mod privileged;
@@ -246,4 +247,28 @@ fn a_damaged_index_never_fails_a_turn_and_search_reports_it() {
         search(dir.path(), &["glacier"]).end(),
         &json!({"hits": 3, "unindexed": 0})
     );
+}
+
+#[test]
+fn a_full_disk_is_scanned_and_reported_unindexed() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = skip_unless!(privileged::Tmpfs::new(&dir.path().join("fs"), "2m"));
+    let home = fs.path().join("home");
+    let batches: Vec<Value> = (0..30)
+        .map(|b| {
+            Value::Array(
+                (0..10)
+                    .map(|i| json!({"role": "user", "content": format!("batch {b} message {i} {}", "x".repeat(200))}))
+                    .collect(),
+            )
+        })
+        .collect();
+    append(&home, "s1", &batches);
+    privileged::fill(fs.path());
+    let s = search(&home, &["message", "--limit", "500"]);
+    assert_eq!(s.code, Some(0), "{}", s.stderr);
+    assert_eq!(s.end(), &json!({"hits": 300, "unindexed": 300}));
+    assert!(s.stderr.contains("disk_full"), "{}", s.stderr);
+    std::fs::remove_file(fs.path().join("filler")).unwrap();
+    assert_eq!(search(&home, &["message"]).end(), &json!({"hits": 20, "unindexed": 0}));
 }
