@@ -144,8 +144,14 @@ pub fn run(args: Args) -> i32 {
         return exit::FAILURE;
     }
     match demo(&home) {
-        Ok((rows, ledger)) => {
+        Ok((rows, ledger, notes)) => {
             print_table(&rows);
+            for note in &notes {
+                println!("{note}");
+            }
+            if !notes.is_empty() {
+                println!();
+            }
             let ok = verify(&home, &ledger);
             println!(
                 "finished in {:.1} s; home: {}",
@@ -161,7 +167,8 @@ pub fn run(args: Args) -> i32 {
     }
 }
 
-fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
+/// The rows of the table, what the recount needs, and lines printed under the table.
+fn demo(home: &Path) -> Result<(Vec<Row>, Ledger, Vec<String>), String> {
     let opts = StoreOptions {
         vfs: Some(faultvfs::VFS_NAME.into()),
         holder: "demo".into(),
@@ -240,7 +247,8 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
     // rebuild, and scans the messages instead.
     let found = crate::search::search(home, "quick brown fox", &crate::search::SearchOptions::default())
         .map_err(|e| e.to_string())?;
-    println!(
+    let mut notes = Vec::new();
+    notes.push(format!(
         "search with the corrupt FTS5 index: {}; {} hit(s) from {} message(s) scanned without it",
         match (&found.index, &found.catch_up) {
             (crate::search::IndexHealth::Damaged, Err(e)) => format!("index damaged ({e})"),
@@ -249,7 +257,7 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
         },
         found.hits.len(),
         found.unindexed
-    );
+    ));
     store.rebuild_fts().map_err(|e| e.to_string())?;
 
     let sessions = home.join("sessions");
@@ -270,7 +278,7 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger), String> {
     );
     drop(store);
     keep_outcomes(home, &outcomes)?;
-    Ok((rows, ledger))
+    Ok((rows, ledger, notes))
 }
 
 /// Write each batch's outcome to `home/demo-outcomes.jsonl` (0600, new file).
