@@ -14,6 +14,7 @@ use serde_json::Value;
 use turnsafe_host::faultvfs::{self, Fault, FileKind, Op};
 use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_host::store::StoreOptions;
+use turnsafe_host::store::index::IndexError;
 use turnsafe_policy::{Evidence, Observation, Operation};
 
 fn induced_vectors() -> Vec<Value> {
@@ -136,15 +137,21 @@ fn reinduce(name: &str) -> Option<Observation> {
             let out = store.append_batch(&sid("s1"), &batch("a", 1));
             observed(out)
         }
-        // The FTS5 structure record overwritten with 0xFF, then INSERT INTO messages.
+        // The FTS5 structure record overwritten with 0xFF. The index is off
+        // the commit path, so the next batch commits; the catch-up that
+        // indexes it meets the damage and shows the policy what it saw.
         "fts_scope_with_constraint_is_fts_index" => {
             let mut store = home.store();
             assert!(store.append_batch(&sid("s1"), &batch("a", 2)).persisted);
+            store.catch_up_index(None).unwrap();
             home.other()
                 .execute("UPDATE messages_fts_data SET block = X'FFFFFFFF' WHERE id = 10", [])
                 .unwrap();
-            let out = store.append_batch(&sid("s1"), &batch("b", 1));
-            observed(out)
+            assert!(store.append_batch(&sid("s1"), &batch("b", 1)).persisted);
+            match store.catch_up_index(None) {
+                Err(IndexError::Damaged { observation, .. }) => *observation,
+                other => panic!("the catch-up did not meet the damage: {other:?}"),
+            }
         }
         _ => return None,
     };

@@ -152,6 +152,7 @@ fn open_for_writing(db: &Path) -> Result<Connection, IndexError> {
         IndexError::CannotWrite {
             cause: turnsafe_policy::classify(&obs).cause,
             source: e,
+            observation: Box::new(obs),
         }
     };
     let conn = Connection::open_with_flags(db, flags).map_err(|e| failed(e, None))?;
@@ -237,11 +238,12 @@ fn search_with(
                 Ok(h) => hits = h,
                 Err(e) => match classify_query_error(e, opts.fts5)? {
                     // A damaged index: scan everything.
-                    QueryFailure::Damaged(e) => {
+                    QueryFailure::Damaged(e, observation) => {
                         index_ok = false;
                         if catch_up.is_ok() {
                             catch_up = Err(IndexError::Damaged {
                                 source: e,
+                                observation,
                                 marked: false,
                             });
                         }
@@ -266,12 +268,11 @@ fn search_with(
     }
     let (hits, unindexed, index_ok) = result?;
     // Damage found by the query: mark it, outside the read transaction.
-    if let Err(IndexError::Damaged { source, marked: false }) = &catch_up
+    if let Err(IndexError::Damaged { marked, .. }) = &mut catch_up
+        && !*marked
         && writable
     {
-        let marked = index::mark_for_rebuild(conn).is_ok();
-        let source = clone_error(source);
-        catch_up = Err(IndexError::Damaged { source, marked });
+        *marked = index::mark_for_rebuild(conn).is_ok();
     }
     let index = if !index_ok {
         IndexHealth::Damaged
@@ -288,18 +289,8 @@ fn search_with(
     })
 }
 
-fn clone_error(e: &rusqlite::Error) -> rusqlite::Error {
-    match e {
-        rusqlite::Error::SqliteFailure(f, m) => rusqlite::Error::SqliteFailure(*f, m.clone()),
-        other => rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
-            Some(other.to_string()),
-        ),
-    }
-}
-
 enum QueryFailure {
-    Damaged(rusqlite::Error),
+    Damaged(rusqlite::Error, Box<turnsafe_policy::Observation>),
 }
 
 /// A failed index query: a refused raw query is the user's (exit 2); the
@@ -316,7 +307,7 @@ fn classify_query_error(e: rusqlite::Error, raw: bool) -> Result<QueryFailure, S
     );
     let cause = turnsafe_policy::classify(&obs).cause;
     if cause == Cause::FtsIndex {
-        return Ok(QueryFailure::Damaged(e));
+        return Ok(QueryFailure::Damaged(e, Box::new(obs)));
     }
     Err(syntax_or(e, raw))
 }

@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
-use turnsafe_policy::{ActionKind, Cause, Evidence, Operation};
+use turnsafe_policy::{ActionKind, Cause, Decision, Evidence, Observation, Operation};
 
 use super::{SessionStore, schema};
 use crate::guard::{Guard, Verdict};
@@ -48,12 +48,19 @@ pub enum IndexError {
     #[error("the search index is damaged ({source}){}", if *.marked { "; marked for rebuild" } else { "" })]
     Damaged {
         source: rusqlite::Error,
+        /// What the policy was shown.
+        observation: Box<Observation>,
         /// Whether the rebuild mark was committed.
         marked: bool,
     },
     /// The index could not be written: the policy's cause and SQLite's error.
     #[error("the search index could not be written ({}): {source}", .cause.label())]
-    CannotWrite { cause: Cause, source: rusqlite::Error },
+    CannotWrite {
+        cause: Cause,
+        source: rusqlite::Error,
+        /// What the policy was shown.
+        observation: Box<Observation>,
+    },
     /// The file under the handle is not the one it opened: nothing is written through it.
     #[error("not indexing: {0}")]
     Generation(String),
@@ -134,8 +141,8 @@ pub fn catch_up(
         let st = match state(conn) {
             Ok(st) => st,
             Err(e) => {
-                let d = decide(conn, &e, false, 1, 0, seed);
-                return Err(settle(conn, e, d.classification.cause));
+                let (d, obs) = decide(conn, &e, false, 1, 0, seed);
+                return Err(settle(conn, e, d.classification.cause, obs));
             }
         };
         out.watermark = st.watermark;
@@ -158,7 +165,7 @@ pub fn catch_up(
             Ok(Chunk::Disabled) => return Err(IndexError::NeedsRebuild),
             Err(ChunkError::Generation(detail)) => return Err(IndexError::Generation(detail)),
             Err(ChunkError::Sqlite { error, in_index }) => {
-                let d = decide(
+                let (d, obs) = decide(
                     conn,
                     &error,
                     in_index,
@@ -167,7 +174,7 @@ pub fn catch_up(
                     seed,
                 );
                 if d.action != ActionKind::Retry {
-                    return Err(settle(conn, error, d.classification.cause));
+                    return Err(settle(conn, error, d.classification.cause, obs));
                 }
                 std::thread::sleep(Duration::from_millis(d.delay_ms.unwrap_or(1)));
             }
@@ -185,7 +192,7 @@ fn decide(
     attempt: u32,
     elapsed_ms: u64,
     seed: u64,
-) -> turnsafe_policy::Decision {
+) -> (Decision, Observation) {
     let evidence = if in_index { vec![Evidence::FtsScope] } else { Vec::new() };
     let obs = observe::observation(
         Operation::AppendBatch,
@@ -204,17 +211,26 @@ fn decide(
         action = d.action.label(),
         "search index catch-up failed"
     );
-    d
+    (d, obs)
 }
 
 /// A failure the catch-up stops at: damage marks the index for rebuild.
-fn settle(conn: &Connection, error: rusqlite::Error, cause: Cause) -> IndexError {
+fn settle(conn: &Connection, error: rusqlite::Error, cause: Cause, observation: Observation) -> IndexError {
+    let observation = Box::new(observation);
     if cause == Cause::FtsIndex {
         let marked = mark_for_rebuild(conn).is_ok();
         tracing::warn!(marked, "search index damaged; marked for rebuild");
-        return IndexError::Damaged { source: error, marked };
+        return IndexError::Damaged {
+            source: error,
+            observation,
+            marked,
+        };
     }
-    IndexError::CannotWrite { cause, source: error }
+    IndexError::CannotWrite {
+        cause,
+        source: error,
+        observation,
+    }
 }
 
 /// Mark the index for rebuild, in its own transaction.
