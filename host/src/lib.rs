@@ -9,6 +9,7 @@
 //! (`engine::COMPONENT`) and can run either implementation. Without it, as
 //! in the Python package, it builds with no wasm32 target and no wasmtime.
 
+pub mod backend;
 pub mod capture;
 pub mod captures;
 #[cfg(feature = "wasm-engine")]
@@ -29,6 +30,7 @@ pub mod ids;
 pub mod message;
 pub mod observe;
 pub mod outcome;
+pub mod pg;
 pub mod recover;
 pub mod replay;
 pub mod search;

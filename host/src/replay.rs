@@ -86,6 +86,151 @@ pub enum ReplayError {
     Io { context: String, source: io::Error },
     #[error("state.db: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// The PostgreSQL target (shown as `postgres://user@host:port/db`).
+    #[error("{target}: {message}")]
+    Postgres { target: String, message: String },
+}
+
+/// Where replay imports to: the same few effects on SQLite and on
+/// PostgreSQL. Each chunk of lines is one transaction.
+pub trait Target {
+    /// The session's turn lease: token, expiry (ms) and holder.
+    fn lease(&mut self, session: &str) -> Result<Option<Lease>, ReplayError>;
+    /// Before the first chunk is written (SQLite turns its index off).
+    fn start(&mut self) -> Result<(), ReplayError>;
+    /// Begin a chunk's transaction; the first chunk of a file also makes
+    /// sure the session row exists.
+    fn begin(&mut self, session: &str, first: bool) -> Result<(), ReplayError>;
+    fn commit(&mut self) -> Result<(), ReplayError>;
+    /// Roll back whatever is open; errors are ignored (the first one is reported).
+    fn rollback(&mut self);
+    /// Whether `uid` is stored (the dry run's question).
+    fn exists(&mut self, session: &str, uid: &str) -> Result<bool, ReplayError>;
+    /// Insert the message unless its uid is stored; `seq` `None` means
+    /// after the last. True when it was inserted.
+    fn insert(&mut self, session: &str, uid: &str, seq: Option<i64>, row: &Row<'_>) -> Result<bool, ReplayError>;
+    /// Whether the stored message with `uid` is this one.
+    fn same(&mut self, session: &str, uid: &str, row: &Row<'_>) -> Result<bool, ReplayError>;
+    /// After the last file (SQLite rebuilds its index).
+    fn finish(&mut self) -> Result<(), ReplayError>;
+}
+
+/// A session's turn lease as stored: token, expiry (ms), holder.
+pub type Lease = (Option<String>, Option<i64>, Option<String>);
+
+/// A diverted message as it is stored.
+pub struct Row<'a> {
+    pub role: &'a str,
+    pub content: &'a str,
+    pub is_json: bool,
+    pub extra: &'a str,
+}
+
+/// The SQLite store under a home.
+struct Sqlite {
+    conn: Connection,
+    writing: bool,
+}
+
+impl Sqlite {
+    fn open(home: &Path) -> Result<Sqlite, ReplayError> {
+        let conn = Connection::open(home.join("state.db"))?;
+        let admin = StoreOptions {
+            busy_timeout: std::time::Duration::from_secs(10),
+            ..StoreOptions::default()
+        };
+        configure(&conn, &admin)?;
+        Ok(Sqlite { conn, writing: false })
+    }
+}
+
+impl Target for Sqlite {
+    fn lease(&mut self, session: &str) -> Result<Option<Lease>, ReplayError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = ?1",
+                [session],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?)
+    }
+    fn start(&mut self) -> Result<(), ReplayError> {
+        self.writing = true;
+        Ok(())
+    }
+    fn begin(&mut self, session: &str, first: bool) -> Result<(), ReplayError> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        if first {
+            self.conn.execute(
+                "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
+                params![session, now_ms()],
+            )?;
+        }
+        Ok(())
+    }
+    fn commit(&mut self) -> Result<(), ReplayError> {
+        Ok(self.conn.execute_batch("COMMIT")?)
+    }
+    fn rollback(&mut self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+    fn exists(&mut self, session: &str, uid: &str) -> Result<bool, ReplayError> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")?
+            .query_row([session, uid], |_| Ok(()))
+            .optional()?
+            .is_some())
+    }
+    fn insert(&mut self, session: &str, uid: &str, seq: Option<i64>, row: &Row<'_>) -> Result<bool, ReplayError> {
+        let conn = &self.conn;
+        let seq = match seq {
+            Some(s) => s,
+            None => conn
+                .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1")?
+                .query_row([session], |r| r.get(0))?,
+        };
+        let inserted = conn
+            .prepare_cached(
+                "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(session_id, uid) DO NOTHING",
+            )?
+            .execute(params![
+                session,
+                uid,
+                seq,
+                row.role,
+                row.content,
+                row.is_json,
+                row.extra,
+                now_ms()
+            ])?;
+        Ok(inserted == 1)
+    }
+    fn same(&mut self, session: &str, uid: &str, row: &Row<'_>) -> Result<bool, ReplayError> {
+        Ok(same_row(
+            &self.conn,
+            session,
+            uid,
+            row.role,
+            row.content,
+            row.is_json,
+            row.extra,
+        )?)
+    }
+    fn finish(&mut self) -> Result<(), ReplayError> {
+        // Imported rows land past the index's watermark; index them now. The
+        // import is committed either way, and search scans what is not indexed.
+        if self.writing
+            && let Err(e) = index::catch_up(&self.conn, None, None)
+        {
+            tracing::warn!(error = %e, "replay: the search index did not catch up");
+        }
+        Ok(())
+    }
 }
 
 fn join_paths(paths: &[PathBuf]) -> String {
@@ -115,6 +260,18 @@ pub fn replay(home: &Path, opts: &ReplayOptions) -> Result<Vec<FileReport>, Repl
 
 /// [`replay`], also naming the files it left alone.
 pub fn replay_run(home: &Path, opts: &ReplayOptions) -> Result<ReplayRun, ReplayError> {
+    replay_into(home, opts, || {
+        Sqlite::open(home).map(|t| Box::new(t) as Box<dyn Target>)
+    })
+}
+
+/// Replay the divert files under `home` into the target `open` makes
+/// (opened only when there is a `sessions/` folder).
+pub fn replay_into(
+    home: &Path,
+    opts: &ReplayOptions,
+    open: impl FnOnce() -> Result<Box<dyn Target>, ReplayError>,
+) -> Result<ReplayRun, ReplayError> {
     if !opts.force {
         let pending = captures::pending(home).map_err(io_err(format!("list captures in {}", home.display())))?;
         if !pending.is_empty() {
@@ -136,17 +293,13 @@ pub fn replay_run(home: &Path, opts: &ReplayOptions) -> Result<ReplayRun, Replay
         files: Vec::new(),
         foreign_files: listing.foreign,
     };
-    let conn = Connection::open(home.join("state.db"))?;
-    let admin = StoreOptions {
-        busy_timeout: std::time::Duration::from_secs(10),
-        ..StoreOptions::default()
-    };
-    configure(&conn, &admin)?;
+    let mut target = open()?;
+    let conn = target.as_mut();
 
     let reports = &mut run.files;
     if opts.dry_run {
         for (session, path) in &listing.divert {
-            reports.push(settle_file(&conn, session, path, None)?);
+            reports.push(settle_file(conn, session, path, None)?);
         }
         return Ok(run);
     }
@@ -159,12 +312,13 @@ pub fn replay_run(home: &Path, opts: &ReplayOptions) -> Result<ReplayRun, Replay
     }
     // Take each pending file from under its writers.
     for (session, path) in &listing.divert {
-        check_lease(&conn, session, opts.force)?;
+        check_lease(conn, session, opts.force)?;
         take(path, &settling, session)?;
     }
     sync_dir(&settling).map_err(io_err("fsync settling/"))?;
     sync_dir(&sessions).map_err(io_err("fsync sessions/"))?;
 
+    conn.start()?;
     let ledger_path = sessions.join(divert_files::LEDGER);
     let mut ledger = OpenOptions::new()
         .append(true)
@@ -179,18 +333,14 @@ pub fn replay_run(home: &Path, opts: &ReplayOptions) -> Result<ReplayRun, Replay
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let target = settled.join(&name);
-        let mut report = settle_file(&conn, &session, &path, Some(&mut ledger))?;
+        let mut report = settle_file(conn, &session, &path, Some(&mut ledger))?;
         crate::failpoint::hit("replay.before_settle");
         std::fs::rename(&path, &target).map_err(io_err(format!("settle {name}")))?;
         sync_dir(&settled).map_err(io_err("fsync settled/"))?;
         report.settled_to = Some(target.to_string_lossy().into_owned());
         reports.push(report);
     }
-    // Imported rows land past the index's watermark; index them now. The
-    // import is committed either way, and search scans what is not indexed.
-    if let Err(e) = index::catch_up(&conn, None, None) {
-        tracing::warn!(error = %e, "replay: the search index did not catch up");
-    }
+    conn.finish()?;
     Ok(run)
 }
 
@@ -227,14 +377,8 @@ fn files_by_session(
     Ok(out)
 }
 
-fn check_lease(conn: &Connection, session: &str, force: bool) -> Result<(), ReplayError> {
-    let row: Option<(Option<String>, Option<i64>, Option<String>)> = conn
-        .query_row(
-            "SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = ?1",
-            [session],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .optional()?;
+fn check_lease(conn: &mut dyn Target, session: &str, force: bool) -> Result<(), ReplayError> {
+    let row = conn.lease(session)?;
     if let Some((Some(_), Some(exp), holder)) = row
         && exp > now_ms()
         && !force
@@ -267,7 +411,7 @@ fn take(path: &Path, settling: &Path, session: &str) -> Result<(), ReplayError> 
 
 /// Settle every line of one file. With no ledger, nothing is written (dry run).
 fn settle_file(
-    conn: &Connection,
+    conn: &mut dyn Target,
     session: &str,
     path: &Path,
     mut ledger: Option<&mut File>,
@@ -290,13 +434,7 @@ fn settle_file(
     let mut first_chunk = true;
     loop {
         if write {
-            conn.execute_batch("BEGIN IMMEDIATE")?;
-            if first_chunk {
-                conn.execute(
-                    "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
-                    params![session, now_ms()],
-                )?;
-            }
+            conn.begin(session, first_chunk)?;
             first_chunk = false;
         }
         let mut eof = false;
@@ -342,13 +480,11 @@ fn settle_file(
         })();
         if write {
             if let Err(e) = result {
-                if !conn.is_autocommit() {
-                    let _ = conn.execute_batch("ROLLBACK");
-                }
+                conn.rollback();
                 return Err(e);
             }
             crate::failpoint::hit("replay.before_commit");
-            conn.execute_batch("COMMIT")?;
+            conn.commit()?;
             crate::failpoint::hit("replay.before_ledger");
             if let Some(l) = ledger.as_deref_mut() {
                 let mut out = Vec::new();
@@ -373,7 +509,7 @@ fn settle_file(
 
 /// Decide and (unless dry) import one line.
 fn settle_line(
-    conn: &Connection,
+    conn: &mut dyn Target,
     session: &str,
     text: &str,
     dry: bool,
@@ -411,43 +547,21 @@ fn settle_line(
     };
     let (content, is_json) = message.content_text();
     let extra = message.extra_text();
+    let row = Row {
+        role: &message.role,
+        content: &content,
+        is_json,
+        extra: &extra,
+    };
     if dry {
-        let exists = conn
-            .prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")?
-            .query_row([session, &uid_s], |_| Ok(()))
-            .optional()?
-            .is_some();
-        if !exists {
+        if !conn.exists(session, &uid_s)? {
             return Ok((uid, Settled::Replayed));
         }
-    } else {
-        let seq = match seq {
-            Some(s) => s,
-            None => conn
-                .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1")?
-                .query_row([session], |r| r.get(0))?,
-        };
-        // Insert unless the uid is stored; only then compare contents.
-        let inserted = conn
-            .prepare_cached(
-                "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(session_id, uid) DO NOTHING",
-            )?
-            .execute(params![
-                session,
-                uid_s,
-                seq,
-                message.role,
-                content,
-                is_json,
-                extra,
-                now_ms()
-            ])?;
-        if inserted == 1 {
-            return Ok((uid, Settled::Replayed));
-        }
+    } else if conn.insert(session, &uid_s, seq, &row)? {
+        // Inserted unless the uid was stored; only then are contents compared.
+        return Ok((uid, Settled::Replayed));
     }
-    if same_row(conn, session, &uid_s, &message.role, &content, is_json, &extra)? {
+    if conn.same(session, &uid_s, &row)? {
         Ok((uid, Settled::Duplicate))
     } else {
         quarantine("uid conflict: the stored message has different content")

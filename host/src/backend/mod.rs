@@ -1,0 +1,125 @@
+//! The backend seam: what a session store must do for the flush machine,
+//! whatever the database.
+//!
+//! SQLite (`crate::store`, one file under `--home`) and PostgreSQL
+//! (`crate::pg`, a server named by `--db URL` or `TURNSAFE_DB`) perform
+//! the same effects ([`Backend`]): open, write a batch with the machine's
+//! plan, read which of a batch's uids are stored, read a transcript,
+//! search, and check the database's identity. Neither decides anything:
+//! a failure is reported as the policy's [`Failure`] and the flush
+//! machine says what happens next. [`Writer`] drives the machine over a
+//! backend; the divert folder is always on the local disk (`--home`), so
+//! a server that cannot be reached costs no turn.
+
+mod flush;
+pub mod target;
+
+pub use flush::{Writer, WriterOptions};
+pub use target::{DbChoice, TargetError};
+
+use serde_json::{Map, Value};
+use turnsafe_policy::machine::{Failure, WritePlan};
+
+use crate::message::Message;
+use crate::store::SessionId;
+
+/// One batch, with the uid of every message.
+pub struct Batch<'a> {
+    pub session: &'a SessionId,
+    pub messages: &'a [Message],
+    pub uids: &'a [String],
+}
+
+/// What a writer knows of one session between batches.
+#[derive(Debug, Clone, Default)]
+pub struct Cursor {
+    /// Our turn lease token, once the first batch took the lease.
+    pub lease_token: Option<String>,
+    /// The seq the next message gets, when known.
+    pub next_seq: Option<i64>,
+}
+
+/// Who writes, and for how long a lease holds.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub holder: String,
+    pub ttl_ms: i64,
+}
+
+/// Which database a handle writes to, as its generation and the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The generation id stamped in the database when it was created.
+    pub generation: String,
+    /// Where it lives (`postgres://user@host:port/db`, or a path).
+    pub location: String,
+}
+
+/// One search hit.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Hit {
+    pub session: String,
+    pub uid: String,
+    pub seq: i64,
+    pub role: String,
+    /// The matching text, with matches in `[` `]`.
+    pub snippet: String,
+}
+
+/// What a search found, and how many messages it read without the index.
+#[derive(Debug, Clone, Default)]
+pub struct SearchReport {
+    pub hits: Vec<Hit>,
+    pub unindexed: u64,
+}
+
+/// A read that failed; the message never holds a password.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{target}: {message}")]
+    Unavailable { target: String, message: String },
+    #[error("the query is empty")]
+    EmptyQuery,
+    #[error("{target}: schema version {found} is newer than this turnsafe knows ({known})")]
+    NewerSchema { target: String, found: i64, known: i64 },
+}
+
+/// The effects a session store performs for the flush machine.
+pub trait Backend {
+    /// Where the data lives, as it may be shown.
+    fn location(&self) -> String;
+    /// A live connection is held.
+    fn is_open(&self) -> bool;
+    /// Connect (or open the file), migrate, and record the identity. A
+    /// reopen that finds a different database reports `db_replaced`.
+    fn open(&mut self) -> Result<(), Failure>;
+    /// One transaction with the batch: every message committed (a stored
+    /// identical one counts), or none.
+    fn write(&mut self, batch: &Batch<'_>, plan: &WritePlan, cursor: &mut Cursor, lease: &Lease)
+    -> Result<(), Failure>;
+    /// Which of `uids` are stored for `session`.
+    fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError>;
+    /// The stored transcript in `seq` order, as `show --json` prints it.
+    fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError>;
+    /// Full-text search over the committed messages; never misses one.
+    fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError>;
+    /// The identity of the database the handle writes to.
+    fn identity(&mut self) -> Result<Identity, BackendError>;
+    /// Give back our lease on `session` (end of input).
+    fn release_lease(&mut self, session: &str, token: &str);
+}
+
+/// A stored message as `show --json` prints it.
+pub fn message_value(uid: String, seq: i64, role: String, content: String, is_json: bool, extra: &str) -> Value {
+    let mut m: Map<String, Value> = serde_json::from_str(extra).unwrap_or_default();
+    let content = if is_json {
+        serde_json::from_str(&content).unwrap_or(Value::String(content))
+    } else {
+        Value::String(content)
+    };
+    m.insert("uid".into(), uid.into());
+    m.insert("seq".into(), seq.into());
+    m.insert("role".into(), role.into());
+    m.insert("content".into(), content);
+    Value::Object(m)
+}

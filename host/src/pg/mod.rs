@@ -1,0 +1,318 @@
+//! PostgreSQL as a second backend, under the same policy.
+//!
+//! [`Postgres`] performs the [`Backend`] effects against a server named by
+//! a [`DbUrl`]; [`PgStore`] is the flush machine over it, diverting to the
+//! local `--home`. The executor decides nothing: every failure goes
+//! through [`translate`], the one place that says which SQLite code a
+//! PostgreSQL failure stands for, and the policy decides from there.
+//!
+//! A connection the server dropped (or that never came up) leaves the
+//! handle closed: the batch in flight is diverted, and the next batch's
+//! first step is an open, as after any failed open. Within one flush a
+//! connection is never made twice.
+
+pub mod connect;
+pub mod replay;
+pub mod schema;
+pub mod translate;
+pub mod url;
+mod write;
+
+use std::time::Duration;
+
+use postgres::Client;
+use serde_json::Value;
+use turnsafe_policy::Evidence;
+use turnsafe_policy::machine::{Failure, WritePlan};
+
+use crate::backend::{Backend, BackendError, Batch, Cursor, Hit, Identity, Lease, SearchReport, Writer};
+use schema::Migrated;
+use translate::Fault;
+pub use url::DbUrl;
+
+/// A writer on PostgreSQL.
+pub type PgStore = Writer<Postgres>;
+
+/// How the executor talks to the server.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// `lock_timeout` for the writer's statements: kept small, as the
+    /// policy's retry plan, not the server, decides how long to wait.
+    pub lock_timeout: Duration,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            lock_timeout: Duration::from_millis(50),
+        }
+    }
+}
+
+/// The PostgreSQL executor.
+pub struct Postgres {
+    url: DbUrl,
+    opts: PgOptions,
+    client: Option<Client>,
+    /// The generation of the database the first open found; a later open
+    /// that finds another is a replaced store.
+    generation: Option<String>,
+}
+
+impl Postgres {
+    pub fn new(url: DbUrl, opts: PgOptions) -> Postgres {
+        Postgres {
+            url,
+            opts,
+            client: None,
+            generation: None,
+        }
+    }
+
+    pub fn url(&self) -> &DbUrl {
+        &self.url
+    }
+
+    /// The live connection, for tests and read commands.
+    pub fn client(&mut self) -> Option<&mut Client> {
+        self.client.as_mut()
+    }
+
+    /// A connection for a read: the live one, or a new one.
+    fn reader(&mut self) -> Result<&mut Client, BackendError> {
+        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
+            let mut client = connect::connect(&self.url).map_err(|e| self.unavailable(&e.to_string()))?;
+            match schema::migrate(&mut client).map_err(|e| self.unavailable(&e.to_string()))? {
+                Migrated::Ready { .. } => {}
+                Migrated::Newer { found } => {
+                    return Err(BackendError::NewerSchema {
+                        target: self.url.display().to_string(),
+                        found,
+                        known: schema::VERSION,
+                    });
+                }
+            }
+            self.client = Some(client);
+        }
+        self.client.as_mut().ok_or_else(|| BackendError::Unavailable {
+            target: String::new(),
+            message: "no connection".into(),
+        })
+    }
+
+    fn unavailable(&self, message: &str) -> BackendError {
+        BackendError::Unavailable {
+            target: self.url.display().to_string(),
+            message: message.to_string(),
+        }
+    }
+
+    /// The failure of a client call; a connection-class one drops the
+    /// connection, so the next batch opens a new one.
+    fn client_failure(&mut self, e: &postgres::Error) -> Failure {
+        let f = translate::failure(&Fault::Client(e), 0);
+        let gone = e.is_closed()
+            || self.client.as_ref().is_none_or(|c| c.is_closed())
+            || f.code == Some(turnsafe_policy::codes::IOERR);
+        if gone {
+            self.client = None;
+        }
+        f
+    }
+}
+
+impl Backend for Postgres {
+    fn location(&self) -> String {
+        self.url.display().to_string()
+    }
+
+    fn is_open(&self) -> bool {
+        self.client.as_ref().is_some_and(|c| !c.is_closed())
+    }
+
+    fn open(&mut self) -> Result<(), Failure> {
+        self.client = None;
+        let mut client = match connect::connect(&self.url) {
+            Ok(c) => c,
+            Err(connect::ConnectError::Url(e)) => return Err(translate::failure(&Fault::Config(&e), 0)),
+            Err(connect::ConnectError::Postgres(e)) => return Err(translate::failure(&Fault::Client(&e), 0)),
+        };
+        let lock_timeout = format!("SET lock_timeout = {}", self.opts.lock_timeout.as_millis().max(1));
+        if let Err(e) = client.batch_execute(&lock_timeout) {
+            return Err(translate::failure(&Fault::Client(&e), 0));
+        }
+        let generation = match schema::migrate(&mut client) {
+            Ok(Migrated::Ready { generation }) => generation,
+            Ok(Migrated::Newer { found }) => return Err(translate::failure(&Fault::NewerSchema { found }, 0)),
+            Err(e) => return Err(translate::failure(&Fault::Client(&e), 0)),
+        };
+        match &self.generation {
+            Some(known) if *known != generation => {
+                tracing::error!(target_db = self.url.display(), "the database at the URL is not the one this handle wrote to");
+                return Err(replaced(&self.url, known, &generation));
+            }
+            _ => {}
+        }
+        tracing::debug!(target_db = self.url.display(), "postgres store opened");
+        self.generation = Some(generation);
+        self.client = Some(client);
+        Ok(())
+    }
+
+    fn write(
+        &mut self,
+        batch: &Batch<'_>,
+        plan: &WritePlan,
+        cursor: &mut Cursor,
+        lease: &Lease,
+    ) -> Result<(), Failure> {
+        let Some(client) = self.client.as_mut() else {
+            return Err(translate::failure(&Fault::NotConnected, 0));
+        };
+        let generation = self.generation.clone().unwrap_or_default();
+        match write::write(client, batch, plan, cursor, lease, &generation) {
+            Ok(()) => Ok(()),
+            Err(write::Stop::Client(e)) => Err(self.client_failure(&e)),
+            Err(write::Stop::Conflict) => Err(translate::failure(&Fault::UidConflict, 0)),
+            Err(write::Stop::LeaseLost) => Err(Failure {
+                evidence: vec![Evidence::TurnLeaseLost],
+                message: "the session's turn lease is held by another writer".into(),
+                ..Failure::default()
+            }),
+            Err(write::Stop::Replaced(found)) => Err(replaced(&self.url, &generation, &found)),
+        }
+    }
+
+    fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
+        let target = self.url.display().to_string();
+        let client = self.reader()?;
+        write::stored_uids(client, session, uids).map_err(|e| BackendError::Unavailable {
+            target,
+            message: e.to_string(),
+        })
+    }
+
+    fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError> {
+        let target = self.url.display().to_string();
+        let client = self.reader()?;
+        let rows = client
+            .query(
+                "SELECT uid, seq, role, content, content_json, extra FROM messages WHERE session_id = $1 ORDER BY seq, id",
+                &[&session],
+            )
+            .map_err(|e| BackendError::Unavailable {
+                target,
+                message: e.to_string(),
+            })?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let extra: String = r.get(5);
+                crate::backend::message_value(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), &extra)
+            })
+            .collect())
+    }
+
+    fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError> {
+        if query.trim().is_empty() {
+            return Err(BackendError::EmptyQuery);
+        }
+        let target = self.url.display().to_string();
+        let client = self.reader()?;
+        let err = |e: postgres::Error| BackendError::Unavailable {
+            target: target.clone(),
+            message: e.to_string(),
+        };
+        // Bring the index up to date off the commit path; if that cannot
+        // be done (a read-only server, a held lock), the rows it lacks are
+        // searched without it and counted.
+        if let Err(e) = client.batch_execute(
+            "INSERT INTO messages_search(message_id, tsv) \
+             SELECT m.id, to_tsvector('simple', m.content) FROM messages m \
+             WHERE NOT EXISTS (SELECT 1 FROM messages_search s WHERE s.message_id = m.id) \
+             ON CONFLICT (message_id) DO NOTHING",
+        ) {
+            tracing::warn!(target_db = %target, sqlstate = ?e.code().map(|c| c.code()), "search index not brought up to date");
+        }
+        let limit = limit as i64;
+        let rows = client
+            .query(
+                "WITH q AS (SELECT plainto_tsquery('simple', $1) AS q), \
+                 hits AS ( \
+                   SELECT m.id FROM messages m JOIN messages_search s ON s.message_id = m.id, q \
+                   WHERE s.tsv @@ q.q AND ($2::text IS NULL OR m.session_id = $2) \
+                   UNION ALL \
+                   SELECT m.id FROM messages m, q \
+                   WHERE NOT EXISTS (SELECT 1 FROM messages_search s WHERE s.message_id = m.id) \
+                     AND to_tsvector('simple', m.content) @@ q.q AND ($2::text IS NULL OR m.session_id = $2)) \
+                 SELECT m.session_id, m.uid, m.seq, m.role, \
+                        ts_headline('simple', m.content, q.q, 'StartSel=[, StopSel=], HighlightAll=false') \
+                 FROM hits h JOIN messages m ON m.id = h.id, q \
+                 ORDER BY m.session_id, m.seq, m.id LIMIT $3",
+                &[&query, &session, &limit],
+            )
+            .map_err(err)?;
+        let unindexed: i64 = client
+            .query_one(
+                "SELECT count(*) FROM messages m WHERE NOT EXISTS \
+                 (SELECT 1 FROM messages_search s WHERE s.message_id = m.id) AND ($1::text IS NULL OR m.session_id = $1)",
+                &[&session],
+            )
+            .map_err(err)?
+            .get(0);
+        Ok(SearchReport {
+            hits: rows
+                .into_iter()
+                .map(|r| Hit {
+                    session: r.get(0),
+                    uid: r.get(1),
+                    seq: r.get(2),
+                    role: r.get(3),
+                    snippet: r.get(4),
+                })
+                .collect(),
+            unindexed: unindexed as u64,
+        })
+    }
+
+    fn identity(&mut self) -> Result<Identity, BackendError> {
+        let location = self.url.display().to_string();
+        let client = self.reader()?;
+        let generation: String = client
+            .query_one("SELECT value FROM state_meta WHERE key = 'generation'", &[])
+            .map_err(|e| BackendError::Unavailable {
+                target: location.clone(),
+                message: e.to_string(),
+            })?
+            .get(0);
+        Ok(Identity { generation, location })
+    }
+
+    fn release_lease(&mut self, session: &str, token: &str) {
+        if let Some(client) = self.client.as_mut() {
+            let _ = client.execute(
+                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
+                 WHERE id = $1 AND lease_token = $2",
+                &[&session, &token],
+            );
+        }
+    }
+}
+
+/// `db_replaced`: the URL now leads to another database than the one this
+/// handle wrote to (a failover to a fresh server, a database recreated).
+fn replaced(url: &DbUrl, known: &str, found: &str) -> Failure {
+    Failure {
+        evidence: vec![Evidence::DbReplaced],
+        message: format!(
+            "turnsafe guard: {} holds generation {found}, not {known} that this handle wrote to",
+            url.display()
+        ),
+        ..Failure::default()
+    }
+}
+
+/// Open a PostgreSQL writer diverting under `home`.
+pub fn open_store(url: DbUrl, home: &std::path::Path, opts: crate::backend::WriterOptions) -> PgStore {
+    Writer::new(Postgres::new(url, PgOptions::default()), home, opts)
+}

@@ -1,0 +1,143 @@
+//! Replay into PostgreSQL: the same files, ledger and settlements as
+//! SQLite's replay ([`crate::replay`]); each chunk is one transaction that
+//! holds the session row locked, so live writers of the session wait.
+
+use postgres::Client;
+
+use super::connect;
+use super::url::DbUrl;
+use crate::replay::{Lease, ReplayError, Row, Target};
+use crate::store::now_ms;
+
+/// The replay target on a PostgreSQL server.
+pub struct PgTarget {
+    url: String,
+    client: Client,
+}
+
+impl PgTarget {
+    /// Connect and migrate; a held lock is waited on for up to 10 s.
+    pub fn open(url: &DbUrl) -> Result<PgTarget, ReplayError> {
+        let target = url.display().to_string();
+        let err = |message: String| ReplayError::Postgres {
+            target: target.clone(),
+            message,
+        };
+        let mut client = connect::connect(url).map_err(|e| err(e.to_string()))?;
+        client
+            .batch_execute("SET lock_timeout = '10s'")
+            .map_err(|e| err(e.to_string()))?;
+        match super::schema::migrate(&mut client).map_err(|e| err(e.to_string()))? {
+            super::schema::Migrated::Ready { .. } => {}
+            super::schema::Migrated::Newer { found } => {
+                return Err(err(format!(
+                    "schema version {found} is newer than this turnsafe knows ({})",
+                    super::schema::VERSION
+                )));
+            }
+        }
+        Ok(PgTarget { url: target, client })
+    }
+
+    fn err(&self, e: postgres::Error) -> ReplayError {
+        ReplayError::Postgres {
+            target: self.url.clone(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl Target for PgTarget {
+    fn lease(&mut self, session: &str) -> Result<Option<Lease>, ReplayError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = $1",
+                &[&session],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+    }
+    fn start(&mut self) -> Result<(), ReplayError> {
+        Ok(())
+    }
+    fn begin(&mut self, session: &str, _first: bool) -> Result<(), ReplayError> {
+        let result = (|| {
+            self.client.batch_execute("BEGIN")?;
+            self.client.execute(
+                "INSERT INTO sessions(id, created_ms) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+                &[&session, &now_ms()],
+            )?;
+            self.client
+                .execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session])
+        })();
+        result.map(|_| ()).map_err(|e| self.err(e))
+    }
+    fn commit(&mut self) -> Result<(), ReplayError> {
+        self.client.batch_execute("COMMIT").map_err(|e| self.err(e))
+    }
+    fn rollback(&mut self) {
+        let _ = self.client.batch_execute("ROLLBACK");
+    }
+    fn exists(&mut self, session: &str, uid: &str) -> Result<bool, ReplayError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT 1 FROM messages WHERE session_id = $1 AND uid = $2",
+                &[&session, &uid],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(row.is_some())
+    }
+    fn insert(&mut self, session: &str, uid: &str, seq: Option<i64>, row: &Row<'_>) -> Result<bool, ReplayError> {
+        let inserted = self
+            .client
+            .query_opt(
+                "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
+                 VALUES ($1, $2, COALESCE($3, (SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = $1)), \
+                         $4, $5, $6, $7, $8) \
+                 ON CONFLICT (session_id, uid) DO NOTHING RETURNING uid",
+                &[
+                    &session,
+                    &uid,
+                    &seq,
+                    &row.role,
+                    &row.content,
+                    &row.is_json,
+                    &row.extra,
+                    &now_ms(),
+                ],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(inserted.is_some())
+    }
+    fn same(&mut self, session: &str, uid: &str, row: &Row<'_>) -> Result<bool, ReplayError> {
+        let stored = self
+            .client
+            .query_opt(
+                "SELECT role, content, content_json, extra FROM messages WHERE session_id = $1 AND uid = $2",
+                &[&session, &uid],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(stored.is_some_and(|r| {
+            r.get::<_, String>(0) == row.role
+                && r.get::<_, String>(1) == row.content
+                && r.get::<_, bool>(2) == row.is_json
+                && r.get::<_, String>(3) == row.extra
+        }))
+    }
+    fn finish(&mut self) -> Result<(), ReplayError> {
+        Ok(())
+    }
+}
+
+/// Replay the divert files under `home` into `url`.
+pub fn replay(
+    home: &std::path::Path,
+    url: &DbUrl,
+    opts: &crate::replay::ReplayOptions,
+) -> Result<crate::replay::ReplayRun, ReplayError> {
+    crate::replay::replay_into(home, opts, || {
+        PgTarget::open(url).map(|t| Box::new(t) as Box<dyn Target>)
+    })
+}

@@ -1,0 +1,91 @@
+//! The PostgreSQL schema, mirroring SQLite's: `state_meta` (schema
+//! version, generation), `sessions` with the turn lease, `messages` with a
+//! uid unique per session and a `seq`, and a `tsvector` search index in a
+//! table of its own that no commit touches (`search` brings it up to date).
+//!
+//! Migrations run in one transaction under a transaction-scoped advisory
+//! lock, so two writers starting together migrate once; DDL is
+//! transactional in PostgreSQL, so a failed migration leaves nothing.
+
+use postgres::Client;
+
+/// Current schema version (`state_meta.schema_version`).
+pub const VERSION: i64 = 1;
+
+/// The advisory lock key migrations take ("turnsafe" in ASCII).
+pub const MIGRATION_LOCK: i64 = 0x7475_726e_7361_6665;
+
+const V1: &str = "
+CREATE TABLE IF NOT EXISTS state_meta(
+    key   text PRIMARY KEY,
+    value text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions(
+    id               text PRIMARY KEY,
+    created_ms       bigint NOT NULL,
+    lease_token      text,
+    lease_holder     text,
+    lease_expires_ms bigint
+);
+CREATE TABLE IF NOT EXISTS messages(
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_id   text NOT NULL REFERENCES sessions(id),
+    uid          text NOT NULL,
+    seq          bigint NOT NULL,
+    role         text NOT NULL,
+    content      text NOT NULL,
+    content_json boolean NOT NULL DEFAULT false,
+    extra        text NOT NULL DEFAULT '{}',
+    created_ms   bigint NOT NULL,
+    UNIQUE(session_id, uid)
+);
+CREATE INDEX IF NOT EXISTS messages_by_seq ON messages(session_id, seq);
+CREATE TABLE IF NOT EXISTS messages_search(
+    message_id bigint PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+    tsv        tsvector NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_search_tsv ON messages_search USING gin(tsv);
+";
+
+/// What [`migrate`] found or made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Migrated {
+    /// The schema is at [`VERSION`]; the database's generation id.
+    Ready { generation: String },
+    /// A newer turnsafe wrote this database; nothing was changed.
+    Newer { found: i64 },
+}
+
+/// Bring the schema to [`VERSION`] and return the database's generation.
+pub fn migrate(client: &mut Client) -> Result<Migrated, postgres::Error> {
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    let exists: bool = tx
+        .query_one("SELECT to_regclass('state_meta') IS NOT NULL", &[])?
+        .get(0);
+    let found: i64 = if exists {
+        tx.query_opt("SELECT value FROM state_meta WHERE key = 'schema_version'", &[])?
+            .and_then(|r| r.get::<_, String>(0).parse().ok())
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    if found > VERSION {
+        tx.rollback()?;
+        return Ok(Migrated::Newer { found });
+    }
+    if found < VERSION {
+        tx.batch_execute(V1)?;
+        let generation = crate::store::mint_id();
+        tx.execute(
+            "INSERT INTO state_meta(key, value) VALUES ('generation', $1), ('schema_version', $2) \
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value WHERE state_meta.key = 'schema_version'",
+            &[&generation, &VERSION.to_string()],
+        )?;
+    }
+    let generation: String = tx
+        .query_one("SELECT value FROM state_meta WHERE key = 'generation'", &[])?
+        .get(0);
+    tx.commit()?;
+    Ok(Migrated::Ready { generation })
+}

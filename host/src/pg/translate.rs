@@ -1,0 +1,180 @@
+//! PostgreSQL failures in the policy's terms.
+//!
+//! The policy classifies on SQLite result codes. This module is the one
+//! place that says which SQLite code a PostgreSQL failure stands for; the
+//! policy then decides exactly as it does for SQLite. The table is in
+//! `docs/POSTGRES.md`, and every message carries the SQLSTATE (or `none`
+//! when the failure never reached the server), e.g.
+//! `postgres SQLSTATE 55P03: canceling statement due to lock timeout`.
+
+use turnsafe_policy::codes;
+use turnsafe_policy::machine::Failure;
+
+/// What went wrong, as the executor saw it.
+pub enum Fault<'a> {
+    /// The client or the server said no.
+    Client(&'a postgres::Error),
+    /// The target could not be used at all (unreadable `sslrootcert`).
+    Config(&'a super::url::UrlError),
+    /// No connection is held (the server dropped it earlier).
+    NotConnected,
+    /// A uid of the batch is stored with different content.
+    UidConflict,
+    /// The database was written by a newer turnsafe.
+    NewerSchema { found: i64 },
+}
+
+/// The SQLite code a failure stands for: `(code, extended_code)`.
+///
+/// - No SQLSTATE (refused, reset, closed, timed out, TLS), class 08
+///   (connection exception) and 57P01-57P03 (the server shutting down or
+///   starting): `SQLITE_IOERR` (10), so `disk`: the batch is diverted and
+///   the next batch connects again.
+/// - 55P03 (lock not available, `lock_timeout`), 40001 (serialization
+///   failure), 40P01 (deadlock): `SQLITE_BUSY` (5), so `locked`: retried
+///   on the policy's plan.
+/// - 25006 (read-only transaction, `default_transaction_read_only`, a hot
+///   standby): `SQLITE_READONLY` (8), so `disk`.
+/// - 53100 (disk full): `SQLITE_FULL` (13), so `disk_full`.
+/// - 3D000 (no such database), 53300 (too many connections):
+///   `SQLITE_CANTOPEN` (14), so `disk`.
+/// - class 28 (authentication): `SQLITE_AUTH` (23), so `disk`.
+/// - XX001, XX002 (data or index corrupted): `SQLITE_CORRUPT` (11), sticky.
+/// - 23503 on a message insert (the session row is gone):
+///   `SQLITE_CONSTRAINT_FOREIGNKEY` (787), so `session_row_missing`.
+/// - a uid stored with different content: `SQLITE_CONSTRAINT_UNIQUE`
+///   (2067), so `uid_conflict`, handed back as with SQLite.
+/// - anything else: no code; the policy reads the text, then says `unknown`
+///   (diverted).
+pub fn sqlite_codes(sqlstate: Option<&str>) -> (Option<i64>, Option<i64>) {
+    let primary = |c: i64| (Some(c), None);
+    match sqlstate {
+        None => primary(codes::IOERR),
+        Some(s) if s.starts_with("08") => primary(codes::IOERR),
+        Some("57P01" | "57P02" | "57P03") => primary(codes::IOERR),
+        Some("55P03" | "40001" | "40P01") => primary(codes::BUSY),
+        Some("25006") => primary(codes::READONLY),
+        Some("53100") => primary(codes::FULL),
+        Some("3D000" | "53300") => primary(codes::CANTOPEN),
+        Some(s) if s.starts_with("28") => primary(codes::AUTH),
+        Some("XX001" | "XX002") => primary(codes::CORRUPT),
+        Some("23503") => (Some(codes::CONSTRAINT), Some(codes::CONSTRAINT_FOREIGNKEY)),
+        Some(_) => (None, None),
+    }
+}
+
+/// The failure the flush machine takes.
+pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
+    let (sqlstate, text, errno) = match fault {
+        Fault::Client(e) => {
+            let sqlstate = e.code().map(|c| c.code().to_string());
+            let text = match e.as_db_error() {
+                Some(db) => db.message().to_string(),
+                None => chain_text(e),
+            };
+            (sqlstate, text, io_errno(e))
+        }
+        Fault::Config(e) => (None, e.to_string(), None),
+        Fault::NotConnected => (None, "no connection to the server".to_string(), None),
+        Fault::UidConflict => (
+            Some("23505".to_string()),
+            "a uid of the batch is stored with different content".to_string(),
+            None,
+        ),
+        Fault::NewerSchema { found } => (
+            None,
+            format!("the database has schema version {found}, newer than this turnsafe knows"),
+            None,
+        ),
+    };
+    let (code, extended_code) = match fault {
+        Fault::Config(_) => (Some(codes::CANTOPEN), None),
+        Fault::UidConflict => (Some(codes::CONSTRAINT), Some(codes::CONSTRAINT_UNIQUE)),
+        Fault::NewerSchema { .. } => (None, None),
+        Fault::NotConnected | Fault::Client(_) => sqlite_codes(sqlstate.as_deref()),
+    };
+    Failure {
+        code,
+        extended_code,
+        message: format!("postgres SQLSTATE {}: {text}", sqlstate.as_deref().unwrap_or("none")),
+        errno,
+        evidence: Vec::new(),
+        elapsed_ms,
+    }
+}
+
+/// The error and its causes, joined: the client's own text is terse
+/// ("error connecting to server") and the cause says why.
+fn chain_text(e: &postgres::Error) -> String {
+    use std::error::Error;
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let t = s.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// The OS errno under a client error (connection refused, reset, ...).
+fn io_errno(e: &postgres::Error) -> Option<i64> {
+    use std::error::Error;
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return io.raw_os_error().map(i64::from);
+        }
+        source = s.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnsafe_policy::{Cause, Observation, Operation, classify};
+
+    fn cause(sqlstate: Option<&str>) -> Cause {
+        let (code, extended_code) = sqlite_codes(sqlstate);
+        classify(&Observation {
+            operation: Operation::AppendBatch,
+            code,
+            extended_code,
+            message: format!("postgres SQLSTATE {}: x", sqlstate.unwrap_or("none")),
+            errno: None,
+            evidence: Vec::new(),
+            attempt: 1,
+            elapsed_ms: 0,
+            seed: 0,
+        })
+        .cause
+    }
+
+    #[test]
+    fn each_sqlstate_lands_on_the_cause_docs_name() {
+        assert_eq!(cause(None), Cause::Disk);
+        assert_eq!(cause(Some("08006")), Cause::Disk);
+        assert_eq!(cause(Some("57P01")), Cause::Disk);
+        assert_eq!(cause(Some("55P03")), Cause::Locked);
+        assert_eq!(cause(Some("40001")), Cause::Locked);
+        assert_eq!(cause(Some("40P01")), Cause::Locked);
+        assert_eq!(cause(Some("25006")), Cause::Disk);
+        assert_eq!(cause(Some("53100")), Cause::DiskFull);
+        assert_eq!(cause(Some("3D000")), Cause::Disk);
+        assert_eq!(cause(Some("28P01")), Cause::Disk);
+        assert_eq!(cause(Some("XX001")), Cause::Corrupt);
+        assert_eq!(cause(Some("23503")), Cause::SessionRowMissing);
+        assert_eq!(cause(Some("42601")), Cause::Unknown);
+    }
+
+    #[test]
+    fn a_uid_conflict_is_the_sqlite_one() {
+        let f = failure(&Fault::UidConflict, 0);
+        assert_eq!(f.extended_code, Some(2067));
+        assert!(f.message.starts_with("postgres SQLSTATE 23505: "));
+    }
+}
