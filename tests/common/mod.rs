@@ -4,6 +4,7 @@
 
 #[macro_use]
 pub mod privileged;
+pub mod pg;
 
 use std::path::{Path, PathBuf};
 

@@ -178,6 +178,8 @@ impl<B: Backend> Writer<B> {
     fn perform_open(&mut self, batch: &Batch<'_>, elapsed_ms: u64) -> Event {
         let result = match self.open_failure.take() {
             Some(f) => Err(f),
+            // Opened when the writer was made: the machine learns it now.
+            None if self.backend.is_open() => return Event::Opened,
             None => {
                 self.counters.open_attempts += 1;
                 self.backend.open()

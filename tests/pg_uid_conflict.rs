@@ -1,0 +1,50 @@
+//! PostgreSQL: a uid resent with different content is a conflict, exactly
+//! as with SQLite: the whole batch is handed back (`uid_conflict`, fail
+//! closed), never diverted, and nothing of it is committed. An identical
+//! resend is idempotent.
+mod common;
+use common::*;
+use turnsafe_host::message::Message;
+use turnsafe_policy::{ActionKind, Cause};
+
+#[test]
+fn a_conflicting_uid_hands_the_batch_back() {
+    let server = pg_or_skip!();
+    let db = server.create_db("conflict");
+    let home = Home::new();
+    let mut store = pg::store(&server.url(&db), home.path());
+    assert!(store.append_batch(&sid("s1"), &batch("t1", 3)).persisted);
+
+    // The same batch again: every uid is stored with the same content.
+    let again = store.append_batch(&sid("s1"), &batch("t1", 3));
+    assert!(again.persisted, "{}", again.to_value());
+    assert_eq!(again.committed, 3);
+    assert_eq!(pg::rows(&server, &db, "s1").len(), 3, "an identical resend stores nothing twice");
+
+    let conflicting = vec![
+        Message::new("user", "a brand new message").with_uid("fresh-1"),
+        Message::new("user", "different content, same uid").with_uid("t1-1"),
+    ];
+    let out = store.append_batch(&sid("s1"), &conflicting);
+    assert!(!out.persisted);
+    assert_eq!(out.cause, Some(Cause::UidConflict));
+    assert_eq!(out.action, Some(ActionKind::FailClosed));
+    assert_eq!((out.committed, out.diverted, out.handed_back), (0, 0, 2));
+    assert!(out.receipt.is_none());
+    assert_eq!(out.error.as_deref(), Some("session_persistence_failed:uid_conflict"));
+    let copy = out.copy.expect("copy");
+    assert_eq!(copy.code, "uid_conflict.handed_back");
+    assert!(!copy.body.to_lowercase().contains("a copy was kept"));
+
+    assert!(!home.divert_file("s1").exists(), "a conflict is never diverted");
+    let rows = pg::rows(&server, &db, "s1");
+    assert_eq!(rows.len(), 3, "the new message in the refused batch was rolled back");
+    assert!(rows.iter().all(|r| r.0 != "fresh-1"));
+    assert!(rows.iter().any(|r| r.0 == "t1-1" && r.2.starts_with("t1 message 1")));
+    let c = store.counters();
+    assert_eq!((c.connections_opened, c.append_attempts, c.diverts), (1, 3, 0));
+
+    // The handle is not poisoned: the next batch commits.
+    assert!(store.append_batch(&sid("s1"), &batch("t2", 2)).persisted);
+    assert_eq!(pg::rows(&server, &db, "s1").len(), 5);
+}
