@@ -40,8 +40,16 @@ fn a_read_only_server_diverts_the_batch() {
     let copy = out.copy.as_ref().expect("copy");
     assert_eq!(copy.code, "disk.diverted");
     assert!(copy.body.contains(&receipt.path));
-    assert_eq!(pg::rows(&server, &db, "s1").len(), 2, "nothing of the batch reached the server");
-    assert_eq!(store.counters().append_attempts, 2, "a disk-class failure is not retried");
+    assert_eq!(
+        pg::rows(&server, &db, "s1").len(),
+        2,
+        "nothing of the batch reached the server"
+    );
+    assert_eq!(
+        store.counters().append_attempts,
+        2,
+        "a disk-class failure is not retried"
+    );
 
     admin
         .batch_execute("ALTER SYSTEM RESET default_transaction_read_only")
@@ -51,7 +59,11 @@ fn a_read_only_server_diverts_the_batch() {
     let later = store.append_batch(&sid("s1"), &batch("c", 1));
     assert!(later.persisted, "{}", later.to_value());
     let rows = pg::rows(&server, &db, "s1");
-    assert_eq!(rows.last().map(|r| (r.0.as_str(), r.1)), Some(("c-0", 7)), "after the diverted seqs");
+    assert_eq!(
+        rows.last().map(|r| (r.0.as_str(), r.1)),
+        Some(("c-0", 7)),
+        "after the diverted seqs"
+    );
 }
 
 fn wait_for_setting(server: &pg::PgServer, db: &str, want: &str) {

@@ -21,7 +21,8 @@ fn a_held_row_lock_is_locked_and_retried() {
     let holder = std::thread::spawn(move || {
         let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
         let mut t = c.transaction().unwrap();
-        t.execute("SELECT 1 FROM sessions WHERE id = 's1' FOR UPDATE", &[]).unwrap();
+        t.execute("SELECT 1 FROM sessions WHERE id = 's1' FOR UPDATE", &[])
+            .unwrap();
         tx.send(()).unwrap();
         std::thread::sleep(Duration::from_secs(2));
         t.commit().unwrap();
@@ -40,7 +41,10 @@ fn a_held_row_lock_is_locked_and_retried() {
     assert!(!home.divert_file("s1").exists(), "nothing was diverted");
     let rows = pg::rows(&server, &db, "s1");
     assert_eq!(rows.len(), 12);
-    assert_eq!(rows.iter().map(|r| r.1).collect::<Vec<_>>(), (1..=12).collect::<Vec<_>>());
+    assert_eq!(
+        rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+        (1..=12).collect::<Vec<_>>()
+    );
     let c = store.counters();
     assert_eq!((c.connections_opened, c.open_attempts, c.diverts), (1, 1, 0));
     assert_eq!(c.append_attempts, 1 + u64::from(out.attempts));

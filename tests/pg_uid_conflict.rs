@@ -19,7 +19,11 @@ fn a_conflicting_uid_hands_the_batch_back() {
     let again = store.append_batch(&sid("s1"), &batch("t1", 3));
     assert!(again.persisted, "{}", again.to_value());
     assert_eq!(again.committed, 3);
-    assert_eq!(pg::rows(&server, &db, "s1").len(), 3, "an identical resend stores nothing twice");
+    assert_eq!(
+        pg::rows(&server, &db, "s1").len(),
+        3,
+        "an identical resend stores nothing twice"
+    );
 
     let conflicting = vec![
         Message::new("user", "a brand new message").with_uid("fresh-1"),

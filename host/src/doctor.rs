@@ -176,6 +176,81 @@ pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {
     (out, Value::Object(facts))
 }
 
+/// Examine a PostgreSQL store, and the home's diverts and captures when a
+/// home is given. The store is named only as `postgres://user@host:port/db`.
+pub fn examine_postgres(url: &crate::pg::DbUrl, home: Option<&Path>) -> (Vec<Finding>, Value) {
+    let mut out = Vec::new();
+    let mut facts = serde_json::Map::new();
+    facts.insert("db".into(), json!(url.display()));
+    match crate::pg::inspect(url) {
+        Ok(state) => {
+            out.push(finding(
+                "postgres",
+                "ok",
+                format!(
+                    "{} is reachable; schema version {}; {} message(s) in {} session(s)",
+                    url.display(),
+                    state.schema_version,
+                    state.messages,
+                    state.sessions
+                ),
+                None,
+            ));
+            if state.schema_version > crate::pg::schema::VERSION {
+                out.push(finding(
+                    "postgres",
+                    "error",
+                    format!(
+                        "schema version {} is newer than this turnsafe knows ({})",
+                        state.schema_version,
+                        crate::pg::schema::VERSION
+                    ),
+                    None,
+                ));
+            }
+            if state.read_only {
+                out.push(finding(
+                    "postgres",
+                    "error",
+                    format!(
+                        "{} accepts no writes (read-only transactions): batches are diverted",
+                        url.display()
+                    ),
+                    Some(Cause::Disk),
+                ));
+            }
+            if state.unindexed > 0 {
+                out.push(finding(
+                    "search_index",
+                    "ok",
+                    format!(
+                        "{} message(s) not in the search index yet; `turnsafe search` indexes them first",
+                        state.unindexed
+                    ),
+                    None,
+                ));
+            }
+            facts.insert("schema_version".into(), state.schema_version.into());
+            facts.insert("messages".into(), state.messages.into());
+            facts.insert("sessions".into(), state.sessions.into());
+            facts.insert("live_leases".into(), state.live_leases.into());
+            facts.insert("unindexed".into(), state.unindexed.into());
+            facts.insert("read_only".into(), state.read_only.into());
+        }
+        Err(e) => out.push(finding(
+            "postgres",
+            "error",
+            format!("cannot use {}: {e}", url.display()),
+            Some(Cause::Disk),
+        )),
+    }
+    if let Some(home) = home {
+        captures(home, &mut out, &mut facts);
+        diverts(home, &mut out, &mut facts);
+    }
+    (out, Value::Object(facts))
+}
+
 /// Capture folders: a pending one is an error (its rows may be in no
 /// database, and replay waits on it); a settled one is reported as such.
 fn captures(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<String, Value>) {

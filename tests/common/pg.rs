@@ -7,6 +7,9 @@
 //! `postgresql-15`). When they are missing, [`PgServer::start`] says why;
 //! use [`pg_or_skip!`], which fails the test under `CI=true` and prints
 //! the reason elsewhere: never a silent skip.
+//!
+//! The top-level scenarios reach it as `common::pg`; the command-line
+//! scenarios in `host/tests` include this same file with `#[path]`.
 #![allow(dead_code)]
 
 use std::os::unix::fs::PermissionsExt;
@@ -218,7 +221,11 @@ impl PgServer {
                 &["-D", &self.data().to_string_lossy(), "-m", "immediate", "-w", "stop"],
             )
             .expect("pg_ctl stop");
-        assert!(out.status.success(), "pg_ctl stop: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         self.running = false;
     }
 
@@ -290,7 +297,7 @@ macro_rules! pg_or_skip {
         pg_or_skip!(&[])
     };
     ($extra:expr) => {
-        match common::pg::PgServer::start_with($extra) {
+        match pg::PgServer::start_with($extra) {
             Ok(s) => s,
             Err(why) => {
                 if std::env::var("CI").is_ok_and(|v| v == "true") {

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::backend::{DbChoice, WriterOptions};
 use crate::exit;
 use crate::message::Message;
 use crate::store::{SessionId, SessionStore, StoreOptions, Synchronous};
@@ -28,11 +29,19 @@ use crate::store::{SessionId, SessionStore, StoreOptions, Synchronous};
 ///
 /// When a batch is handed back, resend it with the `uids` the outcome
 /// lists: a later `turnsafe replay` then cannot store any message twice.
+///
+/// With `--db URL` (or `TURNSAFE_DB`) the messages go to PostgreSQL under
+/// the same policy; the divert folder stays under `--home` on this
+/// machine, so a server that cannot be reached costs no turn.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The turnsafe home: `state.db` and `sessions/` live here (created 0700 if missing).
     #[arg(long)]
     home: PathBuf,
+    /// PostgreSQL instead of `<home>/state.db`: `postgres://user@host:port/db?sslmode=require|disable`
+    /// (default: `TURNSAFE_DB`). Keep passwords in `TURNSAFE_DB` or a password file.
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
     /// The session id (letters, digits, `-`, `_`, `.`, `:`; at most 128 bytes).
     #[arg(long)]
     session: String,
@@ -93,6 +102,27 @@ pub fn exhaust_fds(headroom: u64) -> std::io::Result<u64> {
     Ok(lowest)
 }
 
+/// The store a run writes to.
+enum Store {
+    Sqlite(SessionStore),
+    Postgres(Box<crate::pg::PgStore>),
+}
+
+impl Store {
+    fn append_batch(&mut self, session: &SessionId, batch: &[Message]) -> crate::outcome::FlushOutcome {
+        match self {
+            Store::Sqlite(s) => s.append_batch(session, batch),
+            Store::Postgres(s) => s.append_batch(session, batch),
+        }
+    }
+    fn release_lease(&mut self, session: &SessionId) {
+        match self {
+            Store::Sqlite(s) => s.release_lease(session),
+            Store::Postgres(s) => s.release_lease(session),
+        }
+    }
+}
+
 pub fn run(args: Args) -> i32 {
     let session = match SessionId::new(&args.session) {
         Ok(s) => s,
@@ -101,6 +131,32 @@ pub fn run(args: Args) -> i32 {
             return exit::USAGE;
         }
     };
+    let choice = match DbChoice::resolve(args.db.as_deref(), Some(&args.home)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
+    if let DbChoice::Postgres(url) = choice {
+        if args.exhaust_fds_after.is_some() || args.fault_wal_write_every.is_some() {
+            eprintln!("error: the SQLite testing aids do not apply to --db");
+            return exit::USAGE;
+        }
+        if let Err(e) = ensure_home(&args.home) {
+            tracing::error!(error = %e, "could not create the home directory");
+        }
+        let mut opts = WriterOptions {
+            lease_ttl: Duration::from_secs(args.lease_ttl),
+            ..WriterOptions::default()
+        };
+        if let Some(h) = args.holder {
+            opts.holder = h;
+        }
+        tracing::info!(target_db = url.display(), "appending to postgres");
+        let store = Store::Postgres(Box::new(crate::pg::open_store(url, &args.home, opts)));
+        return stream(store, &session, |_| {});
+    }
     let mut opts = StoreOptions {
         lease_ttl: Duration::from_secs(args.lease_ttl),
         synchronous: args.synchronous,
@@ -133,7 +189,7 @@ pub fn run(args: Args) -> i32 {
     exhaust(0);
     // A home that cannot be created still gets every batch answered: the
     // open fails, the policy decides, and the outcome says what happened.
-    let mut store = match SessionStore::create(&args.home, opts.clone()) {
+    let store = match SessionStore::create(&args.home, opts.clone()) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "could not create the home directory");
@@ -147,11 +203,26 @@ pub fn run(args: Args) -> i32 {
         eprintln!("error: {newer}");
         return exit::USAGE;
     }
+    stream(Store::Sqlite(store), &session, exhaust)
+}
+
+/// Create `home` (0700) if missing.
+fn ensure_home(home: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if home.exists() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(home)
+}
+
+/// Answer each stdin batch with its outcome; `after(n)` runs after the n-th batch.
+fn stream(mut store: Store, session: &SessionId, after: impl Fn(u64)) -> i32 {
+    let exhaust = after;
     let (mut all_persisted, mut batches) = (true, 0u64);
     let read = super::for_each_line(|line_no, text| {
         let answer = match Message::batch_from_json(text) {
             Ok(batch) => {
-                let outcome = store.append_batch(&session, &batch);
+                let outcome = store.append_batch(session, &batch);
                 all_persisted &= outcome.persisted;
                 batches += 1;
                 exhaust(batches);
@@ -170,6 +241,6 @@ pub fn run(args: Args) -> i32 {
         eprintln!("turnsafe append: reading stdin: {e}");
         all_persisted = false;
     }
-    store.release_lease(&session);
+    store.release_lease(session);
     if all_persisted { exit::OK } else { exit::NOT_PERSISTED }
 }

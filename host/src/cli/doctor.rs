@@ -19,11 +19,20 @@ use crate::exit;
 /// Files in `sessions/` that are not turnsafe's divert files (another
 /// runtime's transcripts) are listed as `foreign_files` and are not
 /// counted in `pending_divert_files`.
+///
+/// With `--db URL` (or `TURNSAFE_DB`) the PostgreSQL store is examined
+/// instead of `state.db`: whether it can be reached (shown as
+/// `postgres://user@host:port/db`), its schema version, live turn leases
+/// and the messages the search index has not caught up with; the home's
+/// pending diverts and captures are examined too when `--home` is given.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The turnsafe home.
+    /// The turnsafe home (optional with `--db`).
     #[arg(long)]
-    home: PathBuf,
+    home: Option<PathBuf>,
+    /// Examine a PostgreSQL store (default: `TURNSAFE_DB`).
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
     /// Rebuild a degraded search index when no writer holds the db.
     #[arg(long)]
     repair_fts: bool,
@@ -33,10 +42,22 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
-    if let Some(code) = super::refuse_newer_schema(&args.home.join("state.db")) {
-        return code;
-    }
-    let (findings, facts) = crate::doctor::examine(&args.home, args.repair_fts);
+    let (findings, facts) = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
+        Ok(crate::backend::DbChoice::Postgres(url)) => crate::doctor::examine_postgres(&url, args.home.as_deref()),
+        Ok(crate::backend::DbChoice::Sqlite(db)) => {
+            if let Some(code) = super::refuse_newer_schema(&db) {
+                return code;
+            }
+            match &args.home {
+                Some(home) => crate::doctor::examine(home, args.repair_fts),
+                None => return exit::USAGE,
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
     let problems = findings.iter().any(|f| f.severity == "error");
     for f in &findings {
         if args.json {

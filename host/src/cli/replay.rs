@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::exit;
 use crate::replay::{ReplayError, ReplayOptions, replay_run};
 
-/// Import diverted transcripts back into state.db.
+/// Import diverted transcripts back into state.db (or, with `--db`, PostgreSQL).
 ///
 /// Reads turnsafe's divert files in `sessions/` and imports idempotently by
 /// (session, uid), keeping `seq`.
@@ -29,9 +29,12 @@ use crate::replay::{ReplayError, ReplayOptions, replay_run};
 /// a live turn lease or a pending capture makes replay refuse.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The turnsafe home.
+    /// The turnsafe home (its `sessions/` holds the diverted files).
     #[arg(long)]
     home: PathBuf,
+    /// Import into PostgreSQL instead of `<home>/state.db` (default: `TURNSAFE_DB`).
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
     /// Only this session's divert file.
     #[arg(long)]
     session: Option<String>,
@@ -56,7 +59,15 @@ pub fn run(args: Args) -> i32 {
         dry_run: args.dry_run,
         force: args.force,
     };
-    let run = match replay_run(&args.home, &opts) {
+    let result = match crate::backend::DbChoice::resolve(args.db.as_deref(), Some(&args.home)) {
+        Ok(crate::backend::DbChoice::Sqlite(_)) => replay_run(&args.home, &opts),
+        Ok(crate::backend::DbChoice::Postgres(url)) => crate::pg::replay::replay(&args.home, &url, &opts),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
+    let run = match result {
         Ok(r) => r,
         Err(e @ (ReplayError::LeaseLive { .. } | ReplayError::CapturePending { .. })) => {
             eprintln!("turnsafe replay: {e}");

@@ -10,11 +10,15 @@ use crate::exit;
 /// List a session's stored messages in transcript order.
 ///
 /// With `--json`, one `{"type":"message","data":{uid, seq, role, content, ...}}` per line.
+/// With `--db URL` (or `TURNSAFE_DB`) the transcript is read from PostgreSQL.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The turnsafe home holding `state.db`.
+    /// The turnsafe home holding `state.db` (not needed with `--db`).
     #[arg(long)]
-    home: PathBuf,
+    home: Option<PathBuf>,
+    /// Read from PostgreSQL (default: `TURNSAFE_DB`); see `turnsafe append --help`.
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
     /// The session id.
     #[arg(long)]
     session: String,
@@ -47,7 +51,24 @@ pub fn stored_messages(conn: &Connection, session: &str) -> rusqlite::Result<Vec
 }
 
 pub fn run(args: Args) -> i32 {
-    let db = args.home.join("state.db");
+    let db = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
+        Ok(crate::backend::DbChoice::Sqlite(path)) => path,
+        Ok(crate::backend::DbChoice::Postgres(url)) => {
+            use crate::backend::Backend;
+            let mut pg = crate::pg::Postgres::new(url, crate::pg::PgOptions::default());
+            return match pg.transcript(&args.session) {
+                Ok(messages) => print(messages, args.json),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    exit::FAILURE
+                }
+            };
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
     if !db.is_file() {
         eprintln!("error: no turnsafe store at {}", db.display());
         return exit::FAILURE;
@@ -70,8 +91,12 @@ pub fn run(args: Args) -> i32 {
             return exit::FAILURE;
         }
     };
+    print(messages, args.json)
+}
+
+fn print(messages: Vec<Value>, json: bool) -> i32 {
     for m in messages {
-        let line = if args.json {
+        let line = if json {
             super::envelope("message", m)
         } else {
             let content = match &m["content"] {

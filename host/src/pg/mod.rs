@@ -148,7 +148,10 @@ impl Backend for Postgres {
         };
         match &self.generation {
             Some(known) if *known != generation => {
-                tracing::error!(target_db = self.url.display(), "the database at the URL is not the one this handle wrote to");
+                tracing::error!(
+                    target_db = self.url.display(),
+                    "the database at the URL is not the one this handle wrote to"
+                );
                 return Err(replaced(&self.url, known, &generation));
             }
             _ => {}
@@ -310,6 +313,47 @@ fn replaced(url: &DbUrl, known: &str, found: &str) -> Failure {
         ),
         ..Failure::default()
     }
+}
+
+/// What `doctor --db` reports about a server.
+#[derive(Debug, Clone, Default)]
+pub struct ServerState {
+    pub schema_version: i64,
+    pub messages: i64,
+    pub sessions: i64,
+    pub live_leases: i64,
+    pub unindexed: i64,
+    /// New transactions are read-only (`default_transaction_read_only`, a standby).
+    pub read_only: bool,
+}
+
+/// Read the server's state without writing anything (no migration).
+pub fn inspect(url: &DbUrl) -> Result<ServerState, connect::ConnectError> {
+    let mut client = connect::connect(url)?;
+    let read_only: String = client.query_one("SHOW transaction_read_only", &[])?.get(0);
+    let mut state = ServerState {
+        read_only: read_only == "on",
+        ..ServerState::default()
+    };
+    let exists: bool = client
+        .query_one("SELECT to_regclass('state_meta') IS NOT NULL", &[])?
+        .get(0);
+    if !exists {
+        return Ok(state);
+    }
+    state.schema_version = client
+        .query_opt("SELECT value FROM state_meta WHERE key = 'schema_version'", &[])?
+        .and_then(|r| r.get::<_, String>(0).parse().ok())
+        .unwrap_or(0);
+    let row = client.query_one(
+        "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM sessions),                 (SELECT count(*) FROM sessions WHERE lease_token IS NOT NULL AND lease_expires_ms > $1),                 (SELECT count(*) FROM messages m WHERE NOT EXISTS                     (SELECT 1 FROM messages_search s WHERE s.message_id = m.id))",
+        &[&crate::store::now_ms()],
+    )?;
+    state.messages = row.get(0);
+    state.sessions = row.get(1);
+    state.live_leases = row.get(2);
+    state.unindexed = row.get(3);
+    Ok(state)
 }
 
 /// Open a PostgreSQL writer diverting under `home`.

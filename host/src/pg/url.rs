@@ -40,7 +40,9 @@ pub enum UrlError {
          for loopback)"
     )]
     SslModeRefused(String),
-    #[error("sslmode={0} is not offered: use `sslmode=require` (it verifies the certificate and host name) or `sslmode=disable`")]
+    #[error(
+        "sslmode={0} is not offered: use `sslmode=require` (it verifies the certificate and host name) or `sslmode=disable`"
+    )]
     SslModeUnknown(String),
     #[error("the database URL cannot be read: {0}")]
     Parse(String),
@@ -353,6 +355,9 @@ mod tests {
 
     #[test]
     fn pgpass_lines_split_with_escapes() {
-        assert_eq!(split_pgpass(r"h:5432:*:u:p\:w\\d"), vec!["h", "5432", "*", "u", r"p:w\d"]);
+        assert_eq!(
+            split_pgpass(r"h:5432:*:u:p\:w\\d"),
+            vec!["h", "5432", "*", "u", r"p:w\d"]
+        );
     }
 }
