@@ -330,3 +330,88 @@ pub fn rows(server: &PgServer, db: &str, session: &str) -> Vec<(String, i64, Str
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect()
 }
+
+/// A CA and a server certificate for 127.0.0.1 and localhost, made with
+/// the `openssl` command in `dir`: `(ca.pem, settings for the server)`.
+/// The key is handed to the server's account, mode 0600.
+pub fn make_certs(dir: &Path) -> Result<(PathBuf, Vec<String>), String> {
+    let run = |args: &[&str]| -> Result<(), String> {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .map_err(|e| format!("openssl: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr)))
+        }
+    };
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=turnsafe test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ])?;
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ])?;
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+         keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .map_err(|e| e.to_string())?;
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ])?;
+    let key = dir.join("server.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
+    if unsafe { libc::geteuid() } == 0 {
+        let (uid, gid) = postgres_account()?;
+        chown(&key, uid, gid)?;
+    }
+    let settings = vec![
+        "ssl = on".to_string(),
+        format!("ssl_cert_file = '{}'", dir.join("server.pem").display()),
+        format!("ssl_key_file = '{}'", key.display()),
+    ];
+    Ok((dir.join("ca.pem"), settings))
+}

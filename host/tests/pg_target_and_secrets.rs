@@ -1,0 +1,159 @@
+//! How a PostgreSQL target is given and shown: `--db` and `TURNSAFE_DB`,
+//! a warning for a password on the command line, a libpq-style password
+//! file, `sslmode=prefer` refused, and only `postgres://user@host:port/db`
+//! in any output.
+#[path = "../../tests/common/pg.rs"]
+mod pg;
+
+use std::os::unix::fs::PermissionsExt;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+const BATCH: &str = "[{\"role\":\"user\",\"content\":\"hello\",\"uid\":\"u1\"}]\n";
+
+fn outcomes(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn targets_passwords_and_what_is_shown() {
+    let server = pg_or_skip!();
+    let db = server.create_db("targets");
+    let url = server.url(&db);
+    let home = tempfile::tempdir().unwrap();
+
+    // A password on the command line works, and draws the warning.
+    let out = Command::cargo_bin("turnsafe")
+        .unwrap()
+        .args(["append", "--session", "s1", "--db", &url, "--home"])
+        .arg(home.path())
+        .env_remove("TURNSAFE_DB")
+        .env("TURNSAFE_LOG", "debug")
+        .write_stdin(BATCH)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(outcomes(&out.stdout)[0]["persisted"], true);
+    assert!(stderr.contains("warning: --db carries a password"), "{stderr}");
+    assert!(stderr.contains("TURNSAFE_DB") && stderr.contains("pgpass"), "{stderr}");
+    assert!(!stderr.contains(pg::PASSWORD) && !String::from_utf8_lossy(&out.stdout).contains(pg::PASSWORD));
+
+    // TURNSAFE_DB: no warning.
+    let out = Command::cargo_bin("turnsafe")
+        .unwrap()
+        .args(["show", "--session", "s1"])
+        .env("TURNSAFE_DB", &url)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hello"));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
+
+    // A password file, as libpq reads it; a readable-by-others one is ignored.
+    let bare = format!(
+        "postgres://{}@127.0.0.1:{}/{db}?sslmode=disable",
+        pg::USER,
+        server.port()
+    );
+    let passfile = home.path().join("pgpass");
+    std::fs::write(
+        &passfile,
+        format!("127.0.0.1:{}:*:{}:{}\n", server.port(), pg::USER, pg::PASSWORD),
+    )
+    .unwrap();
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let show = |passfile: &std::path::Path| {
+        Command::cargo_bin("turnsafe")
+            .unwrap()
+            .args(["show", "--session", "s1", "--db", &bare])
+            .env("PGPASSFILE", passfile)
+            .output()
+            .unwrap()
+    };
+    let out = show(&passfile);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning: --db"));
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = show(&passfile);
+    assert_eq!(out.status.code(), Some(1), "no password, no entry");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&server.shown(&db)), "{stderr}");
+
+    // doctor names the target in the shown form only.
+    let out = Command::cargo_bin("turnsafe")
+        .unwrap()
+        .args(["doctor", "--json", "--db", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(!text.contains(pg::PASSWORD));
+    let facts: Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v["type"] == "facts")
+        .unwrap();
+    assert_eq!(facts["data"]["db"], server.shown(&db));
+    assert_eq!(facts["data"]["messages"], 1);
+
+    // sslmode=prefer falls back to plaintext silently: refused, exit 2.
+    let prefer = url.replace("sslmode=disable", "sslmode=prefer");
+    for cmd in ["append", "show", "replay", "doctor"] {
+        let mut args = vec![cmd, "--db", &prefer];
+        if cmd == "append" || cmd == "show" {
+            args.extend(["--session", "s1"]);
+        }
+        let out = Command::cargo_bin("turnsafe")
+            .unwrap()
+            .args(&args)
+            .arg("--home")
+            .arg(home.path())
+            .write_stdin(BATCH)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {stderr}");
+        assert!(stderr.contains("sslmode=prefer is refused"), "{cmd}: {stderr}");
+        assert!(!stderr.contains(pg::PASSWORD));
+    }
+
+    // A server that cannot be reached: the batch is diverted, the copy
+    // names the receipt, and no output shows more than user@host:port/db.
+    let closed = format!(
+        "postgres://{}:{}@127.0.0.1:1/{db}?sslmode=disable",
+        pg::USER,
+        pg::PASSWORD
+    );
+    let out = Command::cargo_bin("turnsafe")
+        .unwrap()
+        .args(["append", "--session", "s2", "--home"])
+        .arg(home.path())
+        .env("TURNSAFE_DB", &closed)
+        .env("TURNSAFE_LOG", "debug")
+        .write_stdin(BATCH)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let o = &outcomes(&out.stdout)[0];
+    assert_eq!(
+        (o["operation"].as_str(), o["cause"].as_str()),
+        (Some("open"), Some("disk")),
+        "{o}"
+    );
+    assert_eq!(o["diverted"], 1);
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!all.contains(pg::PASSWORD), "{all}");
+    assert!(
+        all.contains(&format!("postgres://{}@127.0.0.1:1/{db}", pg::USER)),
+        "{all}"
+    );
+}
