@@ -86,5 +86,8 @@ pub fn render_markdown() -> String {
     s.push_str("`divert_failed`: the divert failed too (operation and errno are named, no path); ");
     s.push_str("`handed_back`: not diverted by policy.\n");
     s.push_str("- copy codes are `<cause>.<outcome>`.\n");
+    s.push_str("\n## Other databases\n\n");
+    s.push_str("The table reads SQLite codes. The PostgreSQL backend translates each failure onto them in one ");
+    s.push_str("function, with the SQLSTATE kept in the message: see `docs/POSTGRES.md`.\n");
     s
 }

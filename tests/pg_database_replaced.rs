@@ -1,0 +1,51 @@
+//! PostgreSQL: the database at the URL is dropped and created again under
+//! a live writer (as a failover to a fresh server would look). The batch
+//! in flight loses its connection and is diverted; at the next open the
+//! writer finds a database of another generation: `replaced`, sticky. It
+//! never writes a split transcript into the new database: every later
+//! batch is diverted without touching it, until an operator acts.
+mod common;
+use common::*;
+use turnsafe_policy::{Cause, Operation};
+
+#[test]
+fn another_database_at_the_url_is_replaced() {
+    let server = pg_or_skip!();
+    let db = server.create_db("replaced");
+    let home = Home::new();
+    let mut store = pg::store(&server.url(&db), home.path());
+    assert!(store.append_batch(&sid("s1"), &batch("a", 2)).persisted);
+
+    let mut admin = server.admin("postgres");
+    admin
+        .batch_execute(&format!("DROP DATABASE \"{db}\" WITH (FORCE)"))
+        .unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE \"{db}\"")).unwrap();
+
+    let b = store.append_batch(&sid("s1"), &batch("b", 2));
+    assert!(!b.persisted, "{}", b.to_value());
+    assert_eq!(b.cause, Some(Cause::Disk), "the connection was terminated: {}", b.to_value());
+    assert_eq!(b.diverted, 2);
+
+    let c = store.append_batch(&sid("s1"), &batch("c", 2));
+    assert!(!c.persisted);
+    assert_eq!(c.operation, Some(Operation::Open));
+    assert_eq!(c.cause, Some(Cause::Replaced), "{}", c.to_value());
+    assert_eq!(c.diverted, 2);
+    assert!(c.receipt.is_some());
+    assert_eq!(store.sticky(), Some(Cause::Replaced));
+
+    let opens = store.counters().open_attempts;
+    let d = store.append_batch(&sid("s1"), &batch("d", 2));
+    assert!(!d.persisted);
+    assert_eq!(d.cause, Some(Cause::Replaced));
+    assert_eq!(d.diverted, 2);
+    assert_eq!(store.counters().open_attempts, opens, "a sticky handle never connects again");
+    let n: i64 = server
+        .admin(&db)
+        .query_one("SELECT count(*) FROM messages", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "nothing was written into the new database");
+    assert_eq!(receipt_lines(d.receipt.as_ref().unwrap()).len(), 2);
+}
