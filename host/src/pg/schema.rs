@@ -58,6 +58,11 @@ pub enum Migrated {
 
 /// Bring the schema to [`VERSION`] and return the database's generation.
 pub fn migrate(client: &mut Client) -> Result<Migrated, postgres::Error> {
+    // Most opens find the schema current: read it without the lock, so
+    // writers starting together do not queue on it.
+    if let Some(ready) = current(client)? {
+        return Ok(ready);
+    }
     let mut tx = client.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
     let exists: bool = tx
@@ -88,4 +93,24 @@ pub fn migrate(client: &mut Client) -> Result<Migrated, postgres::Error> {
         .get(0);
     tx.commit()?;
     Ok(Migrated::Ready { generation })
+}
+
+/// The generation, when the schema is already at [`VERSION`].
+fn current(client: &mut Client) -> Result<Option<Migrated>, postgres::Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('state_meta') IS NOT NULL", &[])?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let version: Option<String> = client
+        .query_opt("SELECT value FROM state_meta WHERE key = 'schema_version'", &[])?
+        .map(|r| r.get(0));
+    if version.as_deref() != Some(VERSION.to_string().as_str()) {
+        return Ok(None);
+    }
+    let generation: Option<String> = client
+        .query_opt("SELECT value FROM state_meta WHERE key = 'generation'", &[])?
+        .map(|r| r.get(0));
+    Ok(generation.map(|generation| Migrated::Ready { generation }))
 }
