@@ -24,7 +24,12 @@ fn another_database_at_the_url_is_replaced() {
 
     let b = store.append_batch(&sid("s1"), &batch("b", 2));
     assert!(!b.persisted, "{}", b.to_value());
-    assert_eq!(b.cause, Some(Cause::Disk), "the connection was terminated: {}", b.to_value());
+    assert_eq!(
+        b.cause,
+        Some(Cause::Disk),
+        "the connection was terminated: {}",
+        b.to_value()
+    );
     assert_eq!(b.diverted, 2);
 
     let c = store.append_batch(&sid("s1"), &batch("c", 2));
@@ -40,7 +45,11 @@ fn another_database_at_the_url_is_replaced() {
     assert!(!d.persisted);
     assert_eq!(d.cause, Some(Cause::Replaced));
     assert_eq!(d.diverted, 2);
-    assert_eq!(store.counters().open_attempts, opens, "a sticky handle never connects again");
+    assert_eq!(
+        store.counters().open_attempts,
+        opens,
+        "a sticky handle never connects again"
+    );
     let n: i64 = server
         .admin(&db)
         .query_one("SELECT count(*) FROM messages", &[])

@@ -19,7 +19,11 @@ fn writers_starting_together_migrate_once() {
                 barrier.wait();
                 let mut store = pg::store(&url, home.path());
                 let out = store.append_batch(&sid(&format!("s{t}")), &batch(&format!("w{t}"), 3));
-                (out.persisted, out.to_value().to_string(), home.divert_file(&format!("s{t}")).exists())
+                (
+                    out.persisted,
+                    out.to_value().to_string(),
+                    home.divert_file(&format!("s{t}")).exists(),
+                )
             })
         })
         .collect();

@@ -134,23 +134,20 @@ impl<B: Backend> Writer<B> {
                     return self.finish(*report, made);
                 }
                 Step::Open => self.perform_open(&batch, elapsed()),
-                Step::Write(plan) => self.perform_write(&batch, &plan, elapsed()),
+                Step::Write(plan) => self.perform_write(&batch, &plan, elapsed(), &mut made),
                 Step::Wait { ms } => {
                     std::thread::sleep(Duration::from_millis(ms));
                     Event::Waited { elapsed_ms: elapsed() }
                 }
                 Step::Capture => {
-                    // A server keeps no retired generation on this machine.
-                    let e = CaptureError {
-                        operation: "read",
-                        file: None,
-                        errno: None,
-                        message: format!("{} keeps no local generation to capture", self.backend.location()),
-                    };
-                    made.capture = Some(Err(e.clone()));
-                    Event::CaptureFailed {
-                        failure: e.to_failure(),
-                        error: e.to_string(),
+                    let result = self.backend.capture(&made.trigger);
+                    made.capture = Some(result.clone());
+                    match result {
+                        Ok(receipt) => Event::Captured(receipt),
+                        Err(e) => Event::CaptureFailed {
+                            failure: e.to_failure(),
+                            error: e.to_string(),
+                        },
                     }
                 }
                 Step::Divert { cause } => self.perform_divert(&batch, cause, &mut made),
@@ -204,7 +201,7 @@ impl<B: Backend> Writer<B> {
         }
     }
 
-    fn perform_write(&mut self, batch: &Batch<'_>, plan: &WritePlan, elapsed_ms: u64) -> Event {
+    fn perform_write(&mut self, batch: &Batch<'_>, plan: &WritePlan, elapsed_ms: u64, made: &mut Made) -> Event {
         self.counters.append_attempts += 1;
         let key = batch.session.as_str();
         if !self.sessions.contains_key(key) {
@@ -232,6 +229,7 @@ impl<B: Backend> Writer<B> {
                     evidence = ?f.evidence,
                     "append attempt failed"
                 );
+                made.trigger = format!("flush: {}", f.message);
                 Event::Failed(f)
             }
         }
@@ -322,6 +320,8 @@ impl<B: Backend> Drop for Writer<B> {
 struct Made {
     divert_error: Option<DivertError>,
     capture: Option<Result<crate::capture::Capture, CaptureError>>,
+    /// The failure that asked for a capture, for its manifest.
+    trigger: String,
 }
 
 fn random_seed() -> u64 {

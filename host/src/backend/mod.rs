@@ -20,6 +20,7 @@ pub use target::{DbChoice, TargetError};
 use serde_json::{Map, Value};
 use turnsafe_policy::machine::{Failure, WritePlan};
 
+use crate::capture::{Capture, CaptureError};
 use crate::message::Message;
 use crate::store::SessionId;
 
@@ -107,6 +108,11 @@ pub trait Backend {
     fn identity(&mut self) -> Result<Identity, BackendError>;
     /// Give back our lease on `session` (end of input).
     fn release_lease(&mut self, session: &str, token: &str);
+    /// Capture the retired generation this handle still holds, for the
+    /// operator (SQLite's WAL through the held descriptor). `trigger` is
+    /// the failure that asked for it. A server keeps no generation on this
+    /// machine, so PostgreSQL reports the capture as failed.
+    fn capture(&mut self, trigger: &str) -> Result<Capture, CaptureError>;
 }
 
 /// A stored message as `show --json` prints it.

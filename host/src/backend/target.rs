@@ -13,7 +13,7 @@ pub const ENV: &str = "TURNSAFE_DB";
 pub enum DbChoice {
     /// `<home>/state.db`.
     Sqlite(PathBuf),
-    Postgres(DbUrl),
+    Postgres(Box<DbUrl>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,10 +41,13 @@ impl DbChoice {
                 );
                 tracing::warn!(target_db = url.display(), "password given on the command line");
             }
-            return Ok(DbChoice::Postgres(url));
+            return Ok(DbChoice::Postgres(Box::new(url)));
         }
         if let Some(raw) = std::env::var(ENV).ok().filter(|s| !s.trim().is_empty()) {
-            return raw.parse().map(DbChoice::Postgres).map_err(TargetError::Env);
+            return raw
+                .parse()
+                .map(|u| DbChoice::Postgres(Box::new(u)))
+                .map_err(TargetError::Env);
         }
         match home {
             Some(h) => Ok(DbChoice::Sqlite(h.join("state.db"))),

@@ -104,7 +104,7 @@ pub fn exhaust_fds(headroom: u64) -> std::io::Result<u64> {
 
 /// The store a run writes to.
 enum Store {
-    Sqlite(SessionStore),
+    Sqlite(Box<SessionStore>),
     Postgres(Box<crate::pg::PgStore>),
 }
 
@@ -154,7 +154,7 @@ pub fn run(args: Args) -> i32 {
             opts.holder = h;
         }
         tracing::info!(target_db = url.display(), "appending to postgres");
-        let store = Store::Postgres(Box::new(crate::pg::open_store(url, &args.home, opts)));
+        let store = Store::Postgres(Box::new(crate::pg::open_store(*url, &args.home, opts)));
         return stream(store, &session, |_| {});
     }
     let mut opts = StoreOptions {
@@ -203,7 +203,7 @@ pub fn run(args: Args) -> i32 {
         eprintln!("error: {newer}");
         return exit::USAGE;
     }
-    stream(Store::Sqlite(store), &session, exhaust)
+    stream(Store::Sqlite(Box::new(store)), &session, exhaust)
 }
 
 /// Create `home` (0700) if missing.

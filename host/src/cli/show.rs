@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use rusqlite::{Connection, OpenFlags};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::exit;
 
@@ -27,35 +27,12 @@ pub struct Args {
     json: bool,
 }
 
-/// One stored message as `show --json` prints it.
-pub fn stored_messages(conn: &Connection, session: &str) -> rusqlite::Result<Vec<Value>> {
-    let mut stmt = conn.prepare(
-        "SELECT uid, seq, role, content, content_json, extra FROM messages WHERE session_id = ?1 ORDER BY seq, id",
-    )?;
-    let rows = stmt.query_map([session], |r| {
-        let (uid, seq, role, content, is_json, extra): (String, i64, String, String, bool, String) =
-            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?);
-        let mut m: Map<String, Value> = serde_json::from_str(&extra).unwrap_or_default();
-        let content = if is_json {
-            serde_json::from_str(&content).unwrap_or(Value::String(content))
-        } else {
-            Value::String(content)
-        };
-        m.insert("uid".into(), uid.into());
-        m.insert("seq".into(), seq.into());
-        m.insert("role".into(), role.into());
-        m.insert("content".into(), content);
-        Ok(Value::Object(m))
-    })?;
-    rows.collect()
-}
-
 pub fn run(args: Args) -> i32 {
     let db = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
         Ok(crate::backend::DbChoice::Sqlite(path)) => path,
         Ok(crate::backend::DbChoice::Postgres(url)) => {
             use crate::backend::Backend;
-            let mut pg = crate::pg::Postgres::new(url, crate::pg::PgOptions::default());
+            let mut pg = crate::pg::Postgres::new(*url, crate::pg::PgOptions::default());
             return match pg.transcript(&args.session) {
                 Ok(messages) => print(messages, args.json),
                 Err(e) => {
@@ -84,7 +61,7 @@ pub fn run(args: Args) -> i32 {
                 return exit::FAILURE;
             }
         };
-    let messages = match stored_messages(&conn, &args.session) {
+    let messages = match crate::store::transcript(&conn, &args.session) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("error: reading {}: {e}", db.display());

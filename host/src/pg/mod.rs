@@ -291,6 +291,15 @@ impl Backend for Postgres {
         Ok(Identity { generation, location })
     }
 
+    fn capture(&mut self, _trigger: &str) -> Result<crate::capture::Capture, crate::capture::CaptureError> {
+        Err(crate::capture::CaptureError {
+            operation: "read",
+            file: None,
+            errno: None,
+            message: format!("{} keeps no generation on this machine to capture", self.url.display()),
+        })
+    }
+
     fn release_lease(&mut self, session: &str, token: &str) {
         if let Some(client) = self.client.as_mut() {
             let _ = client.execute(

@@ -137,16 +137,17 @@ fn stored_rows(tx: &mut Transaction<'_>, session: &str, uids: &[String]) -> Resu
         .collect())
 }
 
-/// Which of `uids` are stored for `session`.
+/// Which of `uids` are stored for `session`, in the order asked.
 pub(super) fn stored_uids(client: &mut Client, session: &str, uids: &[String]) -> Result<Vec<String>, postgres::Error> {
-    Ok(client
+    let stored: HashSet<String> = client
         .query(
             "SELECT uid FROM messages WHERE session_id = $1 AND uid = ANY($2)",
             &[&session, &uids],
         )?
         .into_iter()
         .map(|r| r.get(0))
-        .collect())
+        .collect();
+    Ok(uids.iter().filter(|u| stored.contains(*u)).cloned().collect())
 }
 
 /// Take, or confirm and renew, the session's turn lease, holding the

@@ -15,11 +15,13 @@
 //! open, read-only) diverts this batch and the next batch tries the open
 //! once more.
 
+mod backend;
 pub mod index;
 pub mod schema;
 mod shared;
 mod write;
 
+pub use backend::transcript;
 pub use shared::SharedStore;
 
 use std::collections::HashMap;

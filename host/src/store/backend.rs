@@ -1,0 +1,189 @@
+//! SQLite behind the backend seam: [`SessionStore`] performs the same
+//! effects as the PostgreSQL executor, so [`crate::backend::Writer`] can
+//! drive either.
+
+use std::time::Instant;
+
+use rusqlite::{OptionalExtension, params};
+use serde_json::Value;
+use turnsafe_policy::machine::{Failure, WritePlan};
+
+use super::{Flush, SessionId, SessionStore, failure_of};
+use crate::backend::{Backend, BackendError, Batch, Cursor, Hit, Identity, Lease, SearchReport};
+use crate::capture::{Capture, CaptureError};
+
+impl SessionStore {
+    fn read_error(&self, e: rusqlite::Error) -> BackendError {
+        BackendError::Unavailable {
+            target: self.db_path.display().to_string(),
+            message: e.to_string(),
+        }
+    }
+
+    fn live(&self) -> Result<&rusqlite::Connection, BackendError> {
+        self.conn.as_ref().ok_or_else(|| BackendError::Unavailable {
+            target: self.db_path.display().to_string(),
+            message: "the store is not open".into(),
+        })
+    }
+}
+
+impl Backend for SessionStore {
+    fn location(&self) -> String {
+        self.db_path.display().to_string()
+    }
+
+    fn is_open(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// A failed open's connection, if SQLite made one, is held until the
+    /// next open or the handle's end, so a quarantined file is opened once.
+    fn open(&mut self) -> Result<(), Failure> {
+        let failure = match self.open_failure.take() {
+            Some(f) => f,
+            None => {
+                self.quarantined = None;
+                match self.ensure_open() {
+                    Ok(()) => return Ok(()),
+                    Err(f) => f,
+                }
+            }
+        };
+        let super::OpenFailure { error, errno, conn } = *failure;
+        self.quarantined = conn;
+        Err(failure_of(&error, errno, Vec::new(), 0))
+    }
+
+    fn write(
+        &mut self,
+        batch: &Batch<'_>,
+        plan: &WritePlan,
+        cursor: &mut Cursor,
+        lease: &Lease,
+    ) -> Result<(), Failure> {
+        self.opts.holder = lease.holder.clone();
+        self.opts.lease_ttl = std::time::Duration::from_millis(lease.ttl_ms.max(0) as u64);
+        let key = batch.session.as_str().to_string();
+        let state = self.sessions.entry(key.clone()).or_default();
+        state.lease_token = cursor.lease_token.clone();
+        state.next_seq = cursor.next_seq;
+        let flush = Flush {
+            session: batch.session,
+            messages: batch.messages,
+            uids: batch.uids.to_vec(),
+            minted: Vec::new(),
+            started: Instant::now(),
+        };
+        let result = self.write(&flush, plan);
+        if let Some(state) = self.sessions.get(&key) {
+            cursor.lease_token = state.lease_token.clone();
+            cursor.next_seq = state.next_seq;
+        }
+        result.map_err(|f| self.failure_of_write(&flush, &f))
+    }
+
+    fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
+        let conn = self.live()?;
+        let mut stmt = conn
+            .prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")
+            .map_err(|e| self.read_error(e))?;
+        let mut out = Vec::new();
+        for uid in uids {
+            let found = stmt
+                .query_row(params![session, uid], |_| Ok(()))
+                .optional()
+                .map_err(|e| self.read_error(e))?;
+            if found.is_some() {
+                out.push(uid.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError> {
+        transcript(self.live()?, session).map_err(|e| self.read_error(e))
+    }
+
+    fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError> {
+        let words: Vec<String> = query
+            .split_whitespace()
+            .map(|w| format!("\"{}\"", w.replace('"', "\"\"")))
+            .collect();
+        if words.is_empty() {
+            return Err(BackendError::EmptyQuery);
+        }
+        let conn = self.live()?;
+        let mut stmt = conn
+            .prepare(
+                "SELECT m.session_id, m.uid, m.seq, m.role, snippet(messages_fts, 0, '[', ']', '...', 16) \
+                 FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid \
+                 WHERE messages_fts MATCH ?1 AND (?2 IS NULL OR m.session_id = ?2) \
+                 ORDER BY m.session_id, m.seq, m.id LIMIT ?3",
+            )
+            .map_err(|e| self.read_error(e))?;
+        let hits = stmt
+            .query_map(params![words.join(" "), session, limit as i64], |r| {
+                Ok(Hit {
+                    session: r.get(0)?,
+                    uid: r.get(1)?,
+                    seq: r.get(2)?,
+                    role: r.get(3)?,
+                    snippet: r.get(4)?,
+                })
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.read_error(e))?;
+        Ok(SearchReport { hits, unindexed: 0 })
+    }
+
+    fn identity(&mut self) -> Result<Identity, BackendError> {
+        let conn = self.live()?;
+        let generation: String = conn
+            .query_row("SELECT value FROM state_meta WHERE key = 'generation'", [], |r| {
+                r.get(0)
+            })
+            .map_err(|e| self.read_error(e))?;
+        Ok(Identity {
+            generation,
+            location: self.db_path.display().to_string(),
+        })
+    }
+
+    fn release_lease(&mut self, session: &str, token: &str) {
+        if let Ok(id) = SessionId::new(session) {
+            self.sessions.entry(session.to_string()).or_default().lease_token = Some(token.to_string());
+            SessionStore::release_lease(self, &id);
+        }
+    }
+
+    fn capture(&mut self, trigger: &str) -> Result<Capture, CaptureError> {
+        self.retire_generation(trigger).unwrap_or_else(|| {
+            Err(CaptureError {
+                operation: "read",
+                file: None,
+                errno: None,
+                message: "no retired generation is recorded by this handle".into(),
+            })
+        })
+    }
+}
+
+/// A session's stored messages in `seq` order, as `show --json` prints them.
+pub fn transcript(conn: &rusqlite::Connection, session: &str) -> rusqlite::Result<Vec<Value>> {
+    let mut stmt = conn.prepare(
+        "SELECT uid, seq, role, content, content_json, extra FROM messages WHERE session_id = ?1 ORDER BY seq, id",
+    )?;
+    let rows = stmt.query_map([session], |r| {
+        let extra: String = r.get(5)?;
+        Ok(crate::backend::message_value(
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            &extra,
+        ))
+    })?;
+    rows.collect()
+}

@@ -1,0 +1,77 @@
+//! The backend seam: one writer ([`Writer`]) over SQLite and over a real
+//! PostgreSQL server, fed the same batches, gives the same outcomes, the
+//! same transcript, the same stored uids, the same search hits and a
+//! stable identity. Only the receipt paths differ.
+mod common;
+use common::*;
+use serde_json::Value;
+use turnsafe_host::backend::{Backend, Writer, WriterOptions};
+use turnsafe_host::message::Message;
+use turnsafe_host::store::{SessionStore, StoreOptions};
+
+/// Everything observable, with paths taken out.
+fn exercise<B: Backend>(w: &mut Writer<B>) -> Vec<Value> {
+    let s1 = sid("s1");
+    let mut seen = Vec::new();
+    let outcome = |o: turnsafe_host::outcome::FlushOutcome| {
+        let mut v = o.to_value();
+        v["receipt"] = Value::Null;
+        v
+    };
+    seen.push(outcome(w.append_batch(&s1, &batch("a", 3))));
+    seen.push(outcome(w.append_batch(&s1, &batch("a", 3))));
+    let conflict = vec![
+        Message::new("user", "new").with_uid("n-1"),
+        Message::new("user", "not what was stored").with_uid("a-1"),
+    ];
+    seen.push(outcome(w.append_batch(&s1, &conflict)));
+    let mut json = Message::new("assistant", "x").with_uid("j-1");
+    json.content = serde_json::json!({"tool": "search", "args": [1, 2]});
+    json.extra.insert("name".into(), "tool-call".into());
+    seen.push(outcome(w.append_batch(&s1, &[json])));
+    seen.push(outcome(w.append_batch(&sid("s2"), &batch("zebra", 2))));
+
+    let b = w.backend();
+    seen.push(Value::Array(b.transcript("s1").unwrap()));
+    let asked: Vec<String> = ["a-0", "n-1", "j-1", "nope"].iter().map(|s| s.to_string()).collect();
+    seen.push(serde_json::json!(b.stored_uids("s1", &asked).unwrap()));
+    let hits = b.search("zebra message", None, 10).unwrap();
+    seen.push(serde_json::json!(
+        hits.hits
+            .iter()
+            .map(|h| (h.session.clone(), h.uid.clone(), h.seq, h.snippet.contains("[zebra]")))
+            .collect::<Vec<_>>()
+    ));
+    let scoped = b.search("message", Some("s2"), 1).unwrap();
+    seen.push(serde_json::json!(
+        scoped.hits.iter().map(|h| h.uid.clone()).collect::<Vec<_>>()
+    ));
+    let id = b.identity().unwrap();
+    assert!(!id.generation.is_empty());
+    assert_eq!(b.identity().unwrap(), id, "the identity is stable");
+    seen
+}
+
+#[test]
+fn sqlite_and_postgres_perform_the_same_effects() {
+    let server = pg_or_skip!();
+    let db = server.create_db("seam");
+
+    let sqlite_home = Home::new();
+    let sqlite = SessionStore::new(sqlite_home.path(), StoreOptions::default());
+    let mut on_sqlite = Writer::new(sqlite, sqlite_home.path(), WriterOptions::default());
+    let pg_home = Home::new();
+    let mut on_pg = pg::store(&server.url(&db), pg_home.path());
+
+    let a = exercise(&mut on_sqlite);
+    let b = exercise(&mut on_pg);
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(x, y, "step {i} differs:\nsqlite   {x}\npostgres {y}");
+    }
+    assert_eq!(a[0]["persisted"], true);
+    assert_eq!(a[2]["cause"], "uid_conflict");
+    assert_eq!(a[5].as_array().unwrap().len(), 4, "{}", a[5]);
+    assert_eq!(a[6], serde_json::json!(["a-0", "j-1"]));
+    assert_eq!(a[7].as_array().unwrap().len(), 2, "{}", a[7]);
+    assert_eq!(on_sqlite.counters(), on_pg.counters());
+}
