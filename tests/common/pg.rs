@@ -5,8 +5,8 @@
 //!
 //! The binaries come from `pg_config --bindir` (Debian's
 //! `postgresql-15`). When they are missing, [`PgServer::start`] says why;
-//! use [`pg_or_skip!`], which fails the test under `CI=true` and prints
-//! the reason elsewhere: never a silent skip.
+//! use [`pg_or_skip!`], which fails the test under `CI=true` and records
+//! the skip elsewhere (`turnsafe_tests::require`): never a silent skip.
 //!
 //! The top-level scenarios reach it as `common::pg`; the command-line
 //! scenarios in `host/tests` include this same file with `#[path]`.
@@ -289,25 +289,16 @@ fn chown(p: &Path, uid: u32, gid: u32) -> Result<(), String> {
     std::os::unix::fs::chown(p, Some(uid), Some(gid)).map_err(|e| format!("chown {}: {e}", p.display()))
 }
 
-/// Start a server, or say why not: under `CI=true` the test fails with the
-/// reason; elsewhere it prints `SKIPPED` with the reason and returns.
+/// Start a server, or say why not, through the shared capability helper:
+/// under `CI=true` the test fails with the reason; elsewhere the skip is
+/// recorded (`TURNSAFE_SKIP_LOG`) and the test returns.
 #[macro_export]
 macro_rules! pg_or_skip {
     () => {
         pg_or_skip!(&[])
     };
     ($extra:expr) => {
-        match pg::PgServer::start_with($extra) {
-            Ok(s) => s,
-            Err(why) => {
-                if std::env::var("CI").is_ok_and(|v| v == "true") {
-                    panic!("PostgreSQL is required under CI=true: {why}");
-                }
-                eprintln!("SKIPPED {}: {}", module_path!(), why);
-                println!("SKIPPED {}: {}", module_path!(), why);
-                return;
-            }
-        }
+        turnsafe_tests::require!(pg::PgServer::start_with($extra))
     };
 }
 
