@@ -101,6 +101,29 @@ fn targets_passwords_and_what_is_shown() {
     assert_eq!(facts["data"]["db"], server.shown(&db));
     assert_eq!(facts["data"]["messages"], 1);
 
+    // A server that accepts no writes is a doctor error (exit 6).
+    server
+        .admin("postgres")
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{db}\" SET default_transaction_read_only = on"
+        ))
+        .unwrap();
+    let out = Command::cargo_bin("turnsafe")
+        .unwrap()
+        .args(["doctor", "--db", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(6), "{text}");
+    assert!(
+        text.contains("[error] postgres:") && text.contains("accepts no writes"),
+        "{text}"
+    );
+    server
+        .admin("postgres")
+        .batch_execute(&format!("ALTER DATABASE \"{db}\" RESET default_transaction_read_only"))
+        .unwrap();
+
     // sslmode=prefer falls back to plaintext silently: refused, exit 2.
     let prefer = url.replace("sslmode=disable", "sslmode=prefer");
     for cmd in ["append", "show", "replay", "doctor"] {
