@@ -58,3 +58,46 @@ fn another_database_at_the_url_is_replaced() {
     assert_eq!(n, 0, "nothing was written into the new database");
     assert_eq!(receipt_lines(d.receipt.as_ref().unwrap()).len(), 2);
 }
+
+/// The tables are dropped and made again (a restore with `--clean`, say)
+/// while the writer's connection stays up: the write itself finds another
+/// generation under the session lock, `replaced`. There is no local
+/// generation to capture, and the outcome says so rather than claim one.
+#[test]
+fn a_database_rebuilt_under_a_live_connection_is_replaced() {
+    let server = pg_or_skip!();
+    let db = server.create_db("rebuilt");
+    let home = Home::new();
+    let mut store = pg::store(&server.url(&db), home.path());
+    assert!(store.append_batch(&sid("s1"), &batch("a", 2)).persisted);
+
+    server
+        .admin(&db)
+        .batch_execute("DROP TABLE messages_search, messages, sessions, state_meta CASCADE")
+        .unwrap();
+    let other = Home::new();
+    let mut second = pg::store(&server.url(&db), other.path());
+    assert!(second.append_batch(&sid("s9"), &batch("z", 1)).persisted);
+
+    let b = store.append_batch(&sid("s1"), &batch("b", 2));
+    assert!(!b.persisted, "{}", b.to_value());
+    assert_eq!(b.operation, Some(Operation::AppendBatch));
+    assert_eq!(b.cause, Some(Cause::Replaced), "{}", b.to_value());
+    assert_eq!(b.diverted, 2);
+    let capture = b.capture.as_ref().expect("a capture was asked for");
+    assert!(capture.is_err(), "no generation is claimed as captured");
+    let v = b.to_value();
+    assert!(
+        v["capture"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no generation")),
+        "{v}"
+    );
+    assert_eq!(store.sticky(), Some(Cause::Replaced));
+    let n: i64 = server
+        .admin(&db)
+        .query_one("SELECT count(*) FROM messages WHERE session_id = 's1'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "nothing of s1 was written into the rebuilt database");
+}

@@ -45,13 +45,7 @@ pub(super) fn write(
 ) -> Result<(), Stop> {
     let session = batch.session.as_str();
     let mut tx = client.transaction()?;
-    let found: Option<String> = tx
-        .query_opt("SELECT value FROM state_meta WHERE key = 'generation'", &[])?
-        .map(|r| r.get(0));
-    if found.as_deref() != Some(generation) {
-        return Err(Stop::Replaced(found.unwrap_or_default()));
-    }
-    let token = take_lease(&mut tx, session, cursor, plan.recreate_session, lease)?;
+    let token = take_lease(&mut tx, session, cursor, plan.recreate_session, lease, generation)?;
     let stored_max: i64 = tx
         .query_one(
             "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = $1",
@@ -161,23 +155,39 @@ fn take_lease(
     cursor: &Cursor,
     recreate: bool,
     lease: &Lease,
+    generation: &str,
 ) -> Result<String, Stop> {
     let now = now_ms();
     let expires = now + lease.ttl_ms;
     for _ in 0..2 {
-        let row: Option<(Option<String>, Option<i64>)> = tx
-            .query_opt(
-                "SELECT lease_token, lease_expires_ms FROM sessions WHERE id = $1 FOR UPDATE",
-                &[&session],
-            )?
-            .map(|r| (r.get(0), r.get(1)));
+        // The session row, locked, and the database's generation: is this
+        // still the database the handle opened?
+        let row = tx.query_opt(
+            "SELECT (SELECT value FROM state_meta WHERE key = 'generation'), s.lease_token, s.lease_expires_ms \
+             FROM sessions s WHERE s.id = $1 FOR UPDATE OF s",
+            &[&session],
+        )?;
+        let found: Option<String> = match &row {
+            Some(r) => r.get(0),
+            None => tx
+                .query_opt("SELECT value FROM state_meta WHERE key = 'generation'", &[])?
+                .map(|r| r.get(0)),
+        };
+        if found.as_deref() != Some(generation) {
+            return Err(Stop::Replaced(found.unwrap_or_default()));
+        }
+        let row: Option<(Option<String>, Option<i64>)> = row.map(|r| (r.get(1), r.get(2)));
         let ours = cursor.lease_token.clone();
         match (row, ours) {
-            (Some((Some(t), _)), Some(mine)) if t == mine => {
-                tx.execute(
-                    "UPDATE sessions SET lease_expires_ms = $2 WHERE id = $1",
-                    &[&session, &expires],
-                )?;
+            (Some((Some(t), held_until)), Some(mine)) if t == mine => {
+                // Still ours. Renewed once half its time has passed, not
+                // with every batch, as the SQLite store does.
+                if held_until.is_none_or(|e| e - now < lease.ttl_ms - lease.ttl_ms / 2) {
+                    tx.execute(
+                        "UPDATE sessions SET lease_expires_ms = $2 WHERE id = $1",
+                        &[&session, &expires],
+                    )?;
+                }
                 return Ok(mine);
             }
             // We held the lease and someone else took it: fenced.
