@@ -56,16 +56,8 @@ pub struct Identity {
     pub location: String,
 }
 
-/// One search hit.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Hit {
-    pub session: String,
-    pub uid: String,
-    pub seq: i64,
-    pub role: String,
-    /// The matching text, with matches in `[` `]`.
-    pub snippet: String,
-}
+/// One search hit, the same for every backend.
+pub use crate::search::Hit;
 
 /// What a search found, and how many messages it read without the index.
 #[derive(Debug, Clone, Default)]

@@ -51,16 +51,18 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
-    if let Some(code) = super::refuse_newer_schema(&args.home.join("state.db")) {
-        return code;
-    }
     let opts = ReplayOptions {
         session: args.session,
         dry_run: args.dry_run,
         force: args.force,
     };
     let result = match crate::backend::DbChoice::resolve(args.db.as_deref(), Some(&args.home)) {
-        Ok(crate::backend::DbChoice::Sqlite(_)) => replay_run(&args.home, &opts),
+        Ok(crate::backend::DbChoice::Sqlite(db)) => {
+            if let Some(code) = super::refuse_newer_schema(&db) {
+                return code;
+            }
+            replay_run(&args.home, &opts)
+        }
         Ok(crate::backend::DbChoice::Postgres(url)) => crate::pg::replay::replay(&args.home, &url, &opts),
         Err(e) => {
             eprintln!("error: {e}");

@@ -19,11 +19,20 @@ use crate::search::{IndexHealth, SearchError, SearchOptions};
 /// then `{"type":"end","data":{"hits","unindexed"}}`. Exit 2 for an empty
 /// query, an FTS5 syntax error (with SQLite's reason) or a database written
 /// by a newer turnsafe.
+///
+/// With `--db URL` (or `TURNSAFE_DB`) PostgreSQL is searched: its
+/// `tsvector` index is brought up to date first (off the commit path), the
+/// words are matched with `plainto_tsquery('simple', ...)` (all must
+/// appear), and any message the index lacks is matched without it and
+/// counted as `unindexed`. The output is the same.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The turnsafe home holding `state.db`.
+    /// The turnsafe home holding `state.db` (not needed with `--db`).
     #[arg(long)]
-    home: PathBuf,
+    home: Option<PathBuf>,
+    /// Search PostgreSQL (default: `TURNSAFE_DB`); see `turnsafe append --help`.
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
     /// What to look for: plain words, or FTS5 syntax with `--fts5`.
     query: String,
     /// Only this session's messages.
@@ -41,13 +50,21 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
+    let home = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
+        Ok(crate::backend::DbChoice::Postgres(url)) => return run_postgres(*url, &args),
+        Ok(crate::backend::DbChoice::Sqlite(_)) => args.home.clone().unwrap_or_default(),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
     let opts = SearchOptions {
         session: args.session.clone(),
         limit: args.limit as usize,
         fts5: args.fts5,
         read_only: false,
     };
-    let report = match crate::search::search(&args.home, &args.query, &opts) {
+    let report = match crate::search::search(&home, &args.query, &opts) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -69,11 +86,43 @@ pub fn run(args: Args) -> i32 {
             "turnsafe search: the search index is damaged or marked for rebuild (fts_index); all {} message(s) \
              were scanned without it. Rebuild it with `turnsafe doctor --home {} --repair-fts`.",
             report.unindexed,
-            args.home.display()
+            home.display()
         ),
     }
-    for hit in &report.hits {
-        let line = if args.json {
+    print(&report.hits, report.unindexed, args.json)
+}
+
+/// Search PostgreSQL: the same output, from its `tsvector` index.
+fn run_postgres(url: crate::pg::DbUrl, args: &Args) -> i32 {
+    use crate::backend::{Backend, BackendError};
+    if args.fts5 {
+        eprintln!("error: --fts5 takes SQLite's FTS5 syntax; with --db the query is plain words");
+        return exit::USAGE;
+    }
+    let mut pg = crate::pg::Postgres::new(url, crate::pg::PgOptions::default());
+    let report = match pg.search(&args.query, args.session.as_deref(), args.limit as usize) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return match e {
+                BackendError::EmptyQuery | BackendError::NewerSchema { .. } => exit::USAGE,
+                BackendError::Unavailable { .. } => exit::FAILURE,
+            };
+        }
+    };
+    if report.unindexed > 0 {
+        eprintln!(
+            "turnsafe search: {} committed message(s) are not indexed yet (the index could not be written); \
+             they were matched without it",
+            report.unindexed
+        );
+    }
+    print(&report.hits, report.unindexed, args.json)
+}
+
+fn print(hits: &[crate::search::Hit], unindexed: u64, json: bool) -> i32 {
+    for hit in hits {
+        let line = if json {
             super::envelope("hit", serde_json::to_value(hit).unwrap_or_default())
         } else {
             format!("{}  {:>6}  {:<10} {}", hit.session, hit.seq, hit.role, hit.snippet)
@@ -82,16 +131,13 @@ pub fn run(args: Args) -> i32 {
             return exit::OK;
         }
     }
-    let end = if args.json {
-        super::envelope(
-            "end",
-            serde_json::json!({ "hits": report.hits.len(), "unindexed": report.unindexed }),
-        )
+    let end = if json {
+        super::envelope("end", serde_json::json!({ "hits": hits.len(), "unindexed": unindexed }))
     } else {
         format!(
             "{} hit(s); {} message(s) scanned without the index",
-            report.hits.len(),
-            report.unindexed
+            hits.len(),
+            unindexed
         )
     };
     super::emit(&end);

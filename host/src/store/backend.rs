@@ -9,7 +9,7 @@ use serde_json::Value;
 use turnsafe_policy::machine::{Failure, WritePlan};
 
 use super::{Flush, SessionId, SessionStore, failure_of};
-use crate::backend::{Backend, BackendError, Batch, Cursor, Hit, Identity, Lease, SearchReport};
+use crate::backend::{Backend, BackendError, Batch, Cursor, Identity, Lease, SearchReport};
 use crate::capture::{Capture, CaptureError};
 
 impl SessionStore {
@@ -106,35 +106,23 @@ impl Backend for SessionStore {
     }
 
     fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError> {
-        let words: Vec<String> = query
-            .split_whitespace()
-            .map(|w| format!("\"{}\"", w.replace('"', "\"\"")))
-            .collect();
-        if words.is_empty() {
-            return Err(BackendError::EmptyQuery);
+        let opts = crate::search::SearchOptions {
+            session: session.map(String::from),
+            limit,
+            ..crate::search::SearchOptions::default()
+        };
+        let writable = !self.opts.read_only;
+        match crate::search::search_in(self.live()?, writable, query, &opts) {
+            Ok(report) => Ok(SearchReport {
+                hits: report.hits,
+                unindexed: report.unindexed,
+            }),
+            Err(crate::search::SearchError::EmptyQuery) => Err(BackendError::EmptyQuery),
+            Err(e) => Err(BackendError::Unavailable {
+                target: self.db_path.display().to_string(),
+                message: e.to_string(),
+            }),
         }
-        let conn = self.live()?;
-        let mut stmt = conn
-            .prepare(
-                "SELECT m.session_id, m.uid, m.seq, m.role, snippet(messages_fts, 0, '[', ']', '...', 16) \
-                 FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid \
-                 WHERE messages_fts MATCH ?1 AND (?2 IS NULL OR m.session_id = ?2) \
-                 ORDER BY m.session_id, m.seq, m.id LIMIT ?3",
-            )
-            .map_err(|e| self.read_error(e))?;
-        let hits = stmt
-            .query_map(params![words.join(" "), session, limit as i64], |r| {
-                Ok(Hit {
-                    session: r.get(0)?,
-                    uid: r.get(1)?,
-                    seq: r.get(2)?,
-                    role: r.get(3)?,
-                    snippet: r.get(4)?,
-                })
-            })
-            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-            .map_err(|e| self.read_error(e))?;
-        Ok(SearchReport { hits, unindexed: 0 })
     }
 
     fn identity(&mut self) -> Result<Identity, BackendError> {
