@@ -32,6 +32,15 @@ fn finding(kind: &'static str, severity: &'static str, message: String, cause: O
     }
 }
 
+/// The findings and facts about `home` in one object, as `turnsafe doctor
+/// --json` prints them record by record: `ok` (no finding is an error),
+/// `findings` and `facts`.
+pub fn report(home: &Path) -> Value {
+    let (findings, facts) = examine(home, false);
+    let ok = !findings.iter().any(|f| f.severity == "error");
+    json!({ "ok": ok, "findings": findings, "facts": facts })
+}
+
 /// Examine `home`. With `repair_fts`, rebuild a degraded index when no
 /// other process holds the database.
 pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {

@@ -35,4 +35,5 @@ pub mod recover;
 pub mod replay;
 pub mod search;
 pub mod store;
+pub mod transcript;
 pub mod walstat;

@@ -68,6 +68,43 @@ pub struct FileReport {
     pub settled_to: Option<String>,
 }
 
+impl ReplayRun {
+    /// The run's totals, as `turnsafe replay --json` prints them in its
+    /// `summary` record: `files`, `lines`, `replayed`, `duplicate`,
+    /// `quarantined`, `dry_run`, `foreign_files`.
+    pub fn summary(&self, dry_run: bool) -> Value {
+        let (mut lines, mut replayed, mut duplicate, mut quarantined) = (0, 0, 0, 0);
+        for r in &self.files {
+            lines += r.lines;
+            replayed += r.replayed;
+            duplicate += r.duplicate;
+            quarantined += r.quarantined;
+        }
+        json!({
+            "files": self.files.len(), "lines": lines, "replayed": replayed, "duplicate": duplicate,
+            "quarantined": quarantined, "dry_run": dry_run, "foreign_files": self.foreign_files,
+        })
+    }
+
+    /// The whole report in one object: the summary's fields, and
+    /// `file_reports`, one `replay_file` record per file.
+    pub fn report(&self, dry_run: bool) -> Value {
+        let mut v = self.summary(dry_run);
+        if let Value::Object(m) = &mut v {
+            m.insert(
+                "file_reports".into(),
+                Value::Array(
+                    self.files
+                        .iter()
+                        .map(|r| serde_json::to_value(r).unwrap_or_default())
+                        .collect(),
+                ),
+            );
+        }
+        v
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     #[error("session {session} has a live turn lease held by {holder}; replay refused (use --force to override)")]

@@ -81,12 +81,7 @@ pub fn run(args: Args) -> i32 {
         }
     };
     let reports = &run.files;
-    let (mut lines, mut replayed, mut duplicate, mut quarantined) = (0, 0, 0, 0);
     for r in reports {
-        lines += r.lines;
-        replayed += r.replayed;
-        duplicate += r.duplicate;
-        quarantined += r.quarantined;
         let line = if args.json {
             super::envelope("replay_file", serde_json::to_value(r).unwrap_or_default())
         } else {
@@ -97,10 +92,14 @@ pub fn run(args: Args) -> i32 {
         };
         super::emit(&line);
     }
-    let summary = serde_json::json!({
-        "files": reports.len(), "lines": lines, "replayed": replayed, "duplicate": duplicate,
-        "quarantined": quarantined, "dry_run": args.dry_run, "foreign_files": run.foreign_files,
-    });
+    let summary = run.summary(args.dry_run);
+    let count = |k: &str| summary[k].as_u64().unwrap_or_default();
+    let (lines, replayed, duplicate, quarantined) = (
+        count("lines"),
+        count("replayed"),
+        count("duplicate"),
+        count("quarantined"),
+    );
     if args.json {
         super::emit(&super::envelope("summary", summary));
     } else {

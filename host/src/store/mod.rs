@@ -658,6 +658,12 @@ impl Drop for SessionStore {
     }
 }
 
+/// A read-only connection to a store's database, for readers that must
+/// not create or change anything (`show`).
+pub fn open_read_only(db: &Path) -> rusqlite::Result<Connection> {
+    Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+}
+
 /// Configure a connection the way every turnsafe writer does: busy timeout,
 /// foreign keys, schema (which stamps the generation before WAL), WAL, and
 /// `synchronous`.

@@ -1,0 +1,101 @@
+"""Types of the native module (turnsafe_store._native)."""
+
+from os import PathLike
+from typing import Any, Dict, List, Literal, Optional, Sequence, TypeVar, Union
+
+_Path = Union[str, "PathLike[str]"]
+_O = TypeVar("_O", bound="Outcome")
+_S = TypeVar("_S", bound="Store")
+Message = Dict[str, Any]
+
+SCHEMA_VERSION: int
+
+class Outcome:
+    """What one ``append`` did. Attributes are named as the keys of the JSON
+    object ``turnsafe append`` prints; nested values are dicts."""
+
+    @property
+    def persisted(self) -> bool: ...
+    @property
+    def operation(self) -> Optional[str]: ...
+    @property
+    def cause(self) -> Optional[str]: ...
+    @property
+    def action(self) -> Optional[str]: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def committed(self) -> int: ...
+    @property
+    def diverted(self) -> int: ...
+    @property
+    def handed_back(self) -> int: ...
+    @property
+    def receipt(self) -> Optional[Dict[str, Any]]: ...
+    @property
+    def divert_error(self) -> Optional[Dict[str, Any]]: ...
+    @property
+    def divert_residue(self) -> Optional[Dict[str, Any]]: ...
+    @property
+    def capture(self) -> Optional[Dict[str, Any]]: ...
+    @property
+    def copy(self) -> Optional[Dict[str, Any]]: ...
+    @property
+    def error(self) -> Optional[str]: ...
+    @property
+    def uids(self) -> List[str]: ...
+    @property
+    def minted_uids(self) -> List[str]: ...
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON object ``turnsafe append`` prints, as a dict."""
+    def to_json(self) -> str:
+        """The same object as JSON text."""
+    def raise_for_status(self: _O) -> _O:
+        """Raise ``TurnNotPersisted`` unless the batch was committed."""
+
+class Store:
+    """One turnsafe home (``state.db`` and ``sessions/``), safe to share
+    between threads. The GIL is released around every effect."""
+
+    def __init__(
+        self,
+        home: _Path,
+        *,
+        synchronous: Literal["full", "normal"] = "full",
+        holder: Optional[str] = None,
+        lease_ttl: float = 30,
+    ) -> None: ...
+    @property
+    def home(self) -> str: ...
+    def append(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        uids: Optional[Sequence[Optional[str]]] = None,
+    ) -> Outcome:
+        """Flush one batch. Each message's uid is ``uids[i]`` when given,
+        else its own string ``uid``, else one turnsafe mints (listed in
+        ``Outcome.minted_uids``). Resend a batch that was not persisted with
+        ``uids=outcome.uids``: no message is then stored twice."""
+    def show(self, session_id: str, *, limit: Optional[int] = None) -> List[Message]:
+        """The newest ``limit`` messages (all with None) in ``seq`` order,
+        each exactly as written."""
+    def rows(self, session_id: str, *, limit: Optional[int] = None) -> List[Dict[str, Any]]:
+        """Like ``show``, as ``{"uid", "seq", "message"}`` dicts."""
+    def release(self, session_id: str) -> None:
+        """Give back this store's turn lease on the session."""
+    def close(self) -> None:
+        """Release every lease and close the database."""
+    def __enter__(self: _S) -> _S: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+def replay(
+    home: _Path, *, session: Optional[str] = None, force: bool = False, dry_run: bool = False
+) -> Dict[str, Any]:
+    """Import diverted transcripts: the report of ``turnsafe replay --json``
+    (the summary's fields, and ``file_reports``). Raises ``Refused`` while a
+    live lease is held or a capture is not settled, unless ``force``."""
+
+def doctor(home: _Path) -> Dict[str, Any]:
+    """Findings about a home: ``ok``, ``findings``, ``facts``."""

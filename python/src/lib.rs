@@ -1,0 +1,597 @@
+//! `turnsafe_store._native`: the native host behind a thin PyO3 binding.
+//!
+//! Nothing here decides anything: every call converts its arguments,
+//! releases the GIL, calls the host (`turnsafe-host`, built without the
+//! WASM engine) and converts the answer. The exceptions are defined in
+//! `turnsafe_store/_errors.py` so they can have two bases and attributes.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use serde_json::{Map, Number, Value};
+use turnsafe_host::message::Message;
+use turnsafe_host::replay::{ReplayError, ReplayOptions};
+use turnsafe_host::store::{SessionId, SharedStore, StoreOptions, Synchronous};
+
+/// Deepest nesting of a message accepted (the store reads JSON back with
+/// serde_json, whose limit is 128 levels).
+const MAX_DEPTH: usize = 100;
+
+// ---------------------------------------------------------------- errors
+
+static ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static INVALID_SESSION_ID: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static REFUSED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static TURN_NOT_PERSISTED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+const ERRORS: &str = "turnsafe_store._errors";
+
+/// An instance of one of the package's exceptions, with `cause` set.
+fn raise(
+    py: Python<'_>,
+    class: &'static PyOnceLock<Py<PyType>>,
+    name: &str,
+    msg: String,
+    cause: Option<&str>,
+) -> PyErr {
+    let made = (|| -> PyResult<PyErr> {
+        let cls = class.import(py, ERRORS, name)?;
+        let exc = cls.call1((msg.clone(),))?;
+        exc.setattr("cause", cause)?;
+        Ok(PyErr::from_value(exc))
+    })();
+    made.unwrap_or_else(|e| e)
+}
+
+fn error(py: Python<'_>, msg: impl Into<String>) -> PyErr {
+    raise(py, &ERROR, "Error", msg.into(), None)
+}
+
+fn parse_session(py: Python<'_>, id: &str) -> PyResult<SessionId> {
+    SessionId::new(id).map_err(|e| {
+        raise(
+            py,
+            &INVALID_SESSION_ID,
+            "InvalidSessionId",
+            format!("{e}: {id:?}"),
+            None,
+        )
+    })
+}
+
+/// `~` and `~/...` name the user's home folder, as in a shell.
+fn expand_home(path: PathBuf) -> PathBuf {
+    let Ok(rest) = path.strip_prefix("~") else {
+        return path;
+    };
+    match std::env::var_os("HOME") {
+        Some(home) => Path::new(&home).join(rest),
+        None => path,
+    }
+}
+
+// ---------------------------------------------------------------- JSON <-> Python
+
+fn to_json(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
+    if depth > MAX_DEPTH {
+        return Err(PyValueError::new_err(format!("nested deeper than {MAX_DEPTH} levels")));
+    }
+    if obj.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if obj.cast::<PyInt>().is_ok() {
+        if let Ok(i) = obj.extract::<i64>() {
+            return Ok(Value::from(i));
+        }
+        if let Ok(u) = obj.extract::<u64>() {
+            return Ok(Value::from(u));
+        }
+        return Err(PyValueError::new_err(
+            "an integer outside the 64-bit range cannot be stored as JSON",
+        ));
+    }
+    if let Ok(f) = obj.cast::<PyFloat>() {
+        return Number::from_f64(f.value())
+            .map(Value::Number)
+            .ok_or_else(|| PyValueError::new_err("NaN and infinity cannot be stored as JSON"));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::String(s.extract::<String>()?));
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let mut m = Map::new();
+        for (k, v) in d.iter() {
+            let Ok(k) = k.cast::<PyString>() else {
+                return Err(PyTypeError::new_err(format!(
+                    "keys must be str, not {}",
+                    k.get_type().name()?
+                )));
+            };
+            m.insert(k.extract::<String>()?, to_json(&v, depth + 1)?);
+        }
+        return Ok(Value::Object(m));
+    }
+    if obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok() {
+        let mut out = Vec::new();
+        for v in obj.try_iter()? {
+            out.push(to_json(&v?, depth + 1)?);
+        }
+        return Ok(Value::Array(out));
+    }
+    Err(PyTypeError::new_err(format!(
+        "{} cannot be stored as JSON (use dict, list, str, int, float, bool or None)",
+        obj.get_type().name()?
+    )))
+}
+
+fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else {
+                n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(a) => {
+            let list = PyList::empty(py);
+            for x in a {
+                list.append(to_py(py, x)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(m) => map_to_py(py, m)?.into_any(),
+    })
+}
+
+fn map_to_py<'py>(py: Python<'py>, m: &Map<String, Value>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, x) in m {
+        d.set_item(k, to_py(py, x)?)?;
+    }
+    Ok(d)
+}
+
+/// The messages of one batch, with their uids: `uids[i]` when given, else
+/// the message's own string `uid`, else one turnsafe mints.
+fn batch(py: Python<'_>, messages: &Bound<'_, PyAny>, uids: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Message>> {
+    if messages.cast::<PyList>().is_err() && messages.cast::<PyTuple>().is_err() {
+        return Err(PyTypeError::new_err(format!(
+            "messages must be a list of dicts, not {}",
+            messages.get_type().name()?
+        )));
+    }
+    let given: Option<Vec<Option<String>>> = match uids {
+        None => None,
+        Some(u) if u.is_none() => None,
+        Some(u) => Some(u.extract()?),
+    };
+    let mut out = Vec::new();
+    for (index, m) in messages.try_iter()?.enumerate() {
+        let m = m?;
+        if m.cast::<PyDict>().is_err() {
+            return Err(PyTypeError::new_err(format!(
+                "message {index} must be a dict, not {}",
+                m.get_type().name()?
+            )));
+        }
+        let value = to_json(&m, 0)?;
+        let mut message = Message::from_value(index, &value).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        if let Some(uid) = given.as_ref().and_then(|g| g.get(index)).cloned().flatten() {
+            if uid.is_empty() || uid.len() > 256 {
+                return Err(PyValueError::new_err(format!(
+                    "uids[{index}] must be a non-empty string of at most 256 bytes"
+                )));
+            }
+            message.uid = Some(uid);
+        }
+        out.push(message);
+    }
+    if let Some(g) = &given
+        && g.len() != out.len()
+    {
+        return Err(PyValueError::new_err(format!(
+            "{} uids for {} messages",
+            g.len(),
+            out.len()
+        )));
+    }
+    let _ = py;
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- Outcome
+
+/// What one `append` did: attributes named as the keys of the JSON object
+/// `turnsafe append` prints; nested values are dicts.
+#[pyclass(frozen, module = "turnsafe_store")]
+struct Outcome {
+    value: Value,
+}
+
+impl Outcome {
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        to_py(py, self.value.get(key).unwrap_or(&Value::Null))
+    }
+}
+
+#[pymethods]
+impl Outcome {
+    #[getter]
+    fn persisted(&self) -> bool {
+        self.value["persisted"].as_bool().unwrap_or(false)
+    }
+    #[getter]
+    fn operation<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "operation")
+    }
+    #[getter]
+    fn cause<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "cause")
+    }
+    #[getter]
+    fn action<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "action")
+    }
+    #[getter]
+    fn attempts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "attempts")
+    }
+    #[getter]
+    fn committed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "committed")
+    }
+    #[getter]
+    fn diverted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "diverted")
+    }
+    #[getter]
+    fn handed_back<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "handed_back")
+    }
+    #[getter]
+    fn receipt<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "receipt")
+    }
+    #[getter]
+    fn divert_error<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "divert_error")
+    }
+    #[getter]
+    fn divert_residue<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "divert_residue")
+    }
+    #[getter]
+    fn capture<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "capture")
+    }
+    #[getter]
+    fn copy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "copy")
+    }
+    #[getter]
+    fn error<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "error")
+    }
+    #[getter]
+    fn uids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "uids")
+    }
+    #[getter]
+    fn minted_uids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "minted_uids")
+    }
+
+    /// The outcome as the JSON object `turnsafe append` prints, as a dict.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_py(py, &self.value)
+    }
+
+    /// The same object as JSON text.
+    fn to_json(&self) -> String {
+        self.value.to_string()
+    }
+
+    /// Raise `TurnNotPersisted` carrying this outcome unless every message
+    /// was committed; return the outcome otherwise.
+    fn raise_for_status(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        if slf.get().persisted() {
+            return Ok(slf);
+        }
+        let py = slf.py();
+        let cls = TURN_NOT_PERSISTED.import(py, ERRORS, "TurnNotPersisted")?;
+        Err(PyErr::from_value(cls.call1((slf,))?))
+    }
+
+    fn __repr__(&self) -> String {
+        let s = |k: &str| match &self.value[k] {
+            Value::Null => "None".to_string(),
+            Value::String(s) => format!("{s:?}"),
+            other => other.to_string(),
+        };
+        format!(
+            "Outcome(persisted={}, cause={}, action={}, committed={}, diverted={}, handed_back={})",
+            if self.persisted() { "True" } else { "False" },
+            s("cause"),
+            s("action"),
+            s("committed"),
+            s("diverted"),
+            s("handed_back")
+        )
+    }
+}
+
+// ---------------------------------------------------------------- Store
+
+/// The open store, and the process that opened it: a child of `fork`
+/// must not touch its parent's SQLite connection.
+struct Opened {
+    pid: u32,
+    store: SharedStore,
+}
+
+/// One turnsafe home, shared by every thread of the process.
+#[pyclass(frozen, module = "turnsafe_store")]
+struct Store {
+    home: PathBuf,
+    opts: StoreOptions,
+    /// The holder name given, or `None` for `pid-<pid>` of the process writing.
+    holder: Option<String>,
+    opened: Mutex<Option<Opened>>,
+}
+
+impl Store {
+    fn opened(&self) -> MutexGuard<'_, Option<Opened>> {
+        self.opened.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn options(&self) -> StoreOptions {
+        let mut opts = self.opts.clone();
+        opts.holder = self
+            .holder
+            .clone()
+            .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+        opts
+    }
+
+    /// The store for this process, without the GIL. After a `fork` the
+    /// child opens its own handle; the parent's is left untouched (never
+    /// closed, never written) in the child.
+    fn shared(&self, py: Python<'_>) -> PyResult<SharedStore> {
+        let mut opened = self.opened();
+        let pid = std::process::id();
+        match opened.as_ref() {
+            None => return Err(error(py, "the store is closed")),
+            Some(o) if o.pid == pid => return Ok(o.store.clone()),
+            Some(_) => {}
+        }
+        let (home, opts) = (self.home.clone(), self.options());
+        let fresh = py
+            .detach(move || SharedStore::open(&home, opts))
+            .map_err(|e| error(py, e.to_string()))?;
+        if let Some(inherited) = opened.replace(Opened {
+            pid,
+            store: fresh.clone(),
+        }) {
+            // The parent's connection, locks and leases are not ours.
+            std::mem::forget(inherited);
+        }
+        Ok(fresh)
+    }
+}
+
+#[pymethods]
+impl Store {
+    #[new]
+    #[pyo3(signature = (home, *, synchronous = "full", holder = None, lease_ttl = 30.0))]
+    fn new(py: Python<'_>, home: PathBuf, synchronous: &str, holder: Option<String>, lease_ttl: f64) -> PyResult<Self> {
+        let synchronous = match synchronous.to_ascii_lowercase().as_str() {
+            "full" => Synchronous::Full,
+            "normal" => Synchronous::Normal,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "synchronous must be \"full\" or \"normal\", not {other:?}"
+                )));
+            }
+        };
+        if !(lease_ttl.is_finite() && lease_ttl > 0.0) {
+            return Err(PyValueError::new_err("lease_ttl must be a positive number of seconds"));
+        }
+        if holder.as_deref().is_some_and(str::is_empty) {
+            return Err(PyValueError::new_err("holder must not be empty"));
+        }
+        let mut store = Store {
+            home: expand_home(home),
+            opts: StoreOptions {
+                synchronous,
+                lease_ttl: Duration::from_secs_f64(lease_ttl),
+                ..StoreOptions::default()
+            },
+            holder,
+            opened: Mutex::new(None),
+        };
+        let (home, opts) = (store.home.clone(), store.options());
+        let shared = py
+            .detach(move || SharedStore::open(&home, opts))
+            .map_err(|e| error(py, e.to_string()))?;
+        store.opened = Mutex::new(Some(Opened {
+            pid: std::process::id(),
+            store: shared,
+        }));
+        Ok(store)
+    }
+
+    /// The home folder (`state.db`, `sessions/`).
+    #[getter]
+    fn home(&self) -> PathBuf {
+        self.home.clone()
+    }
+
+    /// Flush one batch: every message ends committed, diverted with a
+    /// receipt, or handed back, and the outcome says which.
+    #[pyo3(signature = (session_id, messages, *, uids = None))]
+    fn append(
+        &self,
+        py: Python<'_>,
+        session_id: &str,
+        messages: &Bound<'_, PyAny>,
+        uids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Outcome> {
+        let session = parse_session(py, session_id)?;
+        let batch = batch(py, messages, uids)?;
+        let store = self.shared(py)?;
+        let value = py.detach(move || store.append_batch(&session, &batch).to_value());
+        Ok(Outcome { value })
+    }
+
+    /// The newest `limit` messages of the session (all with `None`), in
+    /// `seq` order, each exactly as it was written.
+    #[pyo3(signature = (session_id, *, limit = None))]
+    fn show<'py>(&self, py: Python<'py>, session_id: &str, limit: Option<i64>) -> PyResult<Bound<'py, PyList>> {
+        let rows = self.read(py, session_id, limit)?;
+        let list = PyList::empty(py);
+        for r in &rows {
+            list.append(map_to_py(py, &r.message)?)?;
+        }
+        Ok(list)
+    }
+
+    /// Like `show`, with each message's uid and seq beside it:
+    /// `{"uid", "seq", "message"}`, as `turnsafe show --json` prints them.
+    #[pyo3(signature = (session_id, *, limit = None))]
+    fn rows<'py>(&self, py: Python<'py>, session_id: &str, limit: Option<i64>) -> PyResult<Bound<'py, PyList>> {
+        let rows = self.read(py, session_id, limit)?;
+        let list = PyList::empty(py);
+        for r in &rows {
+            list.append(to_py(py, &r.to_value())?)?;
+        }
+        Ok(list)
+    }
+
+    /// Give back this store's turn lease on the session.
+    fn release(&self, py: Python<'_>, session_id: &str) -> PyResult<()> {
+        let session = parse_session(py, session_id)?;
+        let store = self.shared(py)?;
+        py.detach(move || store.release_lease(&session));
+        Ok(())
+    }
+
+    /// Release every lease and close the database. Later calls raise `Error`.
+    fn close(&self, py: Python<'_>) {
+        let taken = self.opened().take();
+        if let Some(o) = taken {
+            if o.pid == std::process::id() {
+                py.detach(move || drop(o));
+            } else {
+                std::mem::forget(o);
+            }
+        }
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) {
+        self.close(py);
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Store({:?})", self.home.display().to_string())
+    }
+}
+
+impl Store {
+    fn read(
+        &self,
+        py: Python<'_>,
+        session_id: &str,
+        limit: Option<i64>,
+    ) -> PyResult<Vec<turnsafe_host::transcript::StoredMessage>> {
+        let session = parse_session(py, session_id)?;
+        let limit = match limit {
+            Some(l) if l < 0 => return Err(PyValueError::new_err("limit must not be negative")),
+            l => l.map(i64::unsigned_abs),
+        };
+        let store = self.shared(py)?;
+        let db = self.home.join("state.db");
+        let result = py.detach(move || {
+            store
+                .with_store(|s| match s.connection() {
+                    Some(conn) => turnsafe_host::transcript::stored_messages(conn, session.as_str(), limit),
+                    None => {
+                        // The writer could not open it; a reader may still.
+                        let conn = turnsafe_host::store::open_read_only(&db)?;
+                        turnsafe_host::transcript::stored_messages(&conn, session.as_str(), limit)
+                    }
+                })
+                .map_err(|e| e.to_string())
+        });
+        result.map_err(|e| error(py, format!("reading {}: {e}", self.home.join("state.db").display())))
+    }
+}
+
+// ---------------------------------------------------------------- functions
+
+/// Import the home's diverted transcripts back into `state.db`: the same
+/// report as `turnsafe replay --json`, in one dict.
+#[pyfunction]
+#[pyo3(signature = (home, *, session = None, force = false, dry_run = false))]
+fn replay<'py>(
+    py: Python<'py>,
+    home: PathBuf,
+    session: Option<String>,
+    force: bool,
+    dry_run: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    if let Some(s) = &session {
+        parse_session(py, s)?;
+    }
+    let home = expand_home(home);
+    let opts = ReplayOptions {
+        session,
+        dry_run,
+        force,
+    };
+    let run = py.detach(move || turnsafe_host::replay::replay_run(&home, &opts));
+    match run {
+        Ok(run) => to_py(py, &run.report(dry_run)),
+        Err(e @ (ReplayError::LeaseLive { .. } | ReplayError::CapturePending { .. })) => {
+            Err(raise(py, &REFUSED, "Refused", e.to_string(), None))
+        }
+        Err(e) => Err(error(py, e.to_string())),
+    }
+}
+
+/// Findings about a home: `ok`, `findings` and `facts`, as `turnsafe
+/// doctor --json` prints them.
+#[pyfunction]
+fn doctor<'py>(py: Python<'py>, home: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+    let home = expand_home(home);
+    let report = py.detach(move || turnsafe_host::doctor::report(&home));
+    to_py(py, &report)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Store>()?;
+    m.add_class::<Outcome>()?;
+    m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_function(wrap_pyfunction!(doctor, m)?)?;
+    m.add("SCHEMA_VERSION", turnsafe_host::store::SCHEMA_VERSION)?;
+    Ok(())
+}

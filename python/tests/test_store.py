@@ -1,0 +1,168 @@
+"""The binding itself: round-trips, the outcome's shape, uids, ids, reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+import turnsafe_store
+from turnsafe_store import InvalidSessionId, Outcome, Store
+
+from conftest import turnsafe_bin
+
+OUTCOME_KEYS = {
+    "persisted", "operation", "cause", "action", "attempts", "committed", "diverted", "handed_back",
+    "receipt", "divert_error", "divert_residue", "capture", "copy", "error", "uids", "minted_uids",
+}
+
+SHAPES = [
+    {"role": "user", "content": "plain text"},
+    {"role": "assistant", "content": [{"type": "output_text", "text": "parts", "annotations": []}]},
+    {"role": "system", "content": "", "name": "boot"},
+    {"role": "user", "content": "unicode: żółć ✓ 🦀 \u0000 nul", "lang": "pl"},
+    {"role": "user", "content": "'); DROP TABLE messages; --", "meta": {"sql": "SELECT * FROM sessions"}},
+    {"role": "tool", "content": {"nested": {"deep": [1, -2, 3.25, 1e300, None, True, False]}}},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "arguments": "{\"a\": 1}"}]},
+    {"role": "user", "content": 42, "big": 2**63 - 1, "neg": -(2**63), "u64": 2**64 - 1},
+]
+
+
+def test_every_shape_round_trips_exactly(store: Store):
+    out = store.append("s1", SHAPES)
+    assert out.persisted, out.to_dict()
+    assert out.committed == len(SHAPES)
+    assert store.show("s1") == SHAPES
+    rows = store.rows("s1")
+    assert [r["message"] for r in rows] == SHAPES
+    assert [r["uid"] for r in rows] == out.uids
+    assert [r["seq"] for r in rows] == list(range(1, len(SHAPES) + 1))
+
+
+def test_show_limit_is_the_newest_in_order(store: Store):
+    for i in range(7):
+        assert store.append("s1", [{"role": "user", "content": f"m{i}"}]).persisted
+    assert [m["content"] for m in store.show("s1", limit=3)] == ["m4", "m5", "m6"]
+    assert [m["content"] for m in store.show("s1", limit=100)] == [f"m{i}" for i in range(7)]
+    assert store.show("s1", limit=0) == []
+    assert store.show("nobody") == []
+    with pytest.raises(ValueError):
+        store.show("s1", limit=-1)
+
+
+def test_outcome_attributes_and_to_dict(store: Store):
+    out = store.append("s1", [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    assert isinstance(out, Outcome)
+    d = out.to_dict()
+    assert set(d) == OUTCOME_KEYS
+    for k in OUTCOME_KEYS:
+        assert getattr(out, k) == d[k], k
+    assert json.loads(out.to_json()) == d
+    assert out.persisted and out.committed == 2 and out.attempts == 1
+    assert out.cause is None and out.receipt is None and out.copy is None
+    assert out.uids == out.minted_uids and len(set(out.uids)) == 2
+    assert out.raise_for_status() is out
+    assert "persisted=True" in repr(out)
+
+
+def test_to_dict_equals_what_turnsafe_append_prints(tmp_path):
+    batch = [{"role": "user", "content": "same", "k": [1, 2]}, {"role": "assistant", "content": "batch"}]
+    uids = ["u-1", "u-2"]
+    cli_line = json.dumps([dict(m, uid=u) for m, u in zip(batch, uids)])
+    proc = subprocess.run(
+        [turnsafe_bin(), "append", "--home", str(tmp_path / "cli"), "--session", "s1"],
+        input=cli_line + "\n", capture_output=True, text=True, check=True,
+    )
+    printed = json.loads(proc.stdout.splitlines()[0])
+    with Store(tmp_path / "py") as s:
+        out = s.append("s1", batch, uids=uids)
+    assert out.to_dict() == printed
+
+
+def test_uids_given_are_kept_and_a_resend_stores_nothing_twice(store: Store):
+    batch = [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}]
+    first = store.append("s1", batch)
+    again = store.append("s1", batch, uids=first.uids)
+    assert again.persisted and again.uids == first.uids and again.minted_uids == []
+    assert store.show("s1") == batch
+    mixed = store.append("s1", batch, uids=[first.uids[0], None])
+    assert mixed.uids[0] == first.uids[0] and mixed.minted_uids == [mixed.uids[1]]
+    assert len(store.show("s1")) == 3
+
+
+def test_a_uid_conflict_is_not_persisted(store: Store):
+    assert store.append("s1", [{"role": "user", "content": "x"}], uids=["u1"]).persisted
+    out = store.append("s1", [{"role": "user", "content": "DIFFERENT"}], uids=["u1"])
+    assert not out.persisted
+    with pytest.raises(turnsafe_store.TurnNotPersisted) as e:
+        out.raise_for_status()
+    assert e.value.outcome is out and e.value.cause == out.cause
+    assert store.show("s1") == [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize("bad", ["", "../etc", "a/b", ".hidden", "x" * 129, "sp ace", "é"])
+def test_a_bad_session_id_is_refused_everywhere(store: Store, home, bad):
+    with pytest.raises(InvalidSessionId) as e:
+        store.append(bad, [{"role": "user", "content": "x"}])
+    assert isinstance(e.value, ValueError) and isinstance(e.value, turnsafe_store.Error)
+    for call in (lambda: store.show(bad), lambda: store.rows(bad), lambda: turnsafe_store.replay(home, session=bad)):
+        with pytest.raises(InvalidSessionId):
+            call()
+    assert not (home / "sessions").exists()
+
+
+def test_bad_arguments_are_type_and_value_errors(store: Store):
+    with pytest.raises(TypeError):
+        store.append("s1", {"role": "user", "content": "not a list"})
+    with pytest.raises(TypeError):
+        store.append("s1", ["not a dict"])
+    with pytest.raises(TypeError):
+        store.append("s1", [{"role": "user", "content": object()}])
+    with pytest.raises(TypeError):
+        store.append("s1", [{"role": "user", "content": "x", 1: "int key"}])
+    with pytest.raises(ValueError):
+        store.append("s1", [{"role": "user", "content": float("nan")}])
+    with pytest.raises(ValueError):
+        store.append("s1", [{"role": "user", "content": 2**64}])
+    with pytest.raises(ValueError):
+        store.append("s1", [{"role": "user", "content": "x"}], uids=["a", "b"])
+    with pytest.raises(ValueError):
+        Store(store.home, synchronous="sometimes")
+    with pytest.raises(ValueError):
+        Store(store.home, lease_ttl=0)
+    assert store.show("s1") == []
+
+
+def test_options_and_close(home):
+    with Store(home, synchronous="normal", holder="worker-1", lease_ttl=0.5) as s:
+        assert s.append("s1", [{"role": "user", "content": "x"}]).persisted
+    with pytest.raises(turnsafe_store.Error):
+        s.append("s1", [{"role": "user", "content": "x"}])
+    import sqlite3
+    row = sqlite3.connect(home / "state.db").execute("SELECT lease_holder FROM sessions").fetchone()
+    assert row == (None,), "close gave the lease back"
+
+
+def test_home_with_a_tilde_is_the_users_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with Store("~/.myagent") as s:
+        assert s.append("s1", [{"role": "user", "content": "x"}]).persisted
+    assert (tmp_path / ".myagent" / "state.db").is_file()
+
+
+def test_replay_and_doctor_reports(store: Store, home):
+    assert store.append("s1", [{"role": "user", "content": "x"}]).persisted
+    r = turnsafe_store.replay(home)
+    assert {k: r[k] for k in ("files", "lines", "replayed", "duplicate", "quarantined")} == {
+        "files": 0, "lines": 0, "replayed": 0, "duplicate": 0, "quarantined": 0}
+    assert r["file_reports"] == [] and r["dry_run"] is False
+    d = turnsafe_store.doctor(home)
+    assert d["ok"] is True and d["facts"]["pending_divert_files"] == 0
+    assert {f["kind"] for f in d["findings"]} >= {"holders"}
+
+
+def test_the_wheel_carries_no_wasm_engine():
+    import pathlib
+    so = pathlib.Path(turnsafe_store._native.__file__).read_bytes()
+    assert b"wasmtime" not in so and b"cranelift" not in so
