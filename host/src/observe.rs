@@ -53,3 +53,10 @@ pub fn observation(
         seed,
     }
 }
+
+/// The policy's cause for a failed SQLite call outside a flush (a read,
+/// an edit): what a caller is told alongside the error.
+pub fn cause_of(operation: Operation, err: &rusqlite::Error) -> turnsafe_policy::Cause {
+    let obs = observation(operation, err, None, Vec::new(), 1, 0, 0);
+    turnsafe_policy::decide(&obs).classification.cause
+}

@@ -381,6 +381,81 @@ pub fn replay_into(
     Ok(run)
 }
 
+/// Settle every pending divert line of `session` as `cleared` (the
+/// session was cleared by its owner): the lines are not imported, each
+/// gets a ledger entry, and the files move to `sessions/settled/`, kept.
+/// Returns how many lines were settled.
+pub fn clear_pending(home: &Path, session: &str) -> Result<u64, ReplayError> {
+    let sessions = home.join("sessions");
+    if !sessions.is_dir() {
+        return Ok(0);
+    }
+    let settling = sessions.join("settling");
+    let settled = sessions.join("settled");
+    let listing =
+        divert_files::list(&sessions, Some(session)).map_err(io_err(format!("list {}", sessions.display())))?;
+    let opts = ReplayOptions {
+        session: Some(session.to_string()),
+        ..ReplayOptions::default()
+    };
+    let pending_settling = settling.is_dir() && !settling_files(&settling, &opts)?.is_empty();
+    if listing.divert.is_empty() && !pending_settling {
+        return Ok(0);
+    }
+    for dir in [&settling, &settled] {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_err(format!("mkdir {}", dir.display())))?;
+    }
+    for (session, path) in &listing.divert {
+        take(path, &settling, session)?;
+    }
+    sync_dir(&settling).map_err(io_err("fsync settling/"))?;
+    let mut ledger = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(sessions.join(divert_files::LEDGER))
+        .map_err(io_err("open ledger.jsonl"))?;
+    let mut count = 0;
+    for (session, path) in settling_files(&settling, &opts)? {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let data = std::fs::read(&path).map_err(io_err(format!("read {name}")))?;
+        let mut out = Vec::new();
+        let (mut offset, mut line_no) = (0u64, 0u64);
+        for line in data.split_inclusive(|b| *b == b'\n') {
+            line_no += 1;
+            let line_offset = offset;
+            offset += line.len() as u64;
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let uid = serde_json::from_slice::<Value>(line)
+                .ok()
+                .and_then(|v| v.get("uid").and_then(Value::as_str).map(String::from));
+            let entry = json!({
+                "file": name, "line": line_no, "offset": line_offset, "session": session,
+                "uid": uid, "state": "cleared", "reason": "the session was cleared", "at_ms": now_ms(),
+            });
+            serde_json::to_writer(&mut out, &entry).map_err(|e| io_err("encode ledger")(io::Error::other(e)))?;
+            out.push(b'\n');
+            count += 1;
+        }
+        ledger.write_all(&out).map_err(io_err("write ledger.jsonl"))?;
+        ledger.sync_all().map_err(io_err("fsync ledger.jsonl"))?;
+        std::fs::rename(&path, settled.join(&name)).map_err(io_err(format!("settle {name}")))?;
+        sync_dir(&settled).map_err(io_err("fsync settled/"))?;
+    }
+    sync_dir(&settling).map_err(io_err("fsync settling/"))?;
+    Ok(count)
+}
+
 /// Files in `settling/`, named `<session>@<stamp>.jsonl`.
 fn settling_files(settling: &Path, opts: &ReplayOptions) -> Result<Vec<(String, PathBuf)>, ReplayError> {
     files_by_session(settling, opts, session_of_settling)

@@ -15,8 +15,10 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use serde_json::{Map, Number, Value};
 use turnsafe_host::message::Message;
+use turnsafe_host::observe;
 use turnsafe_host::replay::{ReplayError, ReplayOptions};
 use turnsafe_host::store::{SessionId, SharedStore, StoreOptions, Synchronous};
+use turnsafe_policy::Operation;
 
 /// Deepest nesting of a message accepted (the store reads JSON back with
 /// serde_json, whose limit is 128 levels).
@@ -50,6 +52,10 @@ fn raise(
 
 fn error(py: Python<'_>, msg: impl Into<String>) -> PyErr {
     raise(py, &ERROR, "Error", msg.into(), None)
+}
+
+fn edit_error(py: Python<'_>, e: &turnsafe_host::store::EditError) -> PyErr {
+    raise(py, &ERROR, "Error", e.to_string(), Some(e.cause.label()))
 }
 
 fn parse_session(py: Python<'_>, id: &str) -> PyResult<SessionId> {
@@ -481,6 +487,40 @@ impl Store {
         Ok(list)
     }
 
+    /// Remove and return the newest message of the session (`None` when it
+    /// has none). A write: it follows the policy, and raises `Error` with
+    /// the policy's `cause` when it cannot be done.
+    fn pop<'py>(&self, py: Python<'py>, session_id: &str) -> PyResult<Bound<'py, PyAny>> {
+        let session = parse_session(py, session_id)?;
+        let store = self.shared(py)?;
+        match py.detach(move || store.with_store(|s| s.pop_last(&session))) {
+            Ok(Some(m)) => Ok(map_to_py(py, &m.message)?.into_any()),
+            Ok(None) => Ok(py.None().into_bound(py)),
+            Err(e) => Err(edit_error(py, &e)),
+        }
+    }
+
+    /// Remove every message of the session, and settle its pending divert
+    /// lines as `cleared` in the replay ledger (the files are kept in
+    /// `sessions/settled/`). Returns how many stored messages went.
+    fn clear(&self, py: Python<'_>, session_id: &str) -> PyResult<u64> {
+        let session = parse_session(py, session_id)?;
+        let store = self.shared(py)?;
+        let home = self.home.clone();
+        let removed = py
+            .detach({
+                let store = store.clone();
+                let session = session.clone();
+                move || store.with_store(|s| s.clear_session(&session))
+            })
+            .map_err(|e| edit_error(py, &e))?;
+        // Only once the rows are gone (the edit checked the lease), so a
+        // fenced clear leaves the divert lines pending too.
+        py.detach(move || turnsafe_host::replay::clear_pending(&home, session.as_str()))
+            .map_err(|e| error(py, format!("settling the session's divert lines: {e}")))?;
+        Ok(removed)
+    }
+
     /// Give back this store's turn lease on the session.
     fn release(&self, py: Python<'_>, session_id: &str) -> PyResult<()> {
         let session = parse_session(py, session_id)?;
@@ -539,9 +579,12 @@ impl Store {
                         turnsafe_host::transcript::stored_messages(&conn, session.as_str(), limit)
                     }
                 })
-                .map_err(|e| e.to_string())
+                .map_err(|e| (e.to_string(), observe::cause_of(Operation::Replay, &e).label()))
         });
-        result.map_err(|e| error(py, format!("reading {}: {e}", self.home.join("state.db").display())))
+        result.map_err(|(e, cause)| {
+            let msg = format!("reading {}: {e}", self.home.join("state.db").display());
+            raise(py, &ERROR, "Error", msg, Some(cause))
+        })
     }
 }
 

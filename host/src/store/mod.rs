@@ -16,12 +16,14 @@
 //! once more.
 
 mod backend;
+mod edit;
 pub mod index;
 pub mod schema;
 mod shared;
 mod write;
 
 pub use backend::transcript;
+pub use edit::EditError;
 pub use shared::SharedStore;
 
 use std::collections::HashMap;

@@ -1,0 +1,219 @@
+//! Edits of a stored transcript outside the flush: removing the newest
+//! message of a session (`pop`) and every message of it (`clear`).
+//!
+//! They are writes, so they follow the policy: each attempt is one
+//! `BEGIN IMMEDIATE` transaction that first checks the generation guard
+//! and the session's turn lease; a failure becomes an observation and the
+//! policy decides. There is nothing to divert (the data stays where it
+//! is), so the policy is asked as for replay, whose fallback is to fail
+//! closed: `locked` is retried on its plan, a degraded search index is
+//! written around once, and every other cause fails the edit with that
+//! cause. A sticky handle refuses without touching the database.
+
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use turnsafe_policy::{ActionKind, Cause, Evidence, Operation};
+
+use super::{SessionId, SessionStore, now_ms, random_u64, schema};
+use crate::guard::Verdict;
+use crate::observe;
+use crate::transcript::{self, StoredMessage};
+
+/// An edit that did not happen: nothing was removed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{edit} of session {session} failed: session_persistence_failed:{}: {message}", .cause.label())]
+pub struct EditError {
+    /// `pop` or `clear`.
+    pub edit: &'static str,
+    pub session: String,
+    /// The policy's cause.
+    pub cause: Cause,
+    /// The last action the policy asked for (`fail_closed`, or `divert` when
+    /// the open failed and there was nothing to divert).
+    pub action: ActionKind,
+    pub message: String,
+    /// Attempts made against the database.
+    pub attempts: u32,
+}
+
+enum Stop {
+    Sqlite(rusqlite::Error, Vec<Evidence>),
+    Evidence(Evidence, String),
+}
+
+impl From<rusqlite::Error> for Stop {
+    fn from(e: rusqlite::Error) -> Self {
+        Stop::Sqlite(e, Vec::new())
+    }
+}
+
+impl SessionStore {
+    /// Remove and return the newest message of `session` (`None` when it has none).
+    pub fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError> {
+        self.edit("pop", session, |conn, session| {
+            let Some(last) = transcript::stored_messages(conn, session, Some(1))?.pop() else {
+                return Ok(None);
+            };
+            delete_rows(conn, session, Some(&last.uid))?;
+            Ok(Some(last))
+        })
+    }
+
+    /// Remove every stored message of `session`; returns how many.
+    pub fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
+        self.edit("clear", session, |conn, session| delete_rows(conn, session, None))
+    }
+
+    fn edit<T>(
+        &mut self,
+        edit: &'static str,
+        session: &SessionId,
+        mut f: impl FnMut(&Connection, &str) -> rusqlite::Result<T>,
+    ) -> Result<T, EditError> {
+        let started = Instant::now();
+        let seed = random_u64();
+        let fail = |cause: Cause, action: ActionKind, message: String, attempts: u32| EditError {
+            edit,
+            session: session.as_str().to_string(),
+            cause,
+            action,
+            message,
+            attempts,
+        };
+        if let Some(cause) = self.machine.sticky() {
+            return Err(fail(
+                cause,
+                ActionKind::FailClosed,
+                "the store refuses to touch its database until an operator acts".into(),
+                0,
+            ));
+        }
+        let mut degrade_fts = false;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let elapsed_ms = || started.elapsed().as_millis() as u64;
+            // The handle opens its database once; a failed open is tried once per edit.
+            self.open_failure = None;
+            let (stop, errno) = match self.ensure_open() {
+                Err(open) => {
+                    let open = *open;
+                    self.quarantined = open.conn;
+                    (Stop::Sqlite(open.error, Vec::new()), open.errno)
+                }
+                Ok(()) => match self.edit_once(session, degrade_fts, &mut f) {
+                    Ok(v) => return Ok(v),
+                    Err(stop) => (stop, self.conn.as_ref().and_then(observe::system_errno)),
+                },
+            };
+            let obs = match &stop {
+                Stop::Sqlite(e, evidence) => observe::observation(
+                    Operation::Replay,
+                    e,
+                    errno,
+                    evidence.clone(),
+                    attempt,
+                    elapsed_ms(),
+                    seed,
+                ),
+                Stop::Evidence(evidence, detail) => turnsafe_policy::Observation {
+                    operation: Operation::Replay,
+                    message: detail.clone(),
+                    evidence: vec![*evidence],
+                    attempt,
+                    elapsed_ms: elapsed_ms(),
+                    seed,
+                    ..turnsafe_policy::Observation::new(Operation::Replay)
+                },
+            };
+            let decision = turnsafe_policy::decide(&obs);
+            let cause = decision.classification.cause;
+            tracing::info!(
+                session = session.as_str(),
+                edit,
+                code = ?obs.extended_code,
+                cause = cause.label(),
+                action = decision.action.label(),
+                "edit attempt failed"
+            );
+            match decision.action {
+                ActionKind::Retry => std::thread::sleep(Duration::from_millis(decision.delay_ms.unwrap_or(1))),
+                ActionKind::DegradeFts if !degrade_fts => degrade_fts = true,
+                action => return Err(fail(cause, action, obs.message, attempt)),
+            }
+        }
+    }
+
+    /// One transaction: guard, lease, the edit, COMMIT.
+    fn edit_once<T>(
+        &mut self,
+        session: &SessionId,
+        degrade_fts: bool,
+        f: &mut impl FnMut(&Connection, &str) -> rusqlite::Result<T>,
+    ) -> Result<T, Stop> {
+        let Some(conn) = self.conn.as_ref() else {
+            return Err(Stop::Sqlite(rusqlite::Error::InvalidQuery, Vec::new()));
+        };
+        let ours = self.sessions.get(session.as_str()).and_then(|s| s.lease_token.clone());
+        let guard = &mut self.guard;
+        let result = (|| -> Result<T, Stop> {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            if let Some(g) = guard.as_mut() {
+                match g.check(conn) {
+                    Ok(Verdict::Intact) => {}
+                    Ok(Verdict::Mismatch { evidence, detail }) => return Err(Stop::Evidence(evidence, detail)),
+                    Err(e) => {
+                        return Err(Stop::Sqlite(
+                            rusqlite::Error::SqliteFailure(
+                                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                                Some(format!("turnsafe {e}")),
+                            ),
+                            Vec::new(),
+                        ));
+                    }
+                }
+            }
+            // Another writer's live turn lease fences the session.
+            let lease: Option<(Option<String>, Option<i64>)> = conn
+                .query_row(
+                    "SELECT lease_token, lease_expires_ms FROM sessions WHERE id = ?1",
+                    [session.as_str()],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            if let Some((Some(token), Some(expires))) = lease
+                && expires > now_ms()
+                && ours.as_deref() != Some(token.as_str())
+            {
+                return Err(Stop::Evidence(
+                    Evidence::TurnLeaseLost,
+                    "the session's turn lease is held by another writer".into(),
+                ));
+            }
+            if degrade_fts {
+                // The index's trigger failed: mark it for rebuild, so the
+                // trigger leaves it alone and search stops trusting it.
+                schema::disable_fts(conn)?;
+            }
+            let v = f(conn, session.as_str())?;
+            conn.execute_batch("COMMIT")?;
+            Ok(v)
+        })();
+        if result.is_err() && !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        result
+    }
+}
+
+/// Delete one message (by uid) or all of a session's. The schema's
+/// `messages_fts_unindex` trigger takes indexed rows out of the full-text
+/// index and keeps its watermark true. Returns how many rows went.
+fn delete_rows(conn: &Connection, session: &str, uid: Option<&str>) -> rusqlite::Result<u64> {
+    let n = conn.execute(
+        "DELETE FROM messages WHERE session_id = ?1 AND (?2 IS NULL OR uid = ?2)",
+        params![session, uid],
+    )?;
+    Ok(n as u64)
+}

@@ -1,0 +1,170 @@
+"""A drop-in ``Session`` for the OpenAI Agents SDK, backed by turnsafe.
+
+    from agents import Agent, Runner
+    from turnsafe_store.agents import TurnsafeSession
+
+    session = TurnsafeSession("user-42", "~/.myagent")
+    result = await Runner.run(agent, "Hello", session=session)
+
+It implements the SDK's ``Session`` protocol and nothing more. Every batch
+``add_items`` writes ends committed, in a durable divert copy with a
+receipt, or handed back; when it is not committed, ``add_items`` raises
+:class:`turnsafe_store.TurnNotPersisted` carrying the outcome (cause,
+action, receipt, capture, copy), and the run ends with that exception.
+
+Adding the same items again after that failure reuses the uids of the
+failed attempt, so a later ``turnsafe_store.replay`` and the resend store
+each item once. Blocking work runs in a worker thread
+(``asyncio.to_thread``); the native store releases the GIL.
+
+Needs the SDK: ``pip install "turnsafe-store[agents]"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import threading
+from collections import defaultdict, deque
+from typing import Any, Deque, Dict, List, Optional, Union
+
+try:
+    from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
+except ImportError as e:  # pragma: no cover - exercised without the extra only
+    raise ImportError(
+        'turnsafe_store.agents needs the OpenAI Agents SDK: pip install "turnsafe-store[agents]"'
+    ) from e
+
+from ._errors import TurnNotPersisted
+from ._native import Store
+
+__all__ = ["TurnsafeSession", "safe_session_id"]
+
+_VALID = re.compile(r"^(?!\.)(?!.*\.\.)[A-Za-z0-9_.:-]{1,128}$")
+
+
+def safe_session_id(session_id: str) -> str:
+    """The turnsafe session id for an SDK session id.
+
+    A valid turnsafe id (1 to 128 bytes of ASCII letters, digits, ``-``,
+    ``_``, ``.``, ``:``; no leading ``.``, no ``..``) is used as it is. Any
+    other string maps to a stable id: a readable prefix of its safe
+    characters and a hash of the whole string, e.g. ``"user 42/ü"`` ->
+    ``"user_42_-h3b1c…"``.
+    """
+    if _VALID.match(session_id):
+        return session_id
+    digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    prefix = re.sub(r"[^A-Za-z0-9_-]", "_", session_id)[:48].lstrip(".")
+    return f"{prefix}-h{digest}" if prefix else f"h{digest}"
+
+
+_stores: Dict[str, Store] = {}
+_stores_lock = threading.Lock()
+
+
+def _store_for(home: Union[str, "os.PathLike[str]"]) -> Store:
+    """One store per home in a process, shared by every session on it: one
+    connection, one turn-lease holder."""
+    key = os.path.realpath(os.path.expanduser(os.fspath(home)))
+    with _stores_lock:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = Store(key)
+        return store
+
+
+def _fingerprint(item: Any) -> Optional[str]:
+    try:
+        return json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+
+
+class TurnsafeSession:
+    """The SDK's ``Session`` protocol on a turnsafe home.
+
+    ``session_id`` is the SDK's id as given (any string, kept for display);
+    ``turnsafe_id`` is the id it is stored under (see :func:`safe_session_id`).
+    Sessions on one home share one :class:`turnsafe_store.Store` unless
+    ``store`` is given.
+    """
+
+    session_settings: Optional[SessionSettings] = None
+
+    def __init__(
+        self,
+        session_id: str,
+        home: Union[str, "os.PathLike[str]"],
+        *,
+        session_settings: Optional[Union[SessionSettings, Dict[str, Any]]] = None,
+        store: Optional[Store] = None,
+    ) -> None:
+        self.session_id = session_id
+        self.turnsafe_id = safe_session_id(session_id)
+        self.session_settings = (
+            coerce_session_settings(session_settings) if session_settings is not None else SessionSettings()
+        )
+        self.store = store if store is not None else _store_for(home)
+        # Uids of items whose batch was not persisted, by content, oldest first.
+        self._unsettled: Dict[str, Deque[str]] = defaultdict(deque)
+        self._lock = threading.Lock()
+
+    async def get_items(self, limit: Optional[int] = None) -> List[Any]:
+        """The newest ``limit`` items (all with None; ``session_settings.limit``
+        when not given) in chronological order, exactly as they were added."""
+        n = resolve_session_limit(limit, self.session_settings)
+        if n is not None and n < 0:
+            n = None  # as SQLite's LIMIT -1: no limit
+        return await asyncio.to_thread(self.store.show, self.turnsafe_id, limit=n)
+
+    async def add_items(self, items: List[Any]) -> None:
+        """Append one batch. Raises ``TurnNotPersisted`` (with ``.outcome``)
+        unless every item was committed."""
+        if not items:
+            return
+        items = list(items)
+        prints = [_fingerprint(i) for i in items]
+        with self._lock:
+            uids = [self._take_unsettled(p) for p in prints]
+        outcome = await asyncio.to_thread(self.store.append, self.turnsafe_id, items, uids=uids)
+        if outcome.persisted:
+            return
+        with self._lock:
+            for p, uid in zip(prints, outcome.uids):
+                if p is not None:
+                    self._unsettled[p].append(uid)
+        raise TurnNotPersisted(outcome)
+
+    def _take_unsettled(self, fingerprint: Optional[str]) -> Optional[str]:
+        if fingerprint is None:
+            return None
+        q = self._unsettled.get(fingerprint)
+        if not q:
+            return None
+        uid = q.popleft()
+        if not q:
+            del self._unsettled[fingerprint]
+        return uid
+
+    async def pop_item(self) -> Optional[Any]:
+        """Remove and return the newest item (None when there is none).
+        Raises ``turnsafe_store.Error`` with the policy's ``cause`` on failure."""
+        return await asyncio.to_thread(self.store.pop, self.turnsafe_id)
+
+    async def clear_session(self) -> None:
+        """Remove every item; pending divert lines of the session are settled
+        as ``cleared``. Raises ``turnsafe_store.Error`` with the cause on failure."""
+        await asyncio.to_thread(self.store.clear, self.turnsafe_id)
+        with self._lock:
+            self._unsettled.clear()
+
+    def close(self) -> None:
+        """Give back this session's turn lease (the shared store stays open)."""
+        self.store.release(self.turnsafe_id)
+
+    def __repr__(self) -> str:
+        return f"TurnsafeSession({self.session_id!r}, turnsafe_id={self.turnsafe_id!r})"
