@@ -570,16 +570,20 @@ impl Store {
         let store = self.shared(py)?;
         let db = self.home.join("state.db");
         let result = py.detach(move || {
-            store
-                .with_store(|s| match s.connection() {
+            store.with_store(|s| {
+                if let Some(cause) = s.sticky() {
+                    // The handle has stopped touching its database.
+                    let why = "the store refuses to touch its database until an operator acts";
+                    return Err((why.to_string(), cause.label()));
+                }
+                match s.connection() {
                     Some(conn) => turnsafe_host::transcript::stored_messages(conn, session.as_str(), limit),
-                    None => {
-                        // The writer could not open it; a reader may still.
-                        let conn = turnsafe_host::store::open_read_only(&db)?;
-                        turnsafe_host::transcript::stored_messages(&conn, session.as_str(), limit)
-                    }
-                })
+                    // The writer could not open it; a reader may still.
+                    None => turnsafe_host::store::open_read_only(&db)
+                        .and_then(|conn| turnsafe_host::transcript::stored_messages(&conn, session.as_str(), limit)),
+                }
                 .map_err(|e| (e.to_string(), observe::cause_of(Operation::Replay, &e).label()))
+            })
         });
         result.map_err(|(e, cause)| {
             let msg = format!("reading {}: {e}", self.home.join("state.db").display());
