@@ -1,0 +1,87 @@
+"""TurnsafeSession against the OpenAI Agents SDK's SQLiteSession, in process.
+
+Same items (10 per batch, about 230 B each), both WAL with synchronous=FULL;
+turnsafe keeps its full-text index, SQLiteSession has none. One session,
+then 16 sessions on one home through asyncio.gather. Prints msg/s and the
+ratios. Needs the package with its extra in a venv:
+
+    pip install "./python[agents]"
+    python benches/session_vs_sqlitesession.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+
+BATCHES = int(os.environ.get("BATCHES", "300"))
+SESSIONS = 16
+
+
+def batch(s: int, b: int) -> list:
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"s{s} batch {b} message {i} " + "x" * 200}
+        for i in range(10)
+    ]
+
+
+async def drive(sessions, batches: int) -> float:
+    async def one(k, s):
+        for b in range(batches):
+            await s.add_items(batch(k, b))
+
+    t = time.perf_counter()
+    await asyncio.gather(*(one(k, s) for k, s in enumerate(sessions)))
+    return len(sessions) * batches * 10 / (time.perf_counter() - t)
+
+
+def sqlite_sessions(path: str, n: int):
+    from agents.memory import SQLiteSession
+
+    out = [SQLiteSession(f"bench-{k}", path) for k in range(n)]
+    for s in out:
+        s._get_connection().execute("PRAGMA synchronous=FULL")
+    return out
+
+
+async def run(kind: str, d: str, n: int, batches: int) -> float:
+    if kind == "turnsafe":
+        from turnsafe_store import Store
+        from turnsafe_store.agents import TurnsafeSession
+
+        store = Store(os.path.join(d, "home"))
+        sessions = [TurnsafeSession(f"bench-{k}", d, store=store) for k in range(n)]
+        try:
+            return await drive(sessions, batches)
+        finally:
+            store.close()
+    sessions = sqlite_sessions(os.path.join(d, "sdk.db"), n)
+    try:
+        return await drive(sessions, batches)
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def main() -> int:
+    results = {}
+    for n, batches in ((1, BATCHES), (SESSIONS, max(1, BATCHES // 4))):
+        for kind in ("turnsafe", "sqlitesession"):
+            with tempfile.TemporaryDirectory() as d:
+                results[(kind, n)] = asyncio.run(run(kind, d, n, batches))
+    print(f"10 messages of ~230 B per batch, WAL, synchronous=FULL; {BATCHES} batches for 1 session,"
+          f" {max(1, BATCHES // 4)} per session for {SESSIONS}")
+    for n in (1, SESSIONS):
+        ts, sdk = results[("turnsafe", n)], results[("sqlitesession", n)]
+        print(f"{n:>2} session(s): TurnsafeSession {ts:>9,.0f} msg/s   SQLiteSession {sdk:>9,.0f} msg/s"
+              f"   ratio {ts / sdk:.2f}")
+    base = results[("sqlitesession", 1)]
+    print(f"16 sessions, TurnsafeSession vs single-session SQLiteSession: {results[('turnsafe', SESSIONS)] / base:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
