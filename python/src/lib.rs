@@ -399,6 +399,19 @@ impl Store {
     }
 }
 
+impl Drop for Store {
+    /// In a child of `fork` the parent's handle is not ours to close: closing
+    /// it would give back the parent's leases from the child.
+    fn drop(&mut self) {
+        let opened = self.opened.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(o) = opened
+            && o.pid != std::process::id()
+        {
+            std::mem::forget(o);
+        }
+    }
+}
+
 #[pymethods]
 impl Store {
     #[new]
