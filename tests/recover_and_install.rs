@@ -94,7 +94,11 @@ fn install_carries_over_what_the_rebuilt_database_lacks_in_seq_order() {
     // The same uid with other content: the rebuilt row stays.
     let original = home.rows("s1")[1].2.clone();
     home.other()
-        .execute("UPDATE messages SET content = 'edited later' WHERE uid = 'a-1'", [])
+        .execute(
+            "UPDATE messages SET content = 'edited later', item = json_set(item, '$.content', 'edited later') \
+             WHERE uid = 'a-1'",
+            [],
+        )
         .unwrap();
 
     let installed = recover::install(&output, home.path()).unwrap();

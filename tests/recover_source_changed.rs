@@ -19,7 +19,8 @@ fn a_source_that_changes_during_the_copy_is_refused() {
     c.execute_batch("BEGIN").unwrap();
     for i in 0..4000 {
         c.execute(
-            "INSERT INTO messages(session_id, uid, seq, role, content, created_ms) VALUES ('s1', ?1, ?1, 'user', ?2, 0)",
+            "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+             VALUES ('s1', ?1, ?1, 'user', ?2, json_object('role', 'user', 'content', ?2), 0)",
             rusqlite::params![i, "y".repeat(2000)],
         )
         .unwrap();
@@ -32,7 +33,8 @@ fn a_source_that_changes_during_the_copy_is_refused() {
             let mut i = 100_000;
             while !stop.load(Ordering::Relaxed) {
                 c.execute(
-                    "INSERT INTO messages(session_id, uid, seq, role, content, created_ms) VALUES ('s1', ?1, ?1, 'user', 'z', 0)",
+                    "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+                     VALUES ('s1', ?1, ?1, 'user', 'z', '{\"content\":\"z\",\"role\":\"user\"}', 0)",
                     [i],
                 )
                 .unwrap();

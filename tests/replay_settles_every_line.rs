@@ -78,10 +78,13 @@ fn every_bad_line_is_quarantined_with_a_reason_and_kept() {
         good("fine-1", json!(5)),
         "{\"v\":1,\"session\":\"s1\",\"uid\":\"torn".to_string(),
         "[1,2,3]".to_string(),
-        json!({"v":2,"session":"s1","uid":"v2","message":{"role":"user","content":"x"}}).to_string(),
+        json!({"v":3,"session":"s1","uid":"v3","message":{"role":"user","content":"x"}}).to_string(),
         json!({"v":1,"session":"other","uid":"o1","message":{"role":"user","content":"x"}}).to_string(),
         json!({"v":1,"session":"s1","message":{"role":"user","content":"x"}}).to_string(),
         json!({"v":1,"session":"s1","uid":"norole","message":{"content":"x"}}).to_string(),
+        json!({"v":2,"session":"s1","uid":"v2-any","seq":null,"message":{"type":"function_call","name":"f"}})
+            .to_string(),
+        json!({"v":2,"session":"s1","uid":"v2-not-object","message":"text"}).to_string(),
         json!({"v":1,"session":"s1","uid":"badseq","seq":"7","message":{"role":"user","content":"x"}}).to_string(),
         json!({"v":1,"session":"s1","uid":"stored-0","seq":1,"message":{"role":"user","content":"not what is stored"}})
             .to_string(),
@@ -91,7 +94,7 @@ fn every_bad_line_is_quarantined_with_a_reason_and_kept() {
     std::fs::write(home.divert_file("s1"), lines.join("\n") + "\n").unwrap();
 
     let r = &replay(home.path(), &ReplayOptions::default()).unwrap()[0];
-    assert_eq!((r.lines, r.replayed, r.duplicate, r.quarantined), (10, 2, 0, 8));
+    assert_eq!((r.lines, r.replayed, r.duplicate, r.quarantined), (12, 3, 0, 9));
     let reasons: Vec<String> = ledger(&home)
         .iter()
         .filter(|l| l["state"] == "quarantined")
@@ -106,15 +109,25 @@ fn every_bad_line_is_quarantined_with_a_reason_and_kept() {
             "line belongs to another session",
             "missing or invalid `uid`",
             "`message` needs `role` and `content`",
+            "missing `message` object",
             "`seq` is not an integer",
             "uid conflict: the stored message has different content",
         ]
     );
     // Nothing dropped: the settled file still holds every line.
     let kept = std::fs::read_to_string(r.settled_to.as_ref().unwrap()).unwrap();
-    assert_eq!(kept.lines().count(), 10);
+    assert_eq!(kept.lines().count(), 12);
     let uids: Vec<String> = home.rows("s1").into_iter().map(|r| r.0).collect();
-    assert_eq!(uids, ["stored-0", "fine-1", "fine-2"]);
+    assert_eq!(uids, ["stored-0", "fine-1", "v2-any", "fine-2"]);
+    // A version 1 line's message had the uid inside; it is stored without it.
+    let stored: String = home
+        .other()
+        .query_row("SELECT item FROM messages WHERE uid = 'fine-1'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&stored).unwrap(),
+        json!({"role":"user","content":"content of fine-1"})
+    );
 }
 
 #[test]

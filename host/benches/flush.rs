@@ -48,15 +48,20 @@ fn bare(dir: &std::path::Path, batches: usize) -> Run {
         {
             let mut ins = c
                 .prepare_cached(
-                    "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
-                     VALUES ('s1', ?1, ?2, ?3, ?4, 0, '{}', 0)",
+                    "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+                     VALUES ('s1', ?1, ?2, ?3, ?4, ?5, 0)",
                 )
                 .unwrap();
             for m in &msgs {
                 seq += 1;
-                let (content, _) = m.content_text();
-                ins.execute(params![turnsafe_host::ids::mint(), seq, m.role, content])
-                    .unwrap();
+                ins.execute(params![
+                    turnsafe_host::ids::mint(),
+                    seq,
+                    m.role(),
+                    m.content_text(),
+                    m.item_text()
+                ])
+                .unwrap();
             }
         }
         c.execute_batch("COMMIT").unwrap();

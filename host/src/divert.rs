@@ -14,8 +14,10 @@ use turnsafe_policy::{Cause, DivertResidue};
 
 use crate::message::Message;
 
-/// Version of the divert line format.
-pub const FORMAT_VERSION: u64 = 1;
+/// Version of the divert line format: 2 keeps the message exactly as it
+/// was written, with the uid beside it (1 put the uid inside `message`;
+/// replay still reads it).
+pub const FORMAT_VERSION: u64 = 2;
 /// Longest accepted session id, in bytes.
 pub const MAX_SESSION_ID: usize = 128;
 
@@ -140,7 +142,7 @@ pub fn divert(
             "batch": batch_id,
             "cause": cause.label(),
             "at": at,
-            "message": l.message.to_value(l.uid),
+            "message": l.message.item(),
         });
         serde_json::to_writer(&mut buf, &line).map_err(|e| DivertError {
             operation: "encode",

@@ -29,12 +29,12 @@ pub fn session_of_name(name: &str) -> Option<&str> {
 }
 
 /// Whether one line is a divert line of this format for `session`: a JSON
-/// object with `v` 1, that `session`, a `uid` string and a `message`.
+/// object with `v` 1 or 2, that `session`, a `uid` string and a `message`.
 pub fn is_divert_line(line: &[u8], session: &str) -> bool {
     let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line) else {
         return false;
     };
-    obj.get("v").and_then(Value::as_u64) == Some(FORMAT_VERSION)
+    matches!(obj.get("v").and_then(Value::as_u64), Some(v) if v == 1 || v == FORMAT_VERSION)
         && obj.get("session").and_then(Value::as_str) == Some(session)
         && obj.get("uid").is_some_and(Value::is_string)
         && obj.get("message").is_some_and(Value::is_object)
@@ -130,7 +130,8 @@ mod tests {
     fn a_line_qualifies_only_in_this_format_for_this_session() {
         assert!(is_divert_line(OURS.as_bytes(), "s1"));
         assert!(!is_divert_line(OURS.as_bytes(), "s2"));
-        assert!(!is_divert_line(OURS.replace("\"v\":1", "\"v\":2").as_bytes(), "s1"));
+        assert!(is_divert_line(OURS.replace("\"v\":1", "\"v\":2").as_bytes(), "s1"));
+        assert!(!is_divert_line(OURS.replace("\"v\":1", "\"v\":3").as_bytes(), "s1"));
         assert!(!is_divert_line(br#"{"role":"user","content":"hi"}"#, "s1"));
         assert!(!is_divert_line(&OURS.as_bytes()[..40], "s1"));
     }

@@ -1,39 +1,79 @@
-//! One message of a turn, as the caller sends it and as it is stored.
+//! One message of a turn: any JSON object, stored and read back exactly as
+//! it was written, with its uid beside it (never inside).
+//!
+//! `role` and a text projection of `content` are read from the object when
+//! present, for `show` and search; an item without them (a tool call, its
+//! output, a reasoning item) is stored all the same.
 
 use serde_json::{Map, Value};
 
-/// A message: `role`, `content` (a string, or any JSON value), an optional
-/// caller `uid`, and every other field kept verbatim in `extra`.
+/// Longest accepted uid, in bytes.
+pub const MAX_UID: usize = 256;
+
+/// A message: the object as the caller sent it, and the caller's uid for
+/// it, if any (turnsafe mints one otherwise).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
     pub uid: Option<String>,
-    pub role: String,
-    pub content: Value,
-    pub extra: Map<String, Value>,
+    item: Map<String, Value>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum MessageError {
-    #[error("a batch must be a JSON array of message objects")]
-    NotAnArray,
+    #[error("a batch must be a JSON array of message objects, or {{\"items\": [...], \"uids\": [...]}}")]
+    NotABatch,
     #[error("message {index} is not a JSON object")]
     NotAnObject { index: usize },
-    #[error("message {index} needs a string `role`")]
-    Role { index: usize },
-    #[error("message {index} needs a `content`")]
-    Content { index: usize },
     #[error("message {index}: `uid` must be a non-empty string of at most 256 bytes")]
     Uid { index: usize },
+    #[error("`uids` must be an array of strings or nulls, one per item")]
+    Uids,
+}
+
+/// Whether `uid` is a usable uid: 1 to 256 bytes.
+pub fn valid_uid(uid: &str) -> bool {
+    !uid.is_empty() && uid.len() <= MAX_UID
+}
+
+/// The searchable text of a `content` value: a string as it is; the
+/// `text` of each part of a list of parts (and its plain strings), one per
+/// line; nothing for `null` or for parts with no text (an image); any
+/// other value as its JSON text.
+pub fn text_of(content: &Value) -> Option<String> {
+    match content {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => {
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter_map(|p| match p {
+                    Value::String(s) => Some(s.as_str()),
+                    Value::Object(o) => o.get("text").and_then(Value::as_str),
+                    _ => None,
+                })
+                .collect();
+            (!texts.is_empty()).then(|| texts.join("\n"))
+        }
+        Value::Object(o) => match o.get("text") {
+            Some(Value::String(s)) => Some(s.clone()),
+            _ => Some(content.to_string()),
+        },
+        other => Some(other.to_string()),
+    }
 }
 
 impl Message {
+    /// A `{"role", "content"}` message with text content.
     pub fn new(role: &str, content: &str) -> Message {
-        Message {
-            uid: None,
-            role: role.into(),
-            content: Value::String(content.into()),
-            extra: Map::new(),
-        }
+        let mut item = Map::new();
+        item.insert("role".into(), role.into());
+        item.insert("content".into(), content.into());
+        Message { uid: None, item }
+    }
+
+    /// Any JSON object, kept exactly as it is.
+    pub fn from_item(item: Map<String, Value>) -> Message {
+        Message { uid: None, item }
     }
 
     pub fn with_uid(mut self, uid: &str) -> Message {
@@ -41,64 +81,142 @@ impl Message {
         self
     }
 
+    /// The object as written.
+    pub fn item(&self) -> &Map<String, Value> {
+        &self.item
+    }
+
+    pub fn into_item(self) -> Map<String, Value> {
+        self.item
+    }
+
+    /// `role`, when the object has a string one.
+    pub fn role(&self) -> Option<&str> {
+        self.item.get("role").and_then(Value::as_str)
+    }
+
+    /// The text projection of `content` (see [`text_of`]), when there is one.
+    pub fn content_text(&self) -> Option<String> {
+        self.item.get("content").and_then(text_of)
+    }
+
+    /// The object as JSON text, as stored.
+    pub fn item_text(&self) -> String {
+        Value::Object(self.item.clone()).to_string()
+    }
+
+    /// One message of a `turnsafe append` array: any object. A top-level
+    /// string `uid` is the message's uid and is not part of the stored
+    /// object (the line format's own field); any other `uid` is refused.
     pub fn from_value(index: usize, v: &Value) -> Result<Message, MessageError> {
-        let obj = v.as_object().ok_or(MessageError::NotAnObject { index })?;
-        let role = obj
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or(MessageError::Role { index })?
-            .to_string();
-        let content = match obj.get("content") {
-            None => return Err(MessageError::Content { index }),
-            Some(c) => c.clone(),
-        };
-        let uid = match obj.get("uid") {
+        let mut item = v.as_object().ok_or(MessageError::NotAnObject { index })?.clone();
+        let uid = match item.remove("uid") {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Some(s.clone()),
+            Some(Value::String(s)) if valid_uid(&s) => Some(s),
             Some(_) => return Err(MessageError::Uid { index }),
         };
-        let extra = obj
-            .iter()
-            .filter(|(k, _)| !matches!(k.as_str(), "role" | "content" | "uid"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        Ok(Message {
-            uid,
-            role,
-            content,
-            extra,
-        })
+        Ok(Message { uid, item })
     }
 
-    /// Parse one input line: a JSON array of message objects.
+    /// Parse one `turnsafe append` input line: a JSON array of messages
+    /// (see [`Message::from_value`]), or `{"items": [...], "uids": [...]}`
+    /// whose items are stored exactly as they are, any `uid` field
+    /// included, with `uids` (optional; `null` entries are minted) beside.
     pub fn batch_from_json(line: &str) -> Result<Vec<Message>, MessageError> {
-        let v: Value = serde_json::from_str(line).map_err(|_| MessageError::NotAnArray)?;
-        let items = v.as_array().ok_or(MessageError::NotAnArray)?;
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, m)| Message::from_value(i, m))
-            .collect()
+        let v: Value = serde_json::from_str(line).map_err(|_| MessageError::NotABatch)?;
+        match v {
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, m)| Message::from_value(i, m))
+                .collect(),
+            Value::Object(mut obj) => {
+                let Some(Value::Array(items)) = obj.remove("items") else {
+                    return Err(MessageError::NotABatch);
+                };
+                let uids: Vec<Option<String>> = match obj.remove("uids") {
+                    None | Some(Value::Null) => vec![None; items.len()],
+                    Some(Value::Array(u)) if u.len() == items.len() => u
+                        .into_iter()
+                        .map(|x| match x {
+                            Value::Null => Ok(None),
+                            Value::String(s) if valid_uid(&s) => Ok(Some(s)),
+                            _ => Err(MessageError::Uids),
+                        })
+                        .collect::<Result<_, _>>()?,
+                    Some(_) => return Err(MessageError::Uids),
+                };
+                if !obj.is_empty() {
+                    return Err(MessageError::NotABatch);
+                }
+                items
+                    .into_iter()
+                    .zip(uids)
+                    .enumerate()
+                    .map(|(index, (m, uid))| match m {
+                        Value::Object(item) => Ok(Message { uid, item }),
+                        _ => Err(MessageError::NotAnObject { index }),
+                    })
+                    .collect()
+            }
+            _ => Err(MessageError::NotABatch),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn any_object_is_a_message_and_a_legacy_uid_is_taken_out() {
+        let m = Message::from_value(0, &json!({"type": "function_call", "name": "f", "uid": "u1"})).unwrap();
+        assert_eq!(m.uid.as_deref(), Some("u1"));
+        assert_eq!(
+            Value::Object(m.item().clone()),
+            json!({"type": "function_call", "name": "f"})
+        );
+        assert_eq!((m.role(), m.content_text()), (None, None));
+        assert_eq!(
+            Message::from_value(0, &json!({"uid": 5})),
+            Err(MessageError::Uid { index: 0 })
+        );
+        assert_eq!(
+            Message::from_value(1, &json!([1])),
+            Err(MessageError::NotAnObject { index: 1 })
+        );
     }
 
-    /// The stored form of the content: text as is, other JSON as its text.
-    pub fn content_text(&self) -> (String, bool) {
-        match &self.content {
-            Value::String(s) => (s.clone(), false),
-            other => (other.to_string(), true),
+    #[test]
+    fn the_object_form_keeps_items_verbatim_with_uids_beside() {
+        let b = Message::batch_from_json(r#"{"items": [{"uid": "inside", "x": 1}, {"y": 2}], "uids": ["u1", null]}"#)
+            .unwrap();
+        assert_eq!(b[0].uid.as_deref(), Some("u1"));
+        assert_eq!(Value::Object(b[0].item().clone()), json!({"uid": "inside", "x": 1}));
+        assert_eq!(b[1].uid, None);
+        for bad in [
+            r#"{"items": [{}], "uids": []}"#,
+            r#"{"items": [{}], "uids": [""]}"#,
+            r#"{"items": [{}], "other": 1}"#,
+            r#"{"uids": []}"#,
+            r#""text""#,
+        ] {
+            assert!(Message::batch_from_json(bad).is_err(), "{bad}");
         }
     }
 
-    pub fn extra_text(&self) -> String {
-        Value::Object(self.extra.clone()).to_string()
-    }
-
-    /// The message as an object, with its uid (as written to divert lines and `show`).
-    pub fn to_value(&self, uid: &str) -> Value {
-        let mut m = self.extra.clone();
-        m.insert("uid".into(), uid.into());
-        m.insert("role".into(), self.role.clone().into());
-        m.insert("content".into(), self.content.clone());
-        Value::Object(m)
+    #[test]
+    fn text_projection() {
+        assert_eq!(text_of(&json!("hi")).as_deref(), Some("hi"));
+        assert_eq!(
+            text_of(&json!([{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "x"}, "b"]))
+                .as_deref(),
+            Some("a\nb")
+        );
+        assert_eq!(text_of(&json!([{"type": "input_image"}])), None);
+        assert_eq!(text_of(&Value::Null), None);
+        assert_eq!(text_of(&json!({"k": [1]})).as_deref(), Some(r#"{"k":[1]}"#));
+        assert_eq!(text_of(&json!(42)).as_deref(), Some("42"));
     }
 }

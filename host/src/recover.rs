@@ -16,7 +16,8 @@ use sha2::{Digest, Sha256};
 
 use crate::captures::{self, How, Settled, Status};
 use crate::holders;
-use crate::store::{StoreOptions, configure, schema};
+use crate::message::Message;
+use crate::store::{StoreOptions, configure, rows, schema};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecoverError {
@@ -172,33 +173,29 @@ pub fn rebuild(src: &Path, output: &Path) -> Result<Value, RecoverError> {
             .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
             .unwrap_or(0);
         let bar = progress(total.max(0) as u64);
-        let mut s = from.prepare(
-            "SELECT session_id, uid, seq, role, content, content_json, extra, created_ms FROM messages ORDER BY id",
-        )?;
-        let rows = s.query_map([], |r| {
+        let items = rows::has_items(&from)?;
+        let mut s = from.prepare(&format!(
+            "SELECT session_id, uid, seq, created_ms, {} FROM messages ORDER BY id",
+            rows::item_columns(items)
+        ))?;
+        let found = s.query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
                 r.get::<_, i64>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, bool>(5)?,
-                r.get::<_, String>(6)?,
-                r.get::<_, i64>(7)?,
+                r.get::<_, i64>(3)?,
+                rows::read_item(r, 4, items)?,
             ))
         })?;
-        for row in rows {
+        let mut insert = to.prepare_cached(rows::INSERT_OR_KEEP)?;
+        for row in found {
             match row {
-                Ok((sid, uid, seq, role, content, cj, extra, created)) => {
+                Ok((sid, uid, seq, created, item)) => {
                     to.execute(
                         "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
                         rusqlite::params![sid, created],
                     )?;
-                    to.execute(
-                        "INSERT OR IGNORE INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                        rusqlite::params![sid, uid, seq, role, content, cj, extra, created],
-                    )?;
+                    rows::insert(&mut insert, &sid, &uid, seq, &Message::from_item(item), created)?;
                     messages += 1;
                     bar.inc(1);
                 }
@@ -321,36 +318,27 @@ pub fn carry_over(current: &Path, new_db: &Path) -> Result<CarryOver, RecoverErr
                 Err(_) => out.unreadable += 1,
             }
         }
+        let items = rows::has_items(&from).map_err(unreadable)?;
         let mut messages = from
-            .prepare(
-                "SELECT session_id, uid, seq, role, content, content_json, extra, created_ms FROM messages \
-                 ORDER BY session_id, seq, id",
-            )
+            .prepare(&format!(
+                "SELECT session_id, uid, seq, created_ms, {} FROM messages ORDER BY session_id, seq, id",
+                rows::item_columns(items)
+            ))
             .map_err(unreadable)?;
-        let rows = messages
+        let found = messages
             .query_map([], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
                     r.get::<_, i64>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, bool>(5)?,
-                    r.get::<_, String>(6)?,
-                    r.get::<_, i64>(7)?,
+                    r.get::<_, i64>(3)?,
+                    rows::read_item(r, 4, items)?,
                 ))
             })
             .map_err(unreadable)?;
-        let mut insert = to.prepare(
-            "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(session_id, uid) DO NOTHING",
-        )?;
-        let mut same = to.prepare(
-            "SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2 \
-             AND role = ?3 AND content = ?4 AND content_json = ?5 AND extra = ?6",
-        )?;
-        for row in rows {
-            let Ok((sid, uid, seq, role, content, cj, extra, created)) = row else {
+        let mut insert = to.prepare_cached(rows::INSERT_OR_KEEP)?;
+        for row in found {
+            let Ok((sid, uid, seq, created, item)) = row else {
                 out.unreadable += 1;
                 continue;
             };
@@ -358,14 +346,11 @@ pub fn carry_over(current: &Path, new_db: &Path) -> Result<CarryOver, RecoverErr
                 "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
                 rusqlite::params![sid, created],
             )?;
-            if insert.execute(rusqlite::params![sid, uid, seq, role, content, cj, extra, created])? == 1 {
+            let message = Message::from_item(item);
+            if rows::insert(&mut insert, &sid, &uid, seq, &message, created)? == 1 {
                 out.rows += 1;
                 *out.by_session.entry(sid).or_default() += 1;
-            } else if same
-                .query_row(rusqlite::params![sid, uid, role, content, cj, extra], |_| Ok(()))
-                .optional()?
-                .is_none()
-            {
+            } else if !rows::same_row(&to, &sid, &uid, &message)? {
                 out.conflicts += 1;
             }
         }

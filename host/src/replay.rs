@@ -32,7 +32,7 @@ use crate::captures;
 use crate::divert::{FORMAT_VERSION, sync_dir};
 use crate::divert_files;
 use crate::message::Message;
-use crate::store::{StoreOptions, configure, index, now_ms, same_row};
+use crate::store::{StoreOptions, configure, index, now_ms, rows};
 
 /// Lines imported per transaction.
 const CHUNK: usize = 2_000;
@@ -157,10 +157,8 @@ pub type Lease = (Option<String>, Option<i64>, Option<String>);
 
 /// A diverted message as it is stored.
 pub struct Row<'a> {
-    pub role: &'a str,
-    pub content: &'a str,
-    pub is_json: bool,
-    pub extra: &'a str,
+    /// The message exactly as it is stored (any JSON object).
+    pub message: &'a Message,
 }
 
 /// The SQLite store under a home.
@@ -230,33 +228,12 @@ impl Target for Sqlite {
                 .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1")?
                 .query_row([session], |r| r.get(0))?,
         };
-        let inserted = conn
-            .prepare_cached(
-                "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(session_id, uid) DO NOTHING",
-            )?
-            .execute(params![
-                session,
-                uid,
-                seq,
-                row.role,
-                row.content,
-                row.is_json,
-                row.extra,
-                now_ms()
-            ])?;
+        let mut insert = conn.prepare_cached(rows::INSERT_OR_KEEP)?;
+        let inserted = rows::insert(&mut insert, session, uid, seq, row.message, now_ms())?;
         Ok(inserted == 1)
     }
     fn same(&mut self, session: &str, uid: &str, row: &Row<'_>) -> Result<bool, ReplayError> {
-        Ok(same_row(
-            &self.conn,
-            session,
-            uid,
-            row.role,
-            row.content,
-            row.is_json,
-            row.extra,
-        )?)
+        Ok(rows::same_row(&self.conn, session, uid, row.message)?)
     }
     fn finish(&mut self) -> Result<(), ReplayError> {
         // Imported rows land past the index's watermark; index them now. The
@@ -635,21 +612,29 @@ fn settle_line(
     };
     let uid = obj.get("uid").and_then(Value::as_str).map(String::from);
     let quarantine = |r: &str| Ok((uid.clone(), Settled::Quarantined(r.to_string())));
-    if obj.get("v").and_then(Value::as_u64) != Some(FORMAT_VERSION) {
+    let version = obj.get("v").and_then(Value::as_u64);
+    if !matches!(version, Some(1) | Some(FORMAT_VERSION)) {
         return quarantine("unsupported or missing format version `v`");
     }
     if obj.get("session").and_then(Value::as_str) != Some(session) {
         return quarantine("line belongs to another session");
     }
-    let Some(uid_s) = uid.clone().filter(|u| !u.is_empty() && u.len() <= 256) else {
+    let Some(uid_s) = uid.clone().filter(|u| crate::message::valid_uid(u)) else {
         return quarantine("missing or invalid `uid`");
     };
-    let Some(m) = obj.get("message") else {
-        return quarantine("missing `message`");
+    let Some(Value::Object(item)) = obj.get("message") else {
+        return quarantine("missing `message` object");
     };
-    let Ok(message) = Message::from_value(0, m) else {
-        return quarantine("`message` needs `role` and `content`");
-    };
+    let mut item = item.clone();
+    if version == Some(1) {
+        // Version 1 wrote the uid inside the message, and always had `role`
+        // and `content`; the uid lives beside the message now.
+        item.remove("uid");
+        if !(item.get("role").is_some_and(Value::is_string) && item.contains_key("content")) {
+            return quarantine("`message` needs `role` and `content`");
+        }
+    }
+    let message = Message::from_item(item);
     let seq = match obj.get("seq") {
         None | Some(Value::Null) => None,
         Some(s) => match s.as_i64() {
@@ -657,14 +642,7 @@ fn settle_line(
             None => return quarantine("`seq` is not an integer"),
         },
     };
-    let (content, is_json) = message.content_text();
-    let extra = message.extra_text();
-    let row = Row {
-        role: &message.role,
-        content: &content,
-        is_json,
-        extra: &extra,
-    };
+    let row = Row { message: &message };
     if dry {
         if !conn.exists(session, &uid_s)? {
             return Ok((uid, Settled::Replayed));

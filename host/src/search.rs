@@ -56,7 +56,8 @@ pub struct Hit {
     pub session: String,
     pub uid: String,
     pub seq: i64,
-    pub role: String,
+    /// The message's `role`; `None` for a message without one (a tool call).
+    pub role: Option<String>,
     /// The matching text, with matches in `[` `]`.
     pub snippet: String,
 }
@@ -361,7 +362,7 @@ fn scan_like(
     let patterns = serde_json::Value::from(patterns).to_string();
     let mut stmt = conn.prepare_cached(
         "SELECT m.session_id, m.uid, m.seq, m.role, m.content FROM messages m \
-         WHERE m.id > ?1 AND (?2 IS NULL OR m.session_id = ?2) \
+         WHERE m.id > ?1 AND (?2 IS NULL OR m.session_id = ?2) AND m.content IS NOT NULL \
            AND NOT EXISTS (SELECT 1 FROM json_each(?3) w \
                            WHERE m.content NOT LIKE '%' || w.value || '%' ESCAPE '\\') \
          ORDER BY m.id LIMIT ?4",

@@ -75,9 +75,15 @@ fn first_try_commits_print_nulls_and_exit_zero() {
         .collect();
     assert_eq!(msgs.len(), 3);
     assert!(msgs.iter().all(|m| m["type"] == "message"));
+    // The uid and seq beside the message; the message as written, without
+    // the line format's `uid`.
     assert_eq!(msgs[0]["data"]["uid"], "u1");
-    assert_eq!(msgs[0]["data"]["content"], "hi");
-    assert_eq!(msgs[2]["data"]["lang"], "en", "other fields are kept");
+    assert_eq!(msgs[0]["data"]["seq"], 1);
+    assert_eq!(
+        msgs[0]["data"]["message"],
+        serde_json::json!({"role": "user", "content": "hi"})
+    );
+    assert_eq!(msgs[2]["data"]["message"]["lang"], "en", "other fields are kept");
 }
 
 #[test]
@@ -87,7 +93,7 @@ fn a_line_that_is_not_a_batch_is_answered_and_fails_the_run() {
         .args(["append", "--home"])
         .arg(dir.path())
         .args(["--session", "s1"])
-        .write_stdin("{\"role\":\"user\"}\n[{\"role\":\"user\",\"content\":\"ok\"}]\n[{\"content\":\"no role\"}]\n")
+        .write_stdin("{\"role\":\"user\"}\n[{\"role\":\"user\",\"content\":\"ok\"}]\n[{\"content\":\"x\",\"uid\":5}]\n")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3));

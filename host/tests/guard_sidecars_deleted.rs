@@ -37,7 +37,8 @@ fn without_the_guard_the_rows_are_lost_silently() {
     c.execute("INSERT INTO sessions(id, created_ms) VALUES ('s1', 0)", [])
         .unwrap();
     c.execute(
-        "INSERT INTO messages(session_id, uid, seq, role, content, created_ms) VALUES ('s1','lost',1,'user','x',0)",
+        "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+         VALUES ('s1','lost',1,'user','x','{\"content\":\"x\",\"role\":\"user\"}',0)",
         [],
     )
     .unwrap();

@@ -48,7 +48,7 @@ impl Home {
     pub fn rows(&self, session: &str) -> Vec<(String, i64, String)> {
         let c = self.other();
         let mut s = c
-            .prepare("SELECT uid, seq, content FROM messages WHERE session_id = ?1 ORDER BY seq, id")
+            .prepare("SELECT uid, seq, COALESCE(content, item) FROM messages WHERE session_id = ?1 ORDER BY seq, id")
             .unwrap();
         s.query_map([session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .unwrap()

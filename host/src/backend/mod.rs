@@ -17,7 +17,7 @@ pub mod target;
 pub use flush::{Writer, WriterOptions};
 pub use target::{DbChoice, TargetError};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use turnsafe_policy::machine::{Failure, WritePlan};
 
 use crate::capture::{Capture, CaptureError};
@@ -105,19 +105,4 @@ pub trait Backend {
     /// the failure that asked for it. A server keeps no generation on this
     /// machine, so PostgreSQL reports the capture as failed.
     fn capture(&mut self, trigger: &str) -> Result<Capture, CaptureError>;
-}
-
-/// A stored message as `show --json` prints it.
-pub fn message_value(uid: String, seq: i64, role: String, content: String, is_json: bool, extra: &str) -> Value {
-    let mut m: Map<String, Value> = serde_json::from_str(extra).unwrap_or_default();
-    let content = if is_json {
-        serde_json::from_str(&content).unwrap_or(Value::String(content))
-    } else {
-        Value::String(content)
-    };
-    m.insert("uid".into(), uid.into());
-    m.insert("seq".into(), seq.into());
-    m.insert("role".into(), role.into());
-    m.insert("content".into(), content);
-    Value::Object(m)
 }

@@ -333,7 +333,14 @@ fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<Value, String> {
     let mut child = cmd.spawn().map_err(|e| format!("spawning the child: {e}"))?;
     let line: Vec<Value> = batch
         .iter()
-        .map(|m| m.to_value(m.uid.as_deref().unwrap_or_default()))
+        .map(|m| {
+            // The line format's `uid` field carries the message's uid.
+            let mut o = m.item().clone();
+            if let Some(uid) = &m.uid {
+                o.insert("uid".into(), uid.clone().into());
+            }
+            Value::Object(o)
+        })
         .collect();
     let mut stdin = child.stdin.take().ok_or("no child stdin")?;
     writeln!(stdin, "{}", Value::Array(line)).map_err(|e| e.to_string())?;

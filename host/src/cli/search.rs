@@ -125,7 +125,13 @@ fn print(hits: &[crate::search::Hit], unindexed: u64, json: bool) -> i32 {
         let line = if json {
             super::envelope("hit", serde_json::to_value(hit).unwrap_or_default())
         } else {
-            format!("{}  {:>6}  {:<10} {}", hit.session, hit.seq, hit.role, hit.snippet)
+            format!(
+                "{}  {:>6}  {:<10} {}",
+                hit.session,
+                hit.seq,
+                hit.role.as_deref().unwrap_or("-"),
+                hit.snippet
+            )
         };
         if !super::emit(&line) {
             return exit::OK;

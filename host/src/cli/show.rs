@@ -9,7 +9,11 @@ use crate::exit;
 
 /// List a session's stored messages in transcript order.
 ///
-/// With `--json`, one `{"type":"message","data":{uid, seq, role, content, ...}}` per line.
+/// With `--json`, one `{"type":"message","data":{"uid", "seq", "message"}}`
+/// per line: `message` is the object exactly as it was written (any shape:
+/// a tool call or a reasoning item has no `role`), its uid and seq beside it.
+/// Without, one line per message: seq, role (or `type`), and the text of
+/// its content (or the object).
 /// With `--db URL` (or `TURNSAFE_DB`) the transcript is read from PostgreSQL.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -71,21 +75,22 @@ pub fn run(args: Args) -> i32 {
     print(messages, args.json)
 }
 
+/// Each message is `{"uid", "seq", "message"}` (see [`crate::transcript`]).
 fn print(messages: Vec<Value>, json: bool) -> i32 {
     for m in messages {
         let line = if json {
             super::envelope("message", m)
         } else {
-            let content = match &m["content"] {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            format!(
-                "{:>6}  {:<10} {}",
-                m["seq"],
-                m["role"].as_str().unwrap_or_default(),
-                content
-            )
+            let message = &m["message"];
+            let kind = message["role"]
+                .as_str()
+                .or_else(|| message["type"].as_str())
+                .unwrap_or("-");
+            let text = message
+                .get("content")
+                .and_then(crate::message::text_of)
+                .unwrap_or_else(|| message.to_string());
+            format!("{:>6}  {:<10} {}", m["seq"], kind, text)
         };
         if !super::emit(&line) {
             break;

@@ -200,7 +200,7 @@ impl Backend for Postgres {
         let client = self.reader()?;
         let rows = client
             .query(
-                "SELECT uid, seq, role, content, content_json, extra FROM messages WHERE session_id = $1 ORDER BY seq, id",
+                "SELECT uid, seq, item FROM messages WHERE session_id = $1 ORDER BY seq, id",
                 &[&session],
             )
             .map_err(|e| BackendError::Unavailable {
@@ -210,8 +210,12 @@ impl Backend for Postgres {
         Ok(rows
             .into_iter()
             .map(|r| {
-                let extra: String = r.get(5);
-                crate::backend::message_value(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), &extra)
+                let item: String = r.get(2);
+                serde_json::json!({
+                    "uid": r.get::<_, String>(0),
+                    "seq": r.get::<_, i64>(1),
+                    "message": serde_json::from_str::<serde_json::Value>(&item).unwrap_or(serde_json::Value::Null),
+                })
             })
             .collect())
     }
@@ -231,7 +235,7 @@ impl Backend for Postgres {
         // searched without it and counted.
         if let Err(e) = client.batch_execute(
             "INSERT INTO messages_search(message_id, tsv) \
-             SELECT m.id, to_tsvector('simple', m.content) FROM messages m \
+             SELECT m.id, to_tsvector('simple', COALESCE(m.content, '')) FROM messages m \
              WHERE NOT EXISTS (SELECT 1 FROM messages_search s WHERE s.message_id = m.id) \
              ON CONFLICT (message_id) DO NOTHING",
         ) {
@@ -247,9 +251,9 @@ impl Backend for Postgres {
                    UNION ALL \
                    SELECT m.id FROM messages m, q \
                    WHERE NOT EXISTS (SELECT 1 FROM messages_search s WHERE s.message_id = m.id) \
-                     AND to_tsvector('simple', m.content) @@ q.q AND ($2::text IS NULL OR m.session_id = $2)) \
+                     AND to_tsvector('simple', COALESCE(m.content, '')) @@ q.q AND ($2::text IS NULL OR m.session_id = $2)) \
                  SELECT m.session_id, m.uid, m.seq, m.role, \
-                        ts_headline('simple', m.content, q.q, 'StartSel=[, StopSel=], HighlightAll=false') \
+                        ts_headline('simple', COALESCE(m.content, ''), q.q, 'StartSel=[, StopSel=], HighlightAll=false') \
                  FROM hits h JOIN messages m ON m.id = h.id, q \
                  ORDER BY m.session_id, m.seq, m.id LIMIT $3",
                 &[&query, &session, &limit],
@@ -368,4 +372,9 @@ pub fn inspect(url: &DbUrl) -> Result<ServerState, connect::ConnectError> {
 /// Open a PostgreSQL writer diverting under `home`.
 pub fn open_store(url: DbUrl, home: &std::path::Path, opts: crate::backend::WriterOptions) -> PgStore {
     Writer::new(Postgres::new(url, PgOptions::default()), home, opts)
+}
+
+/// Whether a stored object's JSON text holds exactly `m`'s object.
+pub(crate) fn same_item(stored: &str, m: &crate::message::Message) -> bool {
+    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(stored).is_ok_and(|item| &item == m.item())
 }

@@ -90,21 +90,21 @@ impl Target for PgTarget {
         Ok(row.is_some())
     }
     fn insert(&mut self, session: &str, uid: &str, seq: Option<i64>, row: &Row<'_>) -> Result<bool, ReplayError> {
+        let m = row.message;
         let inserted = self
             .client
             .query_opt(
-                "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
+                "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
                  VALUES ($1, $2, COALESCE($3, (SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = $1)), \
-                         $4, $5, $6, $7, $8) \
+                         $4, $5, $6, $7) \
                  ON CONFLICT (session_id, uid) DO NOTHING RETURNING uid",
                 &[
                     &session,
                     &uid,
                     &seq,
-                    &row.role,
-                    &row.content,
-                    &row.is_json,
-                    &row.extra,
+                    &m.role(),
+                    &m.content_text(),
+                    &m.item_text(),
                     &now_ms(),
                 ],
             )
@@ -115,16 +115,11 @@ impl Target for PgTarget {
         let stored = self
             .client
             .query_opt(
-                "SELECT role, content, content_json, extra FROM messages WHERE session_id = $1 AND uid = $2",
+                "SELECT item FROM messages WHERE session_id = $1 AND uid = $2",
                 &[&session, &uid],
             )
             .map_err(|e| self.err(e))?;
-        Ok(stored.is_some_and(|r| {
-            r.get::<_, String>(0) == row.role
-                && r.get::<_, String>(1) == row.content
-                && r.get::<_, bool>(2) == row.is_json
-                && r.get::<_, String>(3) == row.extra
-        }))
+        Ok(stored.is_some_and(|r| super::same_item(&r.get::<_, String>(0), row.message)))
     }
     fn finish(&mut self) -> Result<(), ReplayError> {
         Ok(())

@@ -6,11 +6,15 @@
 //! Migrations run in one transaction under a transaction-scoped advisory
 //! lock, so two writers starting together migrate once; DDL is
 //! transactional in PostgreSQL, so a failed migration leaves nothing.
+//!
+//! Version 2 stores messages of any shape, as SQLite's version 3 does:
+//! `item` is the object exactly as written; `role` and `content` (the text
+//! projection search indexes) are kept when present and may be NULL.
 
-use postgres::Client;
+use postgres::{Client, Transaction};
 
 /// Current schema version (`state_meta.schema_version`).
-pub const VERSION: i64 = 1;
+pub const VERSION: i64 = 2;
 
 /// The advisory lock key migrations take ("turnsafe" in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x7475_726e_7361_6665;
@@ -81,6 +85,7 @@ pub fn migrate(client: &mut Client) -> Result<Migrated, postgres::Error> {
     }
     if found < VERSION {
         tx.batch_execute(V1)?;
+        to_items(&mut tx)?;
         let generation = crate::store::mint_id();
         tx.execute(
             "INSERT INTO state_meta(key, value) VALUES ('generation', $1), ('schema_version', $2) \
@@ -113,4 +118,47 @@ fn current(client: &mut Client) -> Result<Option<Migrated>, postgres::Error> {
         .query_opt("SELECT value FROM state_meta WHERE key = 'generation'", &[])?
         .map(|r| r.get(0));
     Ok(generation.map(|generation| Migrated::Ready { generation }))
+}
+
+/// Version 1 -> 2 (and a new database's step to 2): each row's object put
+/// back together from `extra`, `role` and `content`, `content` turned into
+/// the text projection (its search entry dropped where that changed it, so
+/// search indexes it again), and the old columns gone.
+fn to_items(tx: &mut Transaction<'_>) -> Result<(), postgres::Error> {
+    let has_extra: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = 'messages' AND column_name = 'extra')",
+            &[],
+        )?
+        .get(0);
+    if !has_extra {
+        return Ok(());
+    }
+    tx.batch_execute(
+        "ALTER TABLE messages ADD COLUMN IF NOT EXISTS item text;
+         ALTER TABLE messages ALTER COLUMN role DROP NOT NULL, ALTER COLUMN content DROP NOT NULL;",
+    )?;
+    let rows = tx.query(
+        "SELECT id, role, content, content_json, extra FROM messages WHERE item IS NULL ORDER BY id",
+        &[],
+    )?;
+    for r in rows {
+        let id: i64 = r.get(0);
+        let old: String = r.get(2);
+        let item = crate::store::rows::legacy_item(r.get(1), old.clone(), r.get(3), &r.get::<_, String>(4));
+        let (role, content) = crate::store::rows::projection(&item);
+        let text = serde_json::Value::Object(item).to_string();
+        tx.execute(
+            "UPDATE messages SET item = $2, role = $3, content = $4 WHERE id = $1",
+            &[&id, &text, &role, &content],
+        )?;
+        if content.as_deref() != Some(old.as_str()) {
+            tx.execute("DELETE FROM messages_search WHERE message_id = $1", &[&id])?;
+        }
+    }
+    tx.batch_execute(
+        "ALTER TABLE messages ALTER COLUMN item SET NOT NULL;
+         ALTER TABLE messages DROP COLUMN content_json, DROP COLUMN extra;",
+    )
 }

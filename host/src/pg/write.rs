@@ -32,8 +32,11 @@ impl From<postgres::Error> for Stop {
     }
 }
 
-/// A message as stored: role, content, content_json, extra.
-type Stored = (String, String, bool, String);
+/// A message as stored: its object's JSON text.
+type Stored = String;
+
+/// A message of the batch: uid, role, content projection, object text.
+type Fresh = (String, Option<String>, Option<String>, String);
 
 pub(super) fn write(
     client: &mut Client,
@@ -56,41 +59,42 @@ pub(super) fn write(
 
     // Rows of the batch already stored: identical ones count as committed
     // (an idempotent resend), a different one is a conflict.
-    let rows: Vec<(String, String, String, bool, String)> = batch
+    let rows: Vec<(Fresh, &crate::message::Message)> = batch
         .messages
         .iter()
         .zip(batch.uids)
         .map(|(m, uid)| {
-            let (content, is_json) = m.content_text();
-            (uid.clone(), m.role.clone(), content, is_json, m.extra_text())
+            (
+                (uid.clone(), m.role().map(String::from), m.content_text(), m.item_text()),
+                m,
+            )
         })
         .collect();
     let stored = stored_rows(&mut tx, session, batch.uids)?;
     let mut seen = HashSet::new();
     let mut fresh = Vec::new();
-    for row in &rows {
+    for (row, m) in &rows {
         match stored.get(&row.0) {
-            Some(s) if !same(s, row) => return Err(Stop::Conflict),
+            Some(s) if !super::same_item(s, m) => return Err(Stop::Conflict),
             Some(_) => {}
-            None if seen.insert(row.0.clone()) => fresh.push(row),
+            None if seen.insert(row.0.clone()) => fresh.push((row, *m)),
             None => {}
         }
     }
     let n = fresh.len() as i64;
     let seqs: Vec<i64> = (first_seq..first_seq + n).collect();
-    let uids: Vec<&str> = fresh.iter().map(|r| r.0.as_str()).collect();
-    let roles: Vec<&str> = fresh.iter().map(|r| r.1.as_str()).collect();
-    let contents: Vec<&str> = fresh.iter().map(|r| r.2.as_str()).collect();
-    let jsons: Vec<bool> = fresh.iter().map(|r| r.3).collect();
-    let extras: Vec<&str> = fresh.iter().map(|r| r.4.as_str()).collect();
+    let uids: Vec<&str> = fresh.iter().map(|r| r.0.0.as_str()).collect();
+    let roles: Vec<Option<&str>> = fresh.iter().map(|r| r.0.1.as_deref()).collect();
+    let contents: Vec<Option<&str>> = fresh.iter().map(|r| r.0.2.as_deref()).collect();
+    let items: Vec<&str> = fresh.iter().map(|r| r.0.3.as_str()).collect();
     let created = now_ms();
     let inserted: HashSet<String> = tx
         .query(
-            "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
-             SELECT $1, u, s, r, c, j, x, $8 \
-             FROM unnest($2::text[], $3::int8[], $4::text[], $5::text[], $6::bool[], $7::text[]) AS t(u, s, r, c, j, x) \
+            "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+             SELECT $1, u, s, r, c, i, $7 \
+             FROM unnest($2::text[], $3::int8[], $4::text[], $5::text[], $6::text[]) AS t(u, s, r, c, i) \
              ON CONFLICT (session_id, uid) DO NOTHING RETURNING uid",
-            &[&session, &uids, &seqs, &roles, &contents, &jsons, &extras, &created],
+            &[&session, &uids, &seqs, &roles, &contents, &items, &created],
         )?
         .into_iter()
         .map(|r| r.get(0))
@@ -99,12 +103,12 @@ pub(super) fn write(
         // Someone stored one of these uids since we looked: compare again.
         let missing: Vec<String> = fresh
             .iter()
-            .filter(|r| !inserted.contains(&r.0))
-            .map(|r| r.0.clone())
+            .filter(|r| !inserted.contains(&r.0.0))
+            .map(|r| r.0.0.clone())
             .collect();
         let now = stored_rows(&mut tx, session, &missing)?;
-        for row in fresh.iter().filter(|r| !inserted.contains(&r.0)) {
-            if !now.get(&row.0).is_some_and(|s| same(s, row)) {
+        for (row, m) in fresh.iter().filter(|r| !inserted.contains(&r.0.0)) {
+            if !now.get(&row.0).is_some_and(|s| super::same_item(s, m)) {
                 return Err(Stop::Conflict);
             }
         }
@@ -116,18 +120,14 @@ pub(super) fn write(
     Ok(())
 }
 
-fn same(s: &Stored, row: &(String, String, String, bool, String)) -> bool {
-    s.0 == row.1 && s.1 == row.2 && s.2 == row.3 && s.3 == row.4
-}
-
 fn stored_rows(tx: &mut Transaction<'_>, session: &str, uids: &[String]) -> Result<HashMap<String, Stored>, Stop> {
     Ok(tx
         .query(
-            "SELECT uid, role, content, content_json, extra FROM messages WHERE session_id = $1 AND uid = ANY($2)",
+            "SELECT uid, item FROM messages WHERE session_id = $1 AND uid = ANY($2)",
             &[&session, &uids],
         )?
         .into_iter()
-        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4))))
+        .map(|r| (r.get(0), r.get(1)))
         .collect())
 }
 

@@ -159,19 +159,8 @@ impl Backend for SessionStore {
 
 /// A session's stored messages in `seq` order, as `show --json` prints them.
 pub fn transcript(conn: &rusqlite::Connection, session: &str) -> rusqlite::Result<Vec<Value>> {
-    let mut stmt = conn.prepare(
-        "SELECT uid, seq, role, content, content_json, extra FROM messages WHERE session_id = ?1 ORDER BY seq, id",
-    )?;
-    let rows = stmt.query_map([session], |r| {
-        let extra: String = r.get(5)?;
-        Ok(crate::backend::message_value(
-            r.get(0)?,
-            r.get(1)?,
-            r.get(2)?,
-            r.get(3)?,
-            r.get(4)?,
-            &extra,
-        ))
-    })?;
-    rows.collect()
+    Ok(crate::transcript::stored_messages(conn, session, None)?
+        .iter()
+        .map(crate::transcript::StoredMessage::to_value)
+        .collect())
 }

@@ -18,6 +18,7 @@
 mod backend;
 mod edit;
 pub mod index;
+pub(crate) mod rows;
 pub mod schema;
 mod shared;
 mod write;
@@ -44,7 +45,6 @@ use crate::outcome::FlushOutcome;
 
 pub use schema::VERSION as SCHEMA_VERSION;
 use write::WriteFailure;
-pub(crate) use write::same_row;
 
 /// `PRAGMA synchronous` for the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -19,13 +19,22 @@
 //! `state_meta.fts_enabled` is `1` while the index is kept and `0` once it
 //! is marked for rebuild (damaged, or never complete); [`rebuild_fts`]
 //! rebuilds it from the messages and sets the watermark to the highest id.
+//!
+//! **Version 3** stores messages of any shape. `item` is the object exactly
+//! as it was written (any JSON object: a tool call or a reasoning item has
+//! no `role`); `role` and `content` (a text projection of the object's
+//! `content`, which is what the index holds) are kept when present and may
+//! be NULL. Versions 1 and 2 kept `role`, `content` (text, or JSON text
+//! with `content_json`) and the other fields in `extra`.
 
 use std::path::Path;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::rows;
+
 /// Current schema version.
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 3;
 
 const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS state_meta(
@@ -44,10 +53,9 @@ CREATE TABLE IF NOT EXISTS messages(
     session_id   TEXT NOT NULL REFERENCES sessions(id),
     uid          TEXT NOT NULL,
     seq          INTEGER NOT NULL,
-    role         TEXT NOT NULL,
-    content      TEXT NOT NULL,
-    content_json INTEGER NOT NULL DEFAULT 0,
-    extra        TEXT NOT NULL DEFAULT '{}',
+    role         TEXT,
+    content      TEXT,
+    item         TEXT NOT NULL,
     created_ms   INTEGER NOT NULL,
     UNIQUE(session_id, uid)
 );
@@ -216,7 +224,10 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
         if version == 0 {
             create(conn, generation)?;
         } else {
-            v1_to_v2(conn)?;
+            if version < 2 {
+                v1_to_v2(conn)?;
+            }
+            v2_to_v3(conn)?;
         }
         conn.execute(
             "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('schema_version', ?1)",
@@ -268,5 +279,74 @@ fn v1_to_v2(conn: &Connection) -> rusqlite::Result<()> {
          CASE WHEN ?1 THEN CAST((SELECT COALESCE(MAX(id), 0) FROM messages) AS TEXT) ELSE '0' END)",
         [complete],
     )?;
+    Ok(())
+}
+
+/// Version 3's `messages`, built beside the old one and renamed over it.
+const V3_MESSAGES: &str = "
+CREATE TABLE messages_v3(
+    id           INTEGER PRIMARY KEY,
+    session_id   TEXT NOT NULL REFERENCES sessions(id),
+    uid          TEXT NOT NULL,
+    seq          INTEGER NOT NULL,
+    role         TEXT,
+    content      TEXT,
+    item         TEXT NOT NULL,
+    created_ms   INTEGER NOT NULL,
+    UNIQUE(session_id, uid)
+);
+";
+
+const V3_SWAP: &str = "
+DROP TABLE messages;
+ALTER TABLE messages_v3 RENAME TO messages;
+CREATE INDEX messages_by_seq ON messages(session_id, seq);
+";
+
+/// Version 2 -> 3: every row's object rebuilt from its pieces (`extra`
+/// with `role` and `content` put back), with its id, uid, seq and time;
+/// `content` becomes the text projection. Where that changes what the
+/// index holds (content that was JSON), the index is rebuilt when it was
+/// complete, and stays marked for rebuild when it was not; the watermark
+/// keeps its meaning.
+fn v2_to_v3(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(V3_MESSAGES)?;
+    let mut reindex = false;
+    {
+        let mut read = conn.prepare(
+            "SELECT id, session_id, uid, seq, created_ms, role, content, content_json, extra FROM messages ORDER BY id",
+        )?;
+        let mut write = conn.prepare(
+            "INSERT INTO messages_v3(id, session_id, uid, seq, role, content, item, created_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?;
+        let mut found = read.query([])?;
+        while let Some(r) = found.next()? {
+            let old_content: String = r.get(6)?;
+            let item = rows::read_item(r, 5, false)?;
+            let (role, content) = rows::projection(&item);
+            reindex |= content.as_deref() != Some(old_content.as_str());
+            write.execute(params![
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+                role,
+                content,
+                serde_json::Value::Object(item).to_string(),
+                r.get::<_, i64>(4)?
+            ])?;
+        }
+    }
+    // DROP TABLE fires no delete trigger: the index is left as it was.
+    conn.execute_batch(V3_SWAP)?;
+    conn.execute_batch(V2_TRIGGERS)?;
+    if reindex && fts_enabled(conn)? {
+        conn.execute_batch(
+            "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+             INSERT OR REPLACE INTO state_meta(key, value)
+                 VALUES ('fts_watermark', CAST((SELECT COALESCE(MAX(id), 0) FROM messages) AS TEXT));",
+        )?;
+    }
     Ok(())
 }

@@ -84,28 +84,14 @@ impl SessionStore {
             }
             let token = take_lease(conn, flush, state, plan.recreate_session, &holder, ttl_ms)?;
             let created = now_ms();
-            let mut insert = conn.prepare_cached(
-                "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?;
+            let mut insert = conn.prepare_cached(super::rows::INSERT)?;
             for (m, uid) in flush.messages.iter().zip(&flush.uids) {
-                let (content, is_json) = m.content_text();
-                let extra = m.extra_text();
-                match insert.execute(params![
-                    flush.session.as_str(),
-                    uid,
-                    seq,
-                    m.role,
-                    content,
-                    is_json,
-                    extra,
-                    created
-                ]) {
+                match super::rows::insert(&mut insert, flush.session.as_str(), uid, seq, m, created) {
                     Ok(_) => seq += 1,
                     Err(e) if is_unique_violation(&e) => {
                         // Idempotent resend: an identical stored row counts
                         // as committed; different content is a conflict.
-                        if !same_row(conn, flush.session.as_str(), uid, &m.role, &content, is_json, &extra)? {
+                        if !super::rows::same_row(conn, flush.session.as_str(), uid, m)? {
                             return Err(Stop::Sqlite(e));
                         }
                     }
@@ -225,23 +211,4 @@ fn is_unique_violation(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, Some(msg))
         if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
             && msg.contains("messages.session_id, messages.uid"))
-}
-
-pub(crate) fn same_row(
-    conn: &Connection,
-    session: &str,
-    uid: &str,
-    role: &str,
-    content: &str,
-    is_json: bool,
-    extra: &str,
-) -> rusqlite::Result<bool> {
-    let row: Option<(String, String, bool, String)> = conn
-        .query_row(
-            "SELECT role, content, content_json, extra FROM messages WHERE session_id = ?1 AND uid = ?2",
-            [session, uid],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
-        .optional()?;
-    Ok(row.is_some_and(|(r, c, j, x)| r == role && c == content && j == is_json && x == extra))
 }
