@@ -50,22 +50,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         conn.execute_batch("BEGIN IMMEDIATE")?;
         {
             let mut insert = conn.prepare_cached(
-                "INSERT INTO messages(session_id, uid, seq, role, content, content_json, extra, created_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )?;
             let created = now();
             for m in &batch {
                 seq += 1;
                 let uid = m.uid.clone().unwrap_or_else(turnsafe_host::ids::mint);
-                let (content, is_json) = m.content_text();
                 insert.execute(params![
                     session,
                     uid,
                     seq,
-                    m.role,
-                    content,
-                    is_json,
-                    m.extra_text(),
+                    m.role(),
+                    m.content_text(),
+                    m.item_text(),
                     created
                 ])?;
             }

@@ -145,3 +145,60 @@ fn an_invalid_session_is_a_usage_error() {
     assert!(out.stdout.is_empty());
     assert!(!dir.path().join("state.db").exists());
 }
+
+#[test]
+fn messages_of_any_shape_round_trip_through_append_show_and_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let items = serde_json::json!([
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        {"uid": "a field of the item", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+    ]);
+    let line = serde_json::json!({"items": items, "uids": ["c1-call", null, "u3"]});
+    let out = assert_cmd::Command::new(bin())
+        .args(["append", "--home"])
+        .arg(&home)
+        .args(["--session", "s1"])
+        .write_stdin(format!("{line}\n"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outcome["uids"][0], "c1-call");
+    assert_eq!(outcome["uids"][2], "u3");
+    let show = assert_cmd::Command::new(bin())
+        .args(["show", "--home"])
+        .arg(&home)
+        .args(["--session", "s1", "--json"])
+        .output()
+        .unwrap();
+    let data: Vec<Value> = String::from_utf8(show.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["data"].clone())
+        .collect();
+    assert_eq!(
+        data.iter().map(|d| d["message"].clone()).collect::<Vec<_>>(),
+        items.as_array().unwrap().clone()
+    );
+    assert_eq!(data[0]["uid"], "c1-call");
+    assert_eq!(data[2]["uid"], "u3");
+    assert_eq!(
+        data.iter().map(|d| d.as_object().unwrap().len()).collect::<Vec<_>>(),
+        [3, 3, 3],
+        "uid, seq and message, nothing else"
+    );
+    let text = assert_cmd::Command::new(bin())
+        .args(["show", "--home"])
+        .arg(&home)
+        .args(["--session", "s1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.lines().next().unwrap().contains("function_call"), "{text}");
+    assert!(
+        text.lines().nth(2).unwrap().contains("user") && text.contains(" hi"),
+        "{text}"
+    );
+}

@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use serde_json::{Map, Number, Value};
-use turnsafe_host::message::Message;
+use turnsafe_host::message::{Message, valid_uid};
 use turnsafe_host::observe;
 use turnsafe_host::replay::{ReplayError, ReplayOptions};
 use turnsafe_host::store::{SessionId, SharedStore, StoreOptions, Synchronous};
@@ -194,16 +194,26 @@ fn batch(py: Python<'_>, messages: &Bound<'_, PyAny>, uids: Option<&Bound<'_, Py
                 m.get_type().name()?
             )));
         }
-        let value = to_json(&m, 0)?;
-        let mut message = Message::from_value(index, &value).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        if let Some(uid) = given.as_ref().and_then(|g| g.get(index)).cloned().flatten() {
-            if uid.is_empty() || uid.len() > 256 {
+        let Value::Object(item) = to_json(&m, 0)? else {
+            return Err(PyTypeError::new_err(format!("message {index} must be a dict")));
+        };
+        // The object is stored exactly as given; the uid lives beside it.
+        let own = item
+            .get("uid")
+            .and_then(Value::as_str)
+            .filter(|u| valid_uid(u))
+            .map(String::from);
+        let mut message = Message::from_item(item);
+        message.uid = match given.as_ref().and_then(|g| g.get(index)).cloned().flatten() {
+            Some(uid) if !valid_uid(&uid) => {
                 return Err(PyValueError::new_err(format!(
                     "uids[{index}] must be a non-empty string of at most 256 bytes"
                 )));
             }
-            message.uid = Some(uid);
-        }
+            Some(uid) => Some(uid),
+            None if given.is_some() => None,
+            None => own,
+        };
         out.push(message);
     }
     if let Some(g) = &given

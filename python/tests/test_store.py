@@ -26,6 +26,16 @@ SHAPES = [
     {"role": "tool", "content": {"nested": {"deep": [1, -2, 3.25, 1e300, None, True, False]}}},
     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "arguments": "{\"a\": 1}"}]},
     {"role": "user", "content": 42, "big": 2**63 - 1, "neg": -(2**63), "u64": 2**64 - 1},
+    # Items of the Agents SDK without role or content.
+    {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{\"city\": \"Kraków\"}", "id": "fc_1"},
+    {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "think"}], "encrypted_content": None},
+    {"type": "message", "role": "assistant", "status": "completed", "id": "msg_1",
+     "content": [{"type": "output_text", "text": "done", "annotations": [], "logprobs": []}]},
+    {},
+    {"role": 7, "content": "a role that is not a string is just data"},
+    {"uid": "its-own-field", "note": "a uid field stays in the message"},
+    {"deep": [[[[[[[[[[{"x": "y"}]]]]]]]]]]},
 ]
 
 
@@ -38,6 +48,17 @@ def test_every_shape_round_trips_exactly(store: Store):
     assert [r["message"] for r in rows] == SHAPES
     assert [r["uid"] for r in rows] == out.uids
     assert [r["seq"] for r in rows] == list(range(1, len(SHAPES) + 1))
+
+
+def test_a_message_with_its_own_uid_keeps_it_and_uses_it(store: Store):
+    item = {"uid": "mine", "role": "user", "content": "x"}
+    out = store.append("s1", [item])
+    assert out.uids == ["mine"] and out.minted_uids == []
+    assert store.show("s1") == [item]
+    assert store.rows("s1") == [{"uid": "mine", "seq": 1, "message": item}]
+    # Given uids win; the field stays data.
+    out = store.append("s1", [{"uid": "field", "k": 1}], uids=["given"])
+    assert out.uids == ["given"] and store.show("s1")[-1] == {"uid": "field", "k": 1}
 
 
 def test_show_limit_is_the_newest_in_order(store: Store):

@@ -10,8 +10,12 @@ use crate::store::{SessionId, SessionStore, StoreOptions, Synchronous};
 
 /// Append batches read from stdin to a session, one batch per line.
 ///
-/// Each line is a JSON array of messages (`role`, `content`, optional
-/// `uid`; other fields are kept). After each batch one bare JSON object is
+/// Each line is a batch: a JSON array of messages, each any JSON object
+/// (`role` and `content` are used for `show` and search when present; a
+/// top-level string `uid` is the message's uid and is not stored in it),
+/// or `{"items": [...], "uids": [...]}`, whose items are stored exactly as
+/// they are, any `uid` field included, with `uids` (optional, one string
+/// or null per item) beside them. After each batch one bare JSON object is
 /// printed: `persisted`, `operation` (`open` when the store could not be
 /// opened), `cause`, `action`, `attempts`, `committed`,
 /// `diverted`, `handed_back` (these three sum to the batch size),

@@ -15,7 +15,7 @@ use crate::replay::{ReplayError, ReplayOptions, replay_run};
 /// `sessions/settled/`. A second run changes nothing.
 ///
 /// A file is turnsafe's when its name is `<session-id>.jsonl` and at least
-/// one of its lines is a divert line (`v` 1) for that session. Any other
+/// one of its lines is a divert line (`v` 1 or 2) for that session. Any other
 /// file in `sessions/` (another runtime's transcripts) is left in place,
 /// byte for byte, and listed as `foreign_files`.
 ///

@@ -74,10 +74,12 @@ class Store:
         *,
         uids: Optional[Sequence[Optional[str]]] = None,
     ) -> Outcome:
-        """Flush one batch. Each message's uid is ``uids[i]`` when given,
-        else its own string ``uid``, else one turnsafe mints (listed in
-        ``Outcome.minted_uids``). Resend a batch that was not persisted with
-        ``uids=outcome.uids``: no message is then stored twice."""
+        """Flush one batch. Each message is any JSON object (dict), stored
+        exactly as given. Its uid is ``uids[i]`` when ``uids`` is given
+        (``None`` entries are minted), else the message's own string ``uid``
+        field (which stays in the message), else one turnsafe mints (listed
+        in ``Outcome.minted_uids``). Resend a batch that was not persisted
+        with ``uids=outcome.uids``: no message is then stored twice."""
     def show(self, session_id: str, *, limit: Optional[int] = None) -> List[Message]:
         """The newest ``limit`` messages (all with None) in ``seq`` order,
         each exactly as written."""
