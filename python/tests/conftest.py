@@ -15,6 +15,9 @@ import turnsafe_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The Agents SDK tests run offline: no trace export.
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+
 
 def need(ok: bool, why: str) -> None:
     if ok:

@@ -423,3 +423,58 @@ def test_a_file_where_sessions_should_be(home):
         assert (home / "sessions").read_text() == "not a folder"
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("method", RUNNERS)
+def test_what_the_sdk_adds_is_exactly_what_it_gets_back(home, method):
+    from agents import function_tool
+
+    @function_tool
+    def lookup(q: str) -> str:
+        """Look up."""
+        return "found " + q
+
+    async def main():
+        s = session(home)
+        added = []
+        real_add = s.add_items
+
+        async def recording_add(items):
+            added.extend(json.loads(json.dumps(items)))
+            await real_add(items)
+
+        s.add_items = recording_add
+        model = ScriptedModel()
+        agent = Agent(name="test", model=model, tools=[lookup])
+        model.enqueue([function_call("lookup", {"q": "x"}, call_id="c9")])
+        model.enqueue([assistant_message("answer")])
+        await run_agent(method, agent, [{"role": "user", "content": [{"type": "input_text", "text": "q?"}]}], session=s)
+        assert added and await s.get_items() == added
+
+    asyncio.run(main())
+
+
+def test_the_event_loop_keeps_running_while_a_write_waits(home):
+    async def main():
+        s = session(home)
+        await s.add_items([{"role": "user", "content": "warm"}])
+        locker = hold_lock(home / "state.db", 1.0)
+        ticks = 0
+        done = False
+
+        async def ticker():
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        t = asyncio.create_task(ticker())
+        try:
+            await s.add_items([{"role": "user", "content": "waits for the lock"}])
+        finally:
+            done = True
+            await t
+            locker.wait()
+        assert ticks > 30, f"the loop ran {ticks} times while add_items waited about 1 s"
+
+    asyncio.run(main())
