@@ -463,6 +463,12 @@ impl Store {
         Ok(store)
     }
 
+    /// Whether `close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.opened().is_none()
+    }
+
     /// The home folder (`state.db`, `sessions/`).
     #[getter]
     fn home(&self) -> PathBuf {

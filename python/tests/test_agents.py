@@ -52,6 +52,10 @@ def test_it_is_the_sdks_session_protocol(home):
     s = TurnsafeSession("s", home)
     assert isinstance(s, Session)
     assert s.session_settings == SessionSettings()
+    # Sessions on one home share one store, reopened once closed.
+    assert TurnsafeSession("t", home).store is s.store
+    s.store.close()
+    assert TurnsafeSession("t", home).store is not s.store
 
 
 @pytest.mark.parametrize("method", RUNNERS)

@@ -72,7 +72,7 @@ def _store_for(home: Union[str, "os.PathLike[str]"]) -> Store:
     key = os.path.realpath(os.path.expanduser(os.fspath(home)))
     with _stores_lock:
         store = _stores.get(key)
-        if store is None:
+        if store is None or store.closed:
             store = _stores[key] = Store(key)
         return store
 
