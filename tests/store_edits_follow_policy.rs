@@ -1,7 +1,7 @@
 //! `pop_last` and `clear_session` are writes outside the flush: they
 //! follow the policy (a held lock is retried on its plan, another writer's
-//! live lease fences them, read-only storage fails them as `disk`), they
-//! take deleted rows out of the search index, and clearing settles the
+//! live lease fences them, read-only storage fails them as `disk`), the
+//! deleted rows leave the search index, and clearing settles the
 //! session's pending divert lines as `cleared`.
 mod common;
 use std::time::Duration;
@@ -28,11 +28,14 @@ fn pop_removes_the_newest_and_its_index_entry() {
     let mut b = batch("a", 3);
     b.push(turnsafe_host::message::Message::new("user", "zebra crossing").with_uid("z"));
     assert!(store.append_batch(&sid("s1"), &b).persisted);
+    store.catch_up_index(None).unwrap();
     assert_eq!(fts_hits(&home, "zebra"), 1);
     let popped = store.pop_last(&sid("s1")).unwrap().unwrap();
     assert_eq!((popped.uid.as_str(), popped.seq), ("z", 4));
     assert_eq!(popped.message["content"], "zebra crossing");
     assert_eq!(fts_hits(&home, "zebra"), 0, "the deleted row left the index");
+    let found = turnsafe_host::search::search(home.path(), "zebra", &Default::default()).unwrap();
+    assert!(found.hits.is_empty() && found.unindexed == 0);
     assert_eq!(home.rows("s1").len(), 3);
     // The index is still consistent with the table.
     home.other()
@@ -41,6 +44,8 @@ fn pop_removes_the_newest_and_its_index_entry() {
     assert_eq!(store.clear_session(&sid("s1")).unwrap(), 3);
     assert!(store.pop_last(&sid("s1")).unwrap().is_none());
     assert_eq!(fts_hits(&home, "lorem"), 0);
+    let found = turnsafe_host::search::search(home.path(), "lorem", &Default::default()).unwrap();
+    assert!(found.hits.is_empty());
     // Seqs are never reused: a message after the edits follows every
     // seq this handle gave out (diverted lines may hold the others).
     assert!(store.append_batch(&sid("s1"), &batch("n", 1)).persisted);

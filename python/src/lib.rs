@@ -662,12 +662,48 @@ fn doctor<'py>(py: Python<'py>, home: PathBuf) -> PyResult<Bound<'py, PyAny>> {
     to_py(py, &report)
 }
 
+/// Full-text search of a home's stored messages; never misses a committed
+/// one (what the index lacks is indexed first, or scanned). Each hit is a
+/// dict as `turnsafe search --json` prints it: `session`, `uid`, `seq`,
+/// `role` (None for a message without one) and `snippet` (matches in `[`
+/// `]`). `query` is plain words, all of which must appear.
+#[pyfunction]
+#[pyo3(signature = (home, query, *, session = None, limit = 20))]
+fn search<'py>(
+    py: Python<'py>,
+    home: PathBuf,
+    query: &str,
+    session: Option<String>,
+    limit: i64,
+) -> PyResult<Bound<'py, PyList>> {
+    if let Some(s) = &session {
+        parse_session(py, s)?;
+    }
+    let limit = usize::try_from(limit).map_err(|_| PyValueError::new_err("limit must not be negative"))?;
+    let home = expand_home(home);
+    let opts = turnsafe_host::search::SearchOptions {
+        session,
+        limit,
+        ..Default::default()
+    };
+    let query = query.to_string();
+    let report = py
+        .detach(move || turnsafe_host::search::search(&home, &query, &opts))
+        .map_err(|e| error(py, e.to_string()))?;
+    let list = PyList::empty(py);
+    for hit in &report.hits {
+        list.append(to_py(py, &serde_json::to_value(hit).unwrap_or_default())?)?;
+    }
+    Ok(list)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<Outcome>()?;
     m.add_function(wrap_pyfunction!(replay, m)?)?;
     m.add_function(wrap_pyfunction!(doctor, m)?)?;
+    m.add_function(wrap_pyfunction!(search, m)?)?;
     m.add("SCHEMA_VERSION", turnsafe_host::store::SCHEMA_VERSION)?;
     Ok(())
 }

@@ -187,3 +187,23 @@ def test_the_wheel_carries_no_wasm_engine():
     import pathlib
     so = pathlib.Path(turnsafe_store._native.__file__).read_bytes()
     assert b"wasmtime" not in so and b"cranelift" not in so
+
+
+def test_search_finds_every_committed_message(store: Store, home):
+    store.append("s1", [{"role": "user", "content": "the harbour lighthouse"}, {"type": "function_call", "name": "f"}])
+    store.append("s2", [{"role": "assistant", "content": [{"type": "output_text", "text": "a lighthouse keeper"}]}])
+    hits = turnsafe_store.search(home, "lighthouse")
+    assert sorted((h["session"], h["seq"], h["role"]) for h in hits) == [("s1", 1, "user"), ("s2", 1, "assistant")]
+    assert all("[lighthouse]" in h["snippet"] and set(h) == {"session", "uid", "seq", "role", "snippet"} for h in hits)
+    assert [h["session"] for h in turnsafe_store.search(home, "lighthouse", session="s2")] == ["s2"]
+    assert len(turnsafe_store.search(home, "lighthouse", limit=1)) == 1
+    assert turnsafe_store.search(home, "function_call") == []
+    with pytest.raises(InvalidSessionId):
+        turnsafe_store.search(home, "x", session="../no")
+    with pytest.raises(turnsafe_store.Error):
+        turnsafe_store.search(home, "   ")
+    # Deleted messages leave the index.
+    assert store.pop("s2")["content"][0]["text"] == "a lighthouse keeper"
+    assert [h["session"] for h in turnsafe_store.search(home, "lighthouse")] == ["s1"]
+    assert store.clear("s1") == 2
+    assert turnsafe_store.search(home, "lighthouse") == []

@@ -12,7 +12,7 @@ an :class:`Outcome` that says plainly that neither happened.
 """
 
 from ._errors import Error, InvalidSessionId, Refused, TurnNotPersisted
-from ._native import SCHEMA_VERSION, Outcome, Store, doctor, replay
+from ._native import SCHEMA_VERSION, Outcome, Store, doctor, replay, search
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -24,4 +24,5 @@ __all__ = [
     "TurnNotPersisted",
     "doctor",
     "replay",
+    "search",
 ]

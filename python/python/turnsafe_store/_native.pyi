@@ -103,3 +103,10 @@ def replay(
 
 def doctor(home: _Path) -> Dict[str, Any]:
     """Findings about a home: ``ok``, ``findings``, ``facts``."""
+
+def search(
+    home: _Path, query: str, *, session: Optional[str] = None, limit: int = 20
+) -> List[Dict[str, Any]]:
+    """Full-text search that never misses a committed message: hits as
+    ``turnsafe search --json`` prints them (``session``, ``uid``, ``seq``,
+    ``role``, ``snippet`` with matches in ``[`` ``]``)."""
