@@ -25,10 +25,15 @@ fn exercise<B: Backend>(w: &mut Writer<B>) -> Vec<Value> {
         Message::new("user", "not what was stored").with_uid("a-1"),
     ];
     seen.push(outcome(w.append_batch(&s1, &conflict)));
-    let mut json = Message::new("assistant", "x").with_uid("j-1");
-    json.content = serde_json::json!({"tool": "search", "args": [1, 2]});
-    json.extra.insert("name".into(), "tool-call".into());
-    seen.push(outcome(w.append_batch(&s1, &[json])));
+    let object = |v: Value| Message::from_item(v.as_object().cloned().unwrap_or_default());
+    let json = object(
+        serde_json::json!({"role": "assistant", "content": {"tool": "search", "args": [1, 2]}, "name": "tool-call"}),
+    )
+    .with_uid("j-1");
+    // A message of any shape: no role, no content.
+    let call = object(serde_json::json!({"type": "function_call", "call_id": "c1", "arguments": "{\"q\": 1}"}))
+        .with_uid("c-1");
+    seen.push(outcome(w.append_batch(&s1, &[json, call])));
     seen.push(outcome(w.append_batch(&sid("s2"), &batch("zebra", 2))));
 
     let b = w.backend();
@@ -70,7 +75,8 @@ fn sqlite_and_postgres_perform_the_same_effects() {
     }
     assert_eq!(a[0]["persisted"], true);
     assert_eq!(a[2]["cause"], "uid_conflict");
-    assert_eq!(a[5].as_array().unwrap().len(), 4, "{}", a[5]);
+    assert_eq!(a[5].as_array().unwrap().len(), 5, "{}", a[5]);
+    assert_eq!(a[5][4]["message"]["type"], "function_call", "{}", a[5]);
     assert_eq!(a[6], serde_json::json!(["a-0", "j-1"]));
     assert_eq!(a[7].as_array().unwrap().len(), 2, "{}", a[7]);
     assert_eq!(on_sqlite.counters(), on_pg.counters());

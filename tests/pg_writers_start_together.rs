@@ -40,7 +40,13 @@ fn writers_starting_together_migrate_once() {
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     assert_eq!(meta.len(), 2, "{meta:?}");
-    assert_eq!(meta[1], ("schema_version".to_string(), "1".to_string()));
+    assert_eq!(
+        meta[1],
+        (
+            "schema_version".to_string(),
+            turnsafe_host::pg::schema::VERSION.to_string()
+        )
+    );
     let n: i64 = admin.query_one("SELECT count(*) FROM messages", &[]).unwrap().get(0);
     assert_eq!(n, 24);
 }

@@ -84,7 +84,8 @@ fn search_never_misses_a_commit() {
     // A message committed while the index cannot be written is found anyway.
     admin
         .execute(
-            "INSERT INTO messages(session_id, uid, seq, role, content, created_ms) VALUES ('s1', 'd', 4, 'user', 'zebra at dusk', 0)",
+            "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+             VALUES ('s1', 'd', 4, 'user', 'zebra at dusk', '{\"content\":\"zebra at dusk\",\"role\":\"user\"}', 0)",
             &[],
         )
         .unwrap();

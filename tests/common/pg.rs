@@ -313,7 +313,7 @@ pub fn rows(server: &PgServer, db: &str, session: &str) -> Vec<(String, i64, Str
     server
         .admin(db)
         .query(
-            "SELECT uid, seq, content FROM messages WHERE session_id = $1 ORDER BY seq, id",
+            "SELECT uid, seq, COALESCE(content, item) FROM messages WHERE session_id = $1 ORDER BY seq, id",
             &[&session],
         )
         .expect("read messages")
