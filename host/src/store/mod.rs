@@ -358,16 +358,14 @@ impl SessionStore {
             seed,
         };
         let mut made = Artifacts::default();
-        if let Err(e) = self.machine.start(start) {
-            // Only a flush abandoned by a panic leaves one running.
-            tracing::error!(error = %e, "flush machine was busy; abandoning the old flush");
+        // Only a flush abandoned by a panic is still running here.
+        if self.machine.in_flush() {
+            tracing::error!("a flush was left running; abandoning it");
             let _ = self.machine.abandon();
-            let _ = self.machine.start(FlushStart {
-                session: session.as_str().to_string(),
-                uids: flush.uids.clone(),
-                minted_uids: flush.minted.clone(),
-                seed,
-            });
+        }
+        if let Err(e) = self.machine.start(start) {
+            tracing::error!(error = %e, "the flush machine refused the batch; it is handed back");
+            return made.into_outcome(self.machine.abandon());
         }
         loop {
             let Some(step) = self.machine.poll() else {
