@@ -72,15 +72,17 @@ impl Backend for SessionStore {
             session: batch.session,
             messages: batch.messages,
             uids: batch.uids.to_vec(),
-            minted: Vec::new(),
             started: Instant::now(),
         };
-        let result = self.write(&flush, plan);
+        let mut result = self.write_group(&[(&flush, *plan)]);
         if let Some(state) = self.sessions.get(&key) {
             cursor.lease_token = state.lease_token.clone();
             cursor.next_seq = state.next_seq;
         }
-        result.map_err(|f| self.failure_of_write(&flush, &f))
+        match result.each.pop().flatten().or(result.group) {
+            None => Ok(()),
+            Some(f) => Err(super::failure_of_write(&f, flush.elapsed_ms())),
+        }
     }
 
     fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {

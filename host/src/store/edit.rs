@@ -81,7 +81,7 @@ impl SessionStore {
             message,
             attempts,
         };
-        if let Some(cause) = self.machine.sticky() {
+        if let Some(cause) = self.handle.sticky {
             return Err(fail(
                 cause,
                 ActionKind::FailClosed,

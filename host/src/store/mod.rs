@@ -17,6 +17,7 @@
 
 mod backend;
 mod edit;
+mod group;
 pub mod index;
 pub(crate) mod rows;
 pub mod schema;
@@ -33,11 +34,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
-use turnsafe_policy::machine::{Event, Failure, FlushStart, Handle, Step, WritePlan};
+use turnsafe_policy::machine::{Failure, HandleState};
 use turnsafe_policy::{Cause, Evidence, Operation};
 
 use crate::capture::{self, Capture, CaptureError};
-use crate::divert::{self, DivertError, DivertLine};
+use crate::divert::{self, DivertError};
 use crate::guard::{self, Guard, Verdict};
 use crate::message::Message;
 use crate::observe;
@@ -115,7 +116,7 @@ impl SessionId {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct SessionState {
     /// Our lease token, once the first batch took the lease.
     lease_token: Option<String>,
@@ -137,9 +138,9 @@ pub struct SessionStore {
     opts: StoreOptions,
     conn: Option<Connection>,
     guard: Option<Guard>,
-    /// The policy's handle machine: open or not, sticky or not, captured
-    /// or not, and the flush in progress.
-    machine: Handle,
+    /// What the policy's machines know across batches: open or not,
+    /// sticky or not, captured or not.
+    handle: HandleState,
     /// The capture this handle made of its retired generation, once tried.
     captured: Option<Result<Capture, CaptureError>>,
     /// Why the open at construction failed; the first batch observes it
@@ -181,7 +182,7 @@ impl SessionStore {
             opts,
             conn: None,
             guard: None,
-            machine: Handle::new(),
+            handle: HandleState::default(),
             captured: None,
             open_failure: None,
             quarantined: None,
@@ -227,7 +228,7 @@ impl SessionStore {
     }
     /// The sticky cause, once the handle refuses to touch the database.
     pub fn sticky(&self) -> Option<Cause> {
-        self.machine.sticky()
+        self.handle.sticky
     }
     /// The identity of the SQLite connection (its `sqlite3*`), for the
     /// tests that prove a flush never reopens.
@@ -328,189 +329,13 @@ impl SessionStore {
     /// Flush one turn's batch. Every message ends committed, diverted with
     /// a receipt, or handed back; the outcome says which.
     ///
-    /// The policy's flush machine decides every step; this loop only
+    /// The policy's flush machine decides every step; the store only
     /// performs them and feeds back what happened.
     pub fn append_batch(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
-        let started = Instant::now();
-        let seed = random_u64();
-        let mut minted = Vec::new();
-        let uids: Vec<String> = messages
-            .iter()
-            .map(|m| {
-                m.uid.clone().unwrap_or_else(|| {
-                    let u = mint_id();
-                    minted.push(u.clone());
-                    u
-                })
-            })
-            .collect();
-        let flush = Flush {
-            session,
-            messages,
-            uids,
-            minted,
-            started,
-        };
-        let start = FlushStart {
-            session: session.as_str().to_string(),
-            uids: flush.uids.clone(),
-            minted_uids: flush.minted.clone(),
-            seed,
-        };
-        let mut made = Artifacts::default();
-        // Only a flush abandoned by a panic is still running here.
-        if self.machine.in_flush() {
-            tracing::error!("a flush was left running; abandoning it");
-            let _ = self.machine.abandon();
-        }
-        if let Err(e) = self.machine.start(start) {
-            tracing::error!(error = %e, "the flush machine refused the batch; it is handed back");
-            return made.into_outcome(self.machine.abandon());
-        }
-        loop {
-            let Some(step) = self.machine.poll() else {
-                return made.into_outcome(self.machine.abandon());
-            };
-            let event = match step {
-                Step::Done(report) => {
-                    tracing::debug!(
-                        session = session.as_str(),
-                        persisted = report.persisted,
-                        cause = ?report.cause.map(|c| c.label()),
-                        action = ?report.action.map(|a| a.label()),
-                        attempts = report.attempts,
-                        "flush done"
-                    );
-                    return made.into_outcome(*report);
-                }
-                Step::Open => self.perform_open(&flush),
-                Step::Write(plan) => self.perform_write(&flush, &plan, &mut made),
-                Step::Wait { ms } => {
-                    std::thread::sleep(Duration::from_millis(ms));
-                    Event::Waited {
-                        elapsed_ms: flush.elapsed_ms(),
-                    }
-                }
-                Step::Capture => self.perform_capture(&mut made),
-                Step::Divert { cause } => self.perform_divert(&flush, cause, &mut made),
-            };
-            if let Event::Failed(f) = &event {
-                made.failure = Some(f.clone());
-            }
-            if let Err(e) = self.machine.handle(event) {
-                tracing::error!(error = %e, "the flush machine refused an event; the batch is handed back");
-                return made.into_outcome(self.machine.abandon());
-            }
-        }
-    }
-
-    /// Open the store. A failed open's connection, if SQLite made one, is
-    /// held until the next open or the handle's end, so a quarantined file
-    /// is opened exactly once.
-    fn perform_open(&mut self, flush: &Flush<'_>) -> Event {
-        let failure = match self.open_failure.take() {
-            Some(f) => f,
-            None => {
-                self.quarantined = None;
-                match self.ensure_open() {
-                    Ok(()) => return Event::Opened,
-                    Err(f) => f,
-                }
-            }
-        };
-        let OpenFailure { error, errno, conn } = *failure;
-        self.quarantined = conn;
-        let failure = failure_of(&error, errno, Vec::new(), flush.elapsed_ms());
-        tracing::warn!(session = flush.session.as_str(), code = ?failure.extended_code, errno = ?errno, "store open failed");
-        Event::Failed(failure)
-    }
-
-    /// One transaction with the batch.
-    fn perform_write(&mut self, flush: &Flush<'_>, plan: &WritePlan, made: &mut Artifacts) -> Event {
-        self.counters.append_attempts += 1;
-        let failure = match self.write(flush, plan) {
-            Ok(()) => return Event::Committed,
-            Err(f) => self.failure_of_write(flush, &f),
-        };
-        tracing::info!(
-            session = flush.session.as_str(),
-            code = ?failure.extended_code,
-            errno = ?failure.errno,
-            evidence = ?failure.evidence,
-            msg = %failure.message,
-            "append attempt failed"
-        );
-        made.trigger = format!("flush: {}", failure.message);
-        Event::Failed(failure)
-    }
-
-    /// Capture the retired generation the handle still holds.
-    fn perform_capture(&mut self, made: &mut Artifacts) -> Event {
-        let result = match self.retire_generation(&made.trigger) {
-            Some(result) => result,
-            // No generation was recorded (the guard is off).
-            None => Err(CaptureError {
-                operation: "read",
-                file: None,
-                errno: None,
-                message: "no retired generation is recorded by this handle".into(),
-            }),
-        };
-        made.capture = Some(result.clone());
-        match result {
-            Ok(receipt) => Event::Captured(receipt),
-            Err(e) => Event::CaptureFailed {
-                failure: e.to_failure(),
-                error: e.to_string(),
-            },
-        }
-    }
-
-    /// Append the batch to its divert file.
-    fn perform_divert(&mut self, flush: &Flush<'_>, cause: Cause, made: &mut Artifacts) -> Event {
-        let n = flush.messages.len();
-        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
-        let first_seq = state.next_seq;
-        let lines: Vec<DivertLine<'_>> = flush
-            .messages
-            .iter()
-            .zip(&flush.uids)
-            .enumerate()
-            .map(|(i, (m, uid))| DivertLine {
-                uid,
-                seq: first_seq.map(|s| s + i as i64),
-                message: m,
-            })
-            .collect();
-        self.counters.diverts += 1;
-        let batch_id = mint_id();
-        match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
-            Ok(receipt) => {
-                if let Some(s) = first_seq {
-                    state.next_seq = Some(s + n as i64);
-                }
-                tracing::warn!(session = flush.session.as_str(), batch = %batch_id, count = n, cause = cause.label(), "batch diverted");
-                Event::Diverted(receipt)
-            }
-            Err(e) => {
-                tracing::error!(
-                    session = flush.session.as_str(),
-                    path = ?e.path,
-                    operation = e.operation,
-                    errno = ?e.errno,
-                    count = n,
-                    cause = cause.label(),
-                    "divert failed; batch handed back"
-                );
-                let event = Event::DivertFailed {
-                    failure: e.to_failure(),
-                    message: e.message.clone(),
-                    residue: e.residue.clone(),
-                };
-                made.divert_error = Some(e);
-                event
-            }
-        }
+        let mut one = [self.member(session, messages)];
+        self.run_group(&mut one);
+        let [member] = one;
+        member.finish()
     }
 
     /// The retired generation must never be checkpointed into whatever file
@@ -543,7 +368,7 @@ impl SessionStore {
         let mut capture = None;
         if let (Some(conn), Some(guard)) = (&self.conn, &mut self.guard) {
             match guard.check(conn) {
-                Ok(Verdict::Intact) if self.machine.sticky().is_none() => {}
+                Ok(Verdict::Intact) if self.handle.sticky.is_none() => {}
                 Ok(Verdict::Intact) => capture = self.retire_generation("close after a sticky cause"),
                 Ok(Verdict::Mismatch { detail, .. }) => {
                     tracing::warn!(detail = %detail, "generation changed before close");
@@ -560,35 +385,36 @@ impl SessionStore {
         self.conn = None;
         capture
     }
+}
 
-    /// A failed write, as the flush machine takes it.
-    fn failure_of_write(&self, flush: &Flush<'_>, failure: &WriteFailure) -> Failure {
-        let elapsed_ms = flush.elapsed_ms();
-        match failure {
-            WriteFailure::Sqlite { error, errno, evidence } => failure_of(error, *errno, evidence.clone(), elapsed_ms),
-            WriteFailure::Guard { evidence, detail } => Failure {
-                evidence: vec![*evidence],
-                message: format!("turnsafe guard: {detail}"),
-                elapsed_ms,
-                ..Failure::default()
-            },
-            WriteFailure::Probe(e) => {
-                let errno = e.source.raw_os_error().map(i64::from);
-                failure_of(&probe_error(e), errno, Vec::new(), elapsed_ms)
-            }
-            WriteFailure::LeaseLost => Failure {
-                evidence: vec![Evidence::TurnLeaseLost],
-                message: "the session's turn lease is held by another writer".into(),
-                elapsed_ms,
-                ..Failure::default()
-            },
+/// A failed write, as the flush machine takes it.
+fn failure_of_write(failure: &WriteFailure, elapsed_ms: u64) -> Failure {
+    match failure {
+        WriteFailure::Sqlite { error, errno, evidence } => failure_of(error, *errno, evidence.clone(), elapsed_ms),
+        WriteFailure::Guard { evidence, detail } => Failure {
+            evidence: vec![*evidence],
+            message: format!("turnsafe guard: {detail}"),
+            elapsed_ms,
+            ..Failure::default()
+        },
+        WriteFailure::Probe(e) => {
+            let errno = e.source.raw_os_error().map(i64::from);
+            failure_of(&probe_error(e), errno, Vec::new(), elapsed_ms)
         }
+        WriteFailure::LeaseLost => Failure {
+            evidence: vec![Evidence::TurnLeaseLost],
+            message: "the session's turn lease is held by another writer".into(),
+            elapsed_ms,
+            ..Failure::default()
+        },
     }
+}
 
+impl SessionStore {
     /// Release this handle's lease on `session` (end of input).
     pub fn release_lease(&mut self, session: &SessionId) {
         let token = self.sessions.get(session.as_str()).and_then(|s| s.lease_token.clone());
-        if let (Some(conn), Some(token), None) = (&self.conn, token, self.machine.sticky()) {
+        if let (Some(conn), Some(token), None) = (&self.conn, token, self.handle.sticky) {
             if let Some(s) = self.sessions.get_mut(session.as_str()) {
                 s.lease_token = None;
             }
@@ -749,6 +575,5 @@ struct Flush<'a> {
     session: &'a SessionId,
     messages: &'a [Message],
     uids: Vec<String>,
-    minted: Vec<String>,
     started: Instant,
 }

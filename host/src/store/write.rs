@@ -6,6 +6,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use turnsafe_policy::Evidence;
 use turnsafe_policy::machine::WritePlan;
 
+use std::collections::HashMap;
+
 use super::{Flush, SessionState, SessionStore, now_ms};
 use crate::observe;
 
@@ -37,31 +39,61 @@ impl From<rusqlite::Error> for Stop {
     }
 }
 
+/// What one transaction did with each batch in it.
+pub(super) struct GroupWrite {
+    /// A failure that ended the whole transaction: no batch of it is
+    /// stored, and every batch without a failure of its own failed with it.
+    pub group: Option<WriteFailure>,
+    /// Each batch's own failure (its savepoint rolled back), in order.
+    pub each: Vec<Option<WriteFailure>>,
+}
+
 impl SessionStore {
-    pub(super) fn write(&mut self, flush: &Flush<'_>, plan: &WritePlan) -> Result<(), WriteFailure> {
+    /// Write `batches` in one `BEGIN IMMEDIATE` transaction, each in its
+    /// own savepoint when there are several, and commit them with one sync.
+    ///
+    /// A batch that fails while the transaction lives on (a constraint, a
+    /// lost lease) is rolled back to its savepoint and fails alone. A
+    /// failure that ends the transaction (SQLite rolled it back, or a
+    /// busy, full, I/O, corruption class error, or a failed COMMIT) fails
+    /// the group: everything is rolled back, nothing is half committed.
+    pub(super) fn write_group(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
+        let mut each: Vec<Option<WriteFailure>> = batches.iter().map(|_| None).collect();
         let Some(conn) = self.conn.as_ref() else {
-            return Err(WriteFailure::Sqlite {
-                error: rusqlite::Error::InvalidQuery,
-                errno: None,
-                evidence: Vec::new(),
-            });
+            return GroupWrite {
+                group: Some(WriteFailure::Sqlite {
+                    error: rusqlite::Error::InvalidQuery,
+                    errno: None,
+                    evidence: Vec::new(),
+                }),
+                each,
+            };
         };
         // A handle's first write to a session learns which seqs diverted
         // lines already hold, so replay can put them back in place.
-        let promised = match self.sessions.get(flush.session.as_str()).and_then(|s| s.next_seq) {
-            Some(_) => None,
-            None => self.divert_max_seq(flush.session.as_str()).map(|m| m + 1),
-        };
-        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
-        if state.next_seq.is_none() {
-            state.next_seq = promised;
+        for (flush, _) in batches {
+            let session = flush.session.as_str();
+            if self.sessions.get(session).is_none_or(|s| s.next_seq.is_none()) {
+                let promised = self.divert_max_seq(session).map(|m| m + 1);
+                self.sessions.entry(session.to_string()).or_default().next_seq = promised;
+            }
         }
+        // What each session will know once the COMMIT succeeds; thrown away if it does not.
+        let mut pending: HashMap<String, SessionState> = batches
+            .iter()
+            .map(|(flush, _)| {
+                let id = flush.session.as_str();
+                (id.to_string(), self.sessions.get(id).cloned().unwrap_or_default())
+            })
+            .collect();
+        // The first seq read for each session, for diverts after a failure.
+        let mut first_seqs: HashMap<String, i64> = HashMap::new();
         let guard = &mut self.guard;
         let ttl_ms = self.opts.lease_ttl.as_millis() as i64;
-        let holder = self.opts.holder.clone();
+        let holder = self.opts.holder.as_str();
+        let savepoints = batches.len() > 1;
 
-        let mut first_seq = None;
-        let result = (|| -> Result<(String, i64), Stop> {
+        let result = (|| -> Result<(), Stop> {
             // Every statement of the hot path is prepared once per connection.
             conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
             // Under the write lock: is this still the generation we opened?
@@ -74,28 +106,35 @@ impl SessionStore {
                     Err(e) => return Err(Stop::Probe(e)),
                 }
             }
-            let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq)?;
-            first_seq = Some(seq);
-            // Between this transaction's first read and its first write:
-            // under BEGIN IMMEDIATE no other writer can commit here.
-            crate::failpoint::hit("flush.after_read");
-            if plan.degrade_fts {
-                super::schema::disable_fts(conn)?;
-            }
-            let token = take_lease(conn, flush, state, plan.recreate_session, &holder, ttl_ms)?;
-            let created = now_ms();
-            let mut insert = conn.prepare_cached(super::rows::INSERT)?;
-            for (m, uid) in flush.messages.iter().zip(&flush.uids) {
-                match super::rows::insert(&mut insert, flush.session.as_str(), uid, seq, m, created) {
-                    Ok(_) => seq += 1,
-                    Err(e) if is_unique_violation(&e) => {
-                        // Idempotent resend: an identical stored row counts
-                        // as committed; different content is a conflict.
-                        if !super::rows::same_row(conn, flush.session.as_str(), uid, m)? {
-                            return Err(Stop::Sqlite(e));
-                        }
+            for (k, (flush, plan)) in batches.iter().enumerate() {
+                if k > 0 {
+                    crate::failpoint::hit("group.between_batches");
+                }
+                if savepoints {
+                    conn.prepare_cached("SAVEPOINT batch")?.execute([])?;
+                }
+                let state = pending.entry(flush.session.as_str().to_string()).or_default();
+                let mut first_seq = None;
+                let written = write_batch(conn, flush, plan, state, holder, ttl_ms, &mut first_seq);
+                if let Some(seq) = first_seq {
+                    first_seqs.entry(flush.session.as_str().to_string()).or_insert(seq);
+                }
+                match written {
+                    Ok(()) if savepoints => {
+                        conn.prepare_cached("RELEASE batch")?.execute([])?;
                     }
-                    Err(e) => return Err(Stop::Sqlite(e)),
+                    Ok(()) => {}
+                    Err(stop) if savepoints && !ends_transaction(conn, &stop) => {
+                        conn.prepare_cached("ROLLBACK TO batch")?.execute([])?;
+                        conn.prepare_cached("RELEASE batch")?.execute([])?;
+                        // A batch that failed alone still tells a divert
+                        // where its messages belong.
+                        if let (None, Some(seq)) = (state.next_seq, first_seq) {
+                            state.next_seq = Some(seq);
+                        }
+                        each[k] = Some(stop.into_failure(None));
+                    }
+                    Err(stop) => return Err(stop),
                 }
             }
             crate::failpoint::hit("flush.before_commit");
@@ -103,41 +142,127 @@ impl SessionStore {
             // the commit (`super::index`), so no index failure can fail a turn.
             conn.prepare_cached("COMMIT")?.execute([])?;
             crate::failpoint::hit("flush.after_commit");
-            Ok((token, seq))
+            Ok(())
         })();
 
         match result {
-            Ok((token, seq)) => {
-                state.lease_token = Some(token);
-                state.next_seq = Some(seq);
-                Ok(())
+            Ok(()) => {
+                self.sessions.extend(pending);
+                GroupWrite { group: None, each }
             }
             Err(stop) => {
                 // Read the errno before anything else can overwrite it.
                 let errno = observe::system_errno(conn);
-                // The transcript position read under the lock still tells a
-                // divert where these messages belong.
-                if state.next_seq.is_none() {
-                    state.next_seq = first_seq;
-                }
                 // FULL and IOERR at COMMIT have already rolled back; roll
                 // back only what is still open, and ignore the follow-up.
                 if !conn.is_autocommit() {
                     let _ = conn.execute_batch("ROLLBACK");
                 }
-                Err(match stop {
-                    Stop::Sqlite(error) => WriteFailure::Sqlite {
-                        error,
-                        errno,
-                        evidence: Vec::new(),
-                    },
-                    Stop::LeaseLost => WriteFailure::LeaseLost,
-                    Stop::Guard(evidence, detail) => WriteFailure::Guard { evidence, detail },
-                    Stop::Probe(e) => WriteFailure::Probe(e),
-                })
+                // The transcript positions read under the lock still tell
+                // the diverts where these messages belong.
+                for (session, seq) in first_seqs {
+                    let state = self.sessions.entry(session).or_default();
+                    if state.next_seq.is_none() {
+                        state.next_seq = Some(seq);
+                    }
+                }
+                GroupWrite {
+                    group: Some(stop.into_failure(errno)),
+                    each,
+                }
             }
         }
     }
+}
+
+impl Stop {
+    fn into_failure(self, errno: Option<i64>) -> WriteFailure {
+        match self {
+            Stop::Sqlite(error) => WriteFailure::Sqlite {
+                error,
+                errno,
+                evidence: Vec::new(),
+            },
+            Stop::LeaseLost => WriteFailure::LeaseLost,
+            Stop::Guard(evidence, detail) => WriteFailure::Guard { evidence, detail },
+            Stop::Probe(e) => WriteFailure::Probe(e),
+        }
+    }
+}
+
+/// Whether `stop` ends the whole transaction rather than one batch's
+/// savepoint: SQLite already rolled back, or the error is of a class
+/// (busy, full, I/O, corruption, ...) after which nothing more should be
+/// written in it.
+fn ends_transaction(conn: &Connection, stop: &Stop) -> bool {
+    use rusqlite::ffi;
+    if conn.is_autocommit() {
+        return true;
+    }
+    match stop {
+        Stop::LeaseLost => false,
+        Stop::Guard(..) | Stop::Probe(_) => true,
+        Stop::Sqlite(e) => match e.sqlite_error() {
+            Some(f) => matches!(
+                f.extended_code & 0xff,
+                ffi::SQLITE_BUSY
+                    | ffi::SQLITE_LOCKED
+                    | ffi::SQLITE_NOMEM
+                    | ffi::SQLITE_READONLY
+                    | ffi::SQLITE_INTERRUPT
+                    | ffi::SQLITE_IOERR
+                    | ffi::SQLITE_CORRUPT
+                    | ffi::SQLITE_FULL
+                    | ffi::SQLITE_CANTOPEN
+                    | ffi::SQLITE_PROTOCOL
+                    | ffi::SQLITE_NOTADB
+            ),
+            // Not an error SQLite returned (a bad parameter, say): the
+            // transaction is intact.
+            None => false,
+        },
+    }
+}
+
+/// One batch's statements, inside the group's transaction: its seqs, the
+/// session's lease, and its rows. `state` learns the lease and the next
+/// seq only when every statement succeeded.
+fn write_batch(
+    conn: &Connection,
+    flush: &Flush<'_>,
+    plan: &WritePlan,
+    state: &mut SessionState,
+    holder: &str,
+    ttl_ms: i64,
+    first_seq: &mut Option<i64>,
+) -> Result<(), Stop> {
+    let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq)?;
+    *first_seq = Some(seq);
+    // Between this transaction's first read and its first write:
+    // under BEGIN IMMEDIATE no other writer can commit here.
+    crate::failpoint::hit("flush.after_read");
+    if plan.degrade_fts {
+        super::schema::disable_fts(conn)?;
+    }
+    let token = take_lease(conn, flush, state, plan.recreate_session, holder, ttl_ms)?;
+    let created = now_ms();
+    let mut insert = conn.prepare_cached(super::rows::INSERT)?;
+    for (m, uid) in flush.messages.iter().zip(&flush.uids) {
+        match super::rows::insert(&mut insert, flush.session.as_str(), uid, seq, m, created) {
+            Ok(_) => seq += 1,
+            Err(e) if is_unique_violation(&e) => {
+                // Idempotent resend: an identical stored row counts
+                // as committed; different content is a conflict.
+                if !super::rows::same_row(conn, flush.session.as_str(), uid, m)? {
+                    return Err(Stop::Sqlite(e));
+                }
+            }
+            Err(e) => return Err(Stop::Sqlite(e)),
+        }
+    }
+    state.lease_token = Some(token);
+    state.next_seq = Some(seq);
+    Ok(())
 }
 
 /// Take, or confirm and renew, the session's turn lease; insert the session row at the

@@ -105,6 +105,12 @@ impl FlushMachine {
         self.start
     }
 
+    /// End this flush, whatever it waits on, handing the batch back (see
+    /// [`super::Handle::abandon`]).
+    pub fn abandon(self) -> FlushReport {
+        super::abandoned(self.start)
+    }
+
     /// The step this flush waits on.
     pub fn poll(&self, handle: &HandleState) -> Step {
         match &self.phase {

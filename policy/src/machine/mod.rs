@@ -276,24 +276,29 @@ impl Handle {
     /// to the caller. Nothing was committed or kept by this flush's account;
     /// for a host that cannot go on (an event it could not produce).
     pub fn abandon(&mut self) -> FlushReport {
-        let start = self.flush.take().map(|f| f.into_start()).unwrap_or_default();
-        FlushReport {
-            persisted: false,
-            operation: None,
-            cause: Some(Cause::Unknown),
-            action: Some(crate::ActionKind::FailClosed),
-            attempts: 0,
-            committed: 0,
-            diverted: 0,
-            handed_back: start.uids.len(),
-            receipt: None,
-            divert_error: None,
-            divert_residue: None,
-            capture: None,
-            copy: None,
-            error: Some(Cause::Unknown.failure_label()),
-            uids: start.uids,
-            minted_uids: start.minted_uids,
-        }
+        abandoned(self.flush.take().map(FlushMachine::into_start).unwrap_or_default())
+    }
+}
+
+/// The outcome of a flush the host gave up on: the whole batch handed
+/// back, cause `unknown`.
+pub(crate) fn abandoned(start: FlushStart) -> FlushReport {
+    FlushReport {
+        persisted: false,
+        operation: None,
+        cause: Some(Cause::Unknown),
+        action: Some(crate::ActionKind::FailClosed),
+        attempts: 0,
+        committed: 0,
+        diverted: 0,
+        handed_back: start.uids.len(),
+        receipt: None,
+        divert_error: None,
+        divert_residue: None,
+        capture: None,
+        copy: None,
+        error: Some(Cause::Unknown.failure_label()),
+        uids: start.uids,
+        minted_uids: start.minted_uids,
     }
 }

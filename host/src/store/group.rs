@@ -1,0 +1,331 @@
+//! The flush of a group of batches: one policy flush machine per batch,
+//! all reading and changing the handle's one [`HandleState`], and one
+//! transaction for every batch that asks to write.
+//!
+//! Each round polls every machine still running and performs one kind of
+//! effect for all the machines that ask for it, in this order:
+//! - open: once, its result fed to every machine waiting on it;
+//! - capture: once per handle, its receipt (or its failure) fed to each;
+//! - divert: one per batch, each with its own receipt;
+//! - write: one transaction for all of them, each batch in its own
+//!   savepoint (see [`super::write`]);
+//! - wait: the longest wait asked for, then every waiting machine goes on.
+//!
+//! A batch done with the database (diverting, say) never waits for another
+//! batch's retry, and no machine reaches [`Step::Done`] as committed before
+//! the COMMIT that made its batch durable.
+
+use std::time::{Duration, Instant};
+
+use turnsafe_policy::Cause;
+use turnsafe_policy::machine::{Event, FlushMachine, FlushReport, FlushStart, HandleState, Step, WritePlan};
+
+use super::{Artifacts, Flush, OpenFailure, SessionId, SessionStore, failure_of, failure_of_write, mint_id};
+use crate::capture::CaptureError;
+use crate::divert::{self, DivertLine};
+use crate::message::Message;
+use crate::outcome::FlushOutcome;
+
+/// One batch of a group, from its start to its outcome.
+pub(super) struct Member<'a> {
+    flush: Flush<'a>,
+    machine: FlushMachine,
+    made: Artifacts,
+    outcome: Option<FlushOutcome>,
+}
+
+impl<'a> Member<'a> {
+    fn new(session: &'a SessionId, messages: &'a [Message], handle: &HandleState) -> Member<'a> {
+        let started = Instant::now();
+        let mut minted = Vec::new();
+        let uids: Vec<String> = messages
+            .iter()
+            .map(|m| {
+                m.uid.clone().unwrap_or_else(|| {
+                    let u = mint_id();
+                    minted.push(u.clone());
+                    u
+                })
+            })
+            .collect();
+        let start = FlushStart {
+            session: session.as_str().to_string(),
+            uids: uids.clone(),
+            minted_uids: minted,
+            seed: super::random_u64(),
+        };
+        Member {
+            flush: Flush {
+                session,
+                messages,
+                uids,
+                started,
+            },
+            machine: FlushMachine::new(start, handle),
+            made: Artifacts::default(),
+            outcome: None,
+        }
+    }
+
+    /// The batch's outcome; a flush that never reached its end (a machine
+    /// that refused an event) hands the batch back.
+    pub(super) fn finish(self) -> FlushOutcome {
+        match self.outcome {
+            Some(outcome) => outcome,
+            None => self.made.into_outcome(self.machine.abandon()),
+        }
+    }
+
+    fn settle(&mut self, report: FlushReport) {
+        tracing::debug!(
+            session = self.flush.session.as_str(),
+            persisted = report.persisted,
+            cause = ?report.cause.map(|c| c.label()),
+            action = ?report.action.map(|a| a.label()),
+            attempts = report.attempts,
+            "flush done"
+        );
+        self.outcome = Some(std::mem::take(&mut self.made).into_outcome(report));
+    }
+
+    /// Feed back what the step did.
+    fn feed(&mut self, handle: &mut HandleState, event: Event) {
+        if let Event::Failed(f) = &event {
+            self.made.failure = Some(f.clone());
+        }
+        if let Err(e) = self.machine.handle(handle, event) {
+            tracing::error!(error = %e, "the flush machine refused an event; the batch is handed back");
+            let report = self.machine.clone().abandon();
+            self.outcome = Some(std::mem::take(&mut self.made).into_outcome(report));
+        }
+    }
+}
+
+/// What the machines asked for in one round.
+#[derive(Default)]
+struct Round {
+    open: Vec<usize>,
+    capture: Vec<usize>,
+    divert: Vec<(usize, Cause)>,
+    write: Vec<(usize, WritePlan)>,
+    wait: Vec<usize>,
+    wait_ms: u64,
+}
+
+impl SessionStore {
+    /// Flush several batches at once, each under its own flush machine and
+    /// with its own outcome (in the order given). Batches that write are
+    /// committed together, with one sync: a failure of one batch alone (a
+    /// uid conflict, a lost lease) fails only that batch; a failure that
+    /// ends the transaction is every batch's failure, and each then
+    /// settles as the policy says. No batch is ever half committed.
+    pub fn append_group(&mut self, batches: &[(&SessionId, &[Message])]) -> Vec<FlushOutcome> {
+        let mut members: Vec<Member<'_>> = batches
+            .iter()
+            .map(|&(session, messages)| Member::new(session, messages, &self.handle))
+            .collect();
+        self.run_group(&mut members);
+        members.into_iter().map(Member::finish).collect()
+    }
+
+    /// A member for one batch, started on this handle.
+    pub(super) fn member<'a>(&self, session: &'a SessionId, messages: &'a [Message]) -> Member<'a> {
+        Member::new(session, messages, &self.handle)
+    }
+
+    /// Drive every member's machine to its outcome.
+    pub(super) fn run_group(&mut self, members: &mut [Member<'_>]) {
+        loop {
+            let mut round = Round::default();
+            for (i, m) in members.iter_mut().enumerate() {
+                if m.outcome.is_some() {
+                    continue;
+                }
+                match m.machine.poll(&self.handle) {
+                    Step::Done(report) => m.settle(*report),
+                    Step::Open => round.open.push(i),
+                    Step::Capture => round.capture.push(i),
+                    Step::Divert { cause } => round.divert.push((i, cause)),
+                    Step::Write(plan) => round.write.push((i, plan)),
+                    Step::Wait { ms } => {
+                        round.wait.push(i);
+                        round.wait_ms = round.wait_ms.max(ms);
+                    }
+                }
+            }
+            let events = if !round.open.is_empty() {
+                self.open_for(members, &round.open)
+            } else if !round.capture.is_empty() {
+                self.capture_for(members, &round.capture)
+            } else if !round.divert.is_empty() {
+                round
+                    .divert
+                    .iter()
+                    .map(|&(i, cause)| {
+                        let m = &mut members[i];
+                        (i, self.perform_divert(&m.flush, cause, &mut m.made))
+                    })
+                    .collect()
+            } else if !round.write.is_empty() {
+                self.write_for(members, &round.write)
+            } else if !round.wait.is_empty() {
+                std::thread::sleep(Duration::from_millis(round.wait_ms));
+                round
+                    .wait
+                    .iter()
+                    .map(|&i| {
+                        let elapsed_ms = members[i].flush.elapsed_ms();
+                        (i, Event::Waited { elapsed_ms })
+                    })
+                    .collect()
+            } else {
+                return;
+            };
+            for (i, event) in events {
+                members[i].feed(&mut self.handle, event);
+            }
+        }
+    }
+
+    /// Open the store once for every member that waits on it. A failed
+    /// open's connection, if SQLite made one, is held until the next open
+    /// or the handle's end, so a quarantined file is opened exactly once.
+    fn open_for(&mut self, members: &[Member<'_>], waiting: &[usize]) -> Vec<(usize, Event)> {
+        let failure = match self.open_failure.take() {
+            Some(f) => f,
+            None => {
+                self.quarantined = None;
+                match self.ensure_open() {
+                    Ok(()) => return waiting.iter().map(|&i| (i, Event::Opened)).collect(),
+                    Err(f) => f,
+                }
+            }
+        };
+        let OpenFailure { error, errno, conn } = *failure;
+        self.quarantined = conn;
+        tracing::warn!(batches = waiting.len(), error = %error, errno = ?errno, "store open failed");
+        waiting
+            .iter()
+            .map(|&i| {
+                let elapsed_ms = members[i].flush.elapsed_ms();
+                (i, Event::Failed(failure_of(&error, errno, Vec::new(), elapsed_ms)))
+            })
+            .collect()
+    }
+
+    /// Capture the retired generation the handle still holds, once, for
+    /// every member that asks.
+    fn capture_for(&mut self, members: &mut [Member<'_>], waiting: &[usize]) -> Vec<(usize, Event)> {
+        let trigger = waiting
+            .first()
+            .map(|&i| members[i].made.trigger.clone())
+            .unwrap_or_default();
+        let result = match self.retire_generation(&trigger) {
+            Some(result) => result,
+            // Already tried by this handle, or no generation was recorded
+            // (the guard is off).
+            None => match &self.captured {
+                Some(result) => result.clone(),
+                None => Err(CaptureError {
+                    operation: "read",
+                    file: None,
+                    errno: None,
+                    message: "no retired generation is recorded by this handle".into(),
+                }),
+            },
+        };
+        waiting
+            .iter()
+            .map(|&i| {
+                members[i].made.capture = Some(result.clone());
+                let event = match &result {
+                    Ok(receipt) => Event::Captured(receipt.clone()),
+                    Err(e) => Event::CaptureFailed {
+                        failure: e.to_failure(),
+                        error: e.to_string(),
+                    },
+                };
+                (i, event)
+            })
+            .collect()
+    }
+
+    /// One transaction for every member that asks to write.
+    fn write_for(&mut self, members: &mut [Member<'_>], writers: &[(usize, WritePlan)]) -> Vec<(usize, Event)> {
+        self.counters.append_attempts += 1;
+        let batches: Vec<(&Flush<'_>, WritePlan)> =
+            writers.iter().map(|&(i, plan)| (&members[i].flush, plan)).collect();
+        let result = self.write_group(&batches);
+        let events: Vec<(usize, Event)> = writers
+            .iter()
+            .zip(&result.each)
+            .map(|(&(i, _), local)| {
+                let elapsed_ms = members[i].flush.elapsed_ms();
+                let failure = match (local, &result.group) {
+                    (Some(own), _) => failure_of_write(own, elapsed_ms),
+                    (None, Some(all)) => failure_of_write(all, elapsed_ms),
+                    (None, None) => return (i, Event::Committed),
+                };
+                tracing::info!(
+                    session = members[i].flush.session.as_str(),
+                    code = ?failure.extended_code,
+                    errno = ?failure.errno,
+                    evidence = ?failure.evidence,
+                    msg = %failure.message,
+                    whole_group = local.is_none(),
+                    "append attempt failed"
+                );
+                members[i].made.trigger = format!("flush: {}", failure.message);
+                (i, Event::Failed(failure))
+            })
+            .collect();
+        events
+    }
+
+    /// Append one batch to its session's divert file.
+    fn perform_divert(&mut self, flush: &Flush<'_>, cause: Cause, made: &mut Artifacts) -> Event {
+        let n = flush.messages.len();
+        let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
+        let first_seq = state.next_seq;
+        let lines: Vec<DivertLine<'_>> = flush
+            .messages
+            .iter()
+            .zip(&flush.uids)
+            .enumerate()
+            .map(|(i, (m, uid))| DivertLine {
+                uid,
+                seq: first_seq.map(|s| s + i as i64),
+                message: m,
+            })
+            .collect();
+        self.counters.diverts += 1;
+        let batch_id = mint_id();
+        match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
+            Ok(receipt) => {
+                if let Some(s) = first_seq {
+                    state.next_seq = Some(s + n as i64);
+                }
+                tracing::warn!(session = flush.session.as_str(), batch = %batch_id, count = n, cause = cause.label(), "batch diverted");
+                Event::Diverted(receipt)
+            }
+            Err(e) => {
+                tracing::error!(
+                    session = flush.session.as_str(),
+                    path = ?e.path,
+                    operation = e.operation,
+                    errno = ?e.errno,
+                    count = n,
+                    cause = cause.label(),
+                    "divert failed; batch handed back"
+                );
+                let event = Event::DivertFailed {
+                    failure: e.to_failure(),
+                    message: e.message.clone(),
+                    residue: e.residue.clone(),
+                };
+                made.divert_error = Some(e);
+                event
+            }
+        }
+    }
+}
