@@ -57,6 +57,15 @@ pub const POINTS: &[&str] = &[
     "replay.before_settle",
 ];
 
+/// The crash points inside a group commit (several batches in one
+/// transaction), for its own torture.
+pub const GROUP_POINTS: &[&str] = &[
+    "group.between_batches",
+    "flush.before_commit",
+    "flush.after_commit",
+    "append.before_print",
+];
+
 type Hook = Arc<dyn Fn() + Send + Sync>;
 
 struct Registered {

@@ -100,6 +100,24 @@ impl Message {
         self.item.get("content").and_then(text_of)
     }
 
+    /// The length of [`Message::item_text`], without building it.
+    pub fn encoded_len(&self) -> usize {
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0 += buf.len();
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut count = Count(0);
+        // Writing a map of JSON values to a counter cannot fail.
+        let _ = serde_json::to_writer(&mut count, &self.item);
+        count.0
+    }
+
     /// The object as JSON text, as stored.
     pub fn item_text(&self) -> String {
         Value::Object(self.item.clone()).to_string()
@@ -124,6 +142,11 @@ impl Message {
     /// included, with `uids` (optional; `null` entries are minted) beside.
     pub fn batch_from_json(line: &str) -> Result<Vec<Message>, MessageError> {
         let v: Value = serde_json::from_str(line).map_err(|_| MessageError::NotABatch)?;
+        Message::batch_from_value(v)
+    }
+
+    /// [`Message::batch_from_json`] of a parsed value.
+    pub fn batch_from_value(v: Value) -> Result<Vec<Message>, MessageError> {
         match v {
             Value::Array(items) => items
                 .iter()

@@ -1,5 +1,7 @@
 //! `turnsafe append`: the streaming session writer.
 
+mod many;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -8,7 +10,8 @@ use crate::exit;
 use crate::message::Message;
 use crate::store::{SessionId, SessionStore, StoreOptions, Synchronous};
 
-/// Append batches read from stdin to a session, one batch per line.
+/// Append batches read from stdin, one batch per line, to one session
+/// (`--session`) or, without it, to the session each line names.
 ///
 /// Each line is a batch: a JSON array of messages, each any JSON object
 /// (`role` and `content` are used for `show` and search when present; a
@@ -34,6 +37,17 @@ use crate::store::{SessionId, SessionStore, StoreOptions, Synchronous};
 /// When a batch is handed back, resend it with the `uids` the outcome
 /// lists: a later `turnsafe replay` then cannot store any message twice.
 ///
+/// Without `--session`, each line is `{"session": ID, "messages": [...]}`
+/// (or `{"session": ID, "items": [...], "uids": [...]}`), and its answer is
+/// the outcome with `"session"` added, in input order; a line without a
+/// session (a bare array, say) gets `{"error": ..., "line": N}` and is not
+/// stored. Batches already waiting on stdin are committed together, in one
+/// transaction with one sync (at most 64 batches or 1 MiB of messages);
+/// each still gets its own outcome, and `seq` follows input order within a
+/// session. A batch that fails alone (a uid conflict, a lease held by
+/// another writer) fails only itself; a failure of the whole transaction
+/// is settled by each batch as the policy says.
+///
 /// With `--db URL` (or `TURNSAFE_DB`) the messages go to PostgreSQL under
 /// the same policy; the divert folder stays under `--home` on this
 /// machine, so a server that cannot be reached costs no turn.
@@ -47,8 +61,9 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     db: Option<String>,
     /// The session id (letters, digits, `-`, `_`, `.`, `:`; at most 128 bytes).
+    /// Without it, each line names its own session.
     #[arg(long)]
-    session: String,
+    session: Option<String>,
     /// This writer's name in the turn lease.
     #[arg(long)]
     holder: Option<String>,
@@ -125,12 +140,27 @@ impl Store {
             Store::Postgres(s) => s.release_lease(session),
         }
     }
+    /// Flush batches together: one transaction on SQLite; one batch after
+    /// another on PostgreSQL.
+    fn append_group(&mut self, batches: &[(&SessionId, &[Message])]) -> Vec<crate::outcome::FlushOutcome> {
+        match self {
+            Store::Sqlite(s) => s.append_group(batches),
+            Store::Postgres(s) => batches.iter().map(|&(id, b)| s.append_batch(id, b)).collect(),
+        }
+    }
+    fn release_all_leases(&mut self) {
+        match self {
+            Store::Sqlite(s) => s.release_all_leases(),
+            Store::Postgres(s) => s.release_all_leases(),
+        }
+    }
 }
 
 pub fn run(args: Args) -> i32 {
-    let session = match SessionId::new(&args.session) {
-        Ok(s) => s,
-        Err(e) => {
+    let session = match args.session.as_deref().map(SessionId::new) {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => {
             eprintln!("error: invalid --session: {e}");
             return exit::USAGE;
         }
@@ -159,7 +189,10 @@ pub fn run(args: Args) -> i32 {
         }
         tracing::info!(target_db = url.display(), "appending to postgres");
         let store = Store::Postgres(Box::new(crate::pg::open_store(*url, &args.home, opts)));
-        return stream(store, &session, |_| {});
+        return match session {
+            Some(session) => stream(store, &session, |_| {}),
+            None => many::stream(store, |_| {}),
+        };
     }
     let mut opts = StoreOptions {
         lease_ttl: Duration::from_secs(args.lease_ttl),
@@ -207,7 +240,11 @@ pub fn run(args: Args) -> i32 {
         eprintln!("error: {newer}");
         return exit::USAGE;
     }
-    stream(Store::Sqlite(Box::new(store)), &session, exhaust)
+    let store = Store::Sqlite(Box::new(store));
+    match session {
+        Some(session) => stream(store, &session, exhaust),
+        None => many::stream(store, exhaust),
+    }
 }
 
 /// Create `home` (0700) if missing.

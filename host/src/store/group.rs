@@ -26,6 +26,12 @@ use crate::divert::{self, DivertLine};
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 
+/// The most batches one transaction commits together.
+pub const GROUP_MAX_BATCHES: usize = 64;
+/// The most message bytes (as JSON text) one transaction commits together;
+/// a single larger batch is still committed, alone.
+pub const GROUP_MAX_BYTES: usize = 1 << 20;
+
 /// One batch of a group, from its start to its outcome.
 pub(super) struct Member<'a> {
     flush: Flush<'a>,
@@ -126,6 +132,12 @@ impl SessionStore {
             .collect();
         self.run_group(&mut members);
         members.into_iter().map(Member::finish).collect()
+    }
+
+    /// The outcome of a batch that never ran: handed back whole, cause
+    /// `unknown`.
+    pub(crate) fn handed_back(&self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
+        self.member(session, messages).finish()
     }
 
     /// A member for one batch, started on this handle.

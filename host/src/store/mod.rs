@@ -26,6 +26,7 @@ mod write;
 
 pub use backend::transcript;
 pub use edit::EditError;
+pub use group::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES};
 pub use shared::SharedStore;
 
 use std::collections::HashMap;
@@ -454,16 +455,37 @@ impl SessionStore {
         max
     }
 
-    /// Release every lease this handle holds.
+    /// Release every lease this handle holds, in one transaction (one
+    /// sync, however many sessions it wrote to).
     pub fn release_all_leases(&mut self) {
-        let held: Vec<String> = self
+        let held: Vec<(String, String)> = self
             .sessions
-            .iter()
-            .filter(|(_, s)| s.lease_token.is_some())
-            .map(|(k, _)| k.clone())
+            .iter_mut()
+            .filter_map(|(id, s)| Some((id.clone(), s.lease_token.take()?)))
             .collect();
-        for id in held {
-            self.release_lease(&SessionId(id));
+        let (Some(conn), None) = (&self.conn, self.handle.sticky) else {
+            return;
+        };
+        if held.is_empty() {
+            return;
+        }
+        let released = (|| -> rusqlite::Result<()> {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let mut release = conn.prepare_cached(
+                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
+                 WHERE id = ?1 AND lease_token = ?2",
+            )?;
+            for (id, token) in &held {
+                release.execute(rusqlite::params![id, token])?;
+            }
+            conn.execute_batch("COMMIT")
+        })();
+        if let Err(e) = released {
+            // The leases then expire on their own.
+            tracing::warn!(error = %e, sessions = held.len(), "could not release the turn leases");
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
         }
     }
 

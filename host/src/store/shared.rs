@@ -1,15 +1,20 @@
 //! A store many threads write through at once: [`SharedStore`] is cheap to
 //! clone, `Send + Sync`, and answers every batch with its own outcome.
 //!
-//! Today one handle serves every caller in turn, so each batch keeps the
-//! whole flush protocol (the machine, the guard, the divert) exactly as a
-//! [`SessionStore`] runs it. Callers see the contract a group commit keeps
-//! too: no batch gets its outcome before the commit that made it durable.
+//! Group commit: a caller queues its batch, and if no commit is running it
+//! leads one, taking every batch waiting (at most [`GROUP_MAX_BATCHES`]
+//! batches or [`GROUP_MAX_BYTES`] of messages) into one transaction with
+//! one sync ([`SessionStore::append_group`]). Batches that arrive while it
+//! runs wait for the next one. Each caller gets its outcome only after the
+//! commit that made its batch durable, or after its batch settled
+//! otherwise (diverted with its own receipt, or handed back).
 
+use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use super::{SessionId, SessionStore, StoreError, StoreOptions};
+use super::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES, SessionId, SessionStore, StoreError, StoreOptions};
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 
@@ -17,7 +22,31 @@ use crate::outcome::FlushOutcome;
 #[derive(Clone)]
 pub struct SharedStore {
     home: PathBuf,
-    inner: Arc<Mutex<SessionStore>>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Mutex<SessionStore>,
+    queue: Mutex<Queue>,
+    /// Signalled whenever a group settles.
+    settled: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Queued>,
+    /// Outcomes not yet collected by their callers, by ticket.
+    done: HashMap<u64, FlushOutcome>,
+    /// A caller is committing a group.
+    leading: bool,
+    next_ticket: u64,
+}
+
+struct Queued {
+    ticket: u64,
+    session: SessionId,
+    messages: Vec<Message>,
+    bytes: usize,
 }
 
 impl SharedStore {
@@ -26,7 +55,11 @@ impl SharedStore {
         let store = SessionStore::create(home, opts)?;
         Ok(SharedStore {
             home: home.to_path_buf(),
-            inner: Arc::new(Mutex::new(store)),
+            inner: Arc::new(Inner {
+                store: Mutex::new(store),
+                queue: Mutex::new(Queue::default()),
+                settled: Condvar::new(),
+            }),
         })
     }
 
@@ -34,15 +67,72 @@ impl SharedStore {
         &self.home
     }
 
-    /// The store, even after a caller panicked while holding it: the flush
-    /// machine abandons a flush left running, so the handle stays sound.
+    /// The store, even after a caller panicked while holding it: every
+    /// flush runs its own machines, so the handle stays sound.
     fn lock(&self) -> MutexGuard<'_, SessionStore> {
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.store.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Flush one batch; see [`SessionStore::append_batch`].
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.inner.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Flush one batch, committed together with the batches other threads
+    /// send meanwhile; see [`SessionStore::append_group`] for what a group
+    /// guarantees each batch.
     pub fn append_batch(&self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
-        self.lock().append_batch(session, messages)
+        let mut queue = self.queue();
+        let ticket = queue.next_ticket;
+        queue.next_ticket += 1;
+        queue.waiting.push_back(Queued {
+            ticket,
+            session: session.clone(),
+            messages: messages.to_vec(),
+            bytes: messages.iter().map(Message::encoded_len).sum(),
+        });
+        loop {
+            if let Some(outcome) = queue.done.remove(&ticket) {
+                return outcome;
+            }
+            if queue.leading {
+                queue = self.inner.settled.wait(queue).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            queue.leading = true;
+            let group = take_group(&mut queue.waiting);
+            drop(queue);
+            let outcomes = self.commit(&group);
+            queue = self.queue();
+            queue.done.extend(group.iter().map(|q| q.ticket).zip(outcomes));
+            queue.leading = false;
+            self.inner.settled.notify_all();
+        }
+    }
+
+    /// Commit one group. A panic inside hands every batch of it back
+    /// rather than leaving its callers waiting forever.
+    fn commit(&self, group: &[Queued]) -> Vec<FlushOutcome> {
+        let batches: Vec<(&SessionId, &[Message])> =
+            group.iter().map(|q| (&q.session, q.messages.as_slice())).collect();
+        let mut store = self.lock();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| store.append_group(&batches))) {
+            Ok(outcomes) => outcomes,
+            Err(_) => {
+                tracing::error!(
+                    batches = group.len(),
+                    "a group commit panicked; its batches are handed back"
+                );
+                batches
+                    .iter()
+                    .map(|&(session, messages)| store.handed_back(session, messages))
+                    .collect()
+            }
+        }
+    }
+
+    /// Batches queued for the next group commit.
+    pub fn waiting(&self) -> usize {
+        self.queue().waiting.len()
     }
 
     /// Give back this store's turn lease on `session`.
@@ -54,6 +144,24 @@ impl SharedStore {
     pub fn with_store<T>(&self, f: impl FnOnce(&mut SessionStore) -> T) -> T {
         f(&mut self.lock())
     }
+}
+
+/// The oldest waiting batches, up to the group's bounds (the first is
+/// always taken, however large).
+fn take_group(waiting: &mut VecDeque<Queued>) -> Vec<Queued> {
+    let mut group = Vec::new();
+    let mut bytes = 0usize;
+    while let Some(next) = waiting.front() {
+        if !group.is_empty() && (group.len() >= GROUP_MAX_BATCHES || bytes + next.bytes > GROUP_MAX_BYTES) {
+            break;
+        }
+        bytes += next.bytes;
+        match waiting.pop_front() {
+            Some(q) => group.push(q),
+            None => break,
+        }
+    }
+    group
 }
 
 #[cfg(test)]
