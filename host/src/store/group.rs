@@ -268,6 +268,11 @@ impl SessionStore {
         let batches: Vec<(&Flush<'_>, WritePlan)> =
             writers.iter().map(|&(i, plan)| (&members[i].flush, plan)).collect();
         let result = self.write_group(&batches);
+        if result.group.is_none() {
+            // Counted by the benches: batches per commit.
+            let failed_alone = result.each.iter().filter(|f| f.is_some()).count();
+            tracing::debug!(target: "turnsafe::commit", batches = batches.len() - failed_alone, "group committed");
+        }
         let events: Vec<(usize, Event)> = writers
             .iter()
             .zip(&result.each)
