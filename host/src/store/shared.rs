@@ -46,7 +46,6 @@ struct Queued {
     ticket: u64,
     session: SessionId,
     messages: Vec<Message>,
-    bytes: usize,
 }
 
 impl SharedStore {
@@ -88,7 +87,6 @@ impl SharedStore {
             ticket,
             session: session.clone(),
             messages: messages.to_vec(),
-            bytes: messages.iter().map(Message::encoded_len).sum(),
         });
         loop {
             if let Some(outcome) = queue.done.remove(&ticket) {
@@ -147,15 +145,23 @@ impl SharedStore {
 }
 
 /// The oldest waiting batches, up to the group's bounds (the first is
-/// always taken, however large).
+/// always taken, however large). Sizes are measured only when a second
+/// batch is waiting, so a lone batch pays nothing for the bound.
 fn take_group(waiting: &mut VecDeque<Queued>) -> Vec<Queued> {
-    let mut group = Vec::new();
-    let mut bytes = 0usize;
+    let Some(first) = waiting.pop_front() else {
+        return Vec::new();
+    };
+    let mut group = vec![first];
+    if waiting.is_empty() {
+        return group;
+    }
+    let mut bytes = group[0].bytes();
     while let Some(next) = waiting.front() {
-        if !group.is_empty() && (group.len() >= GROUP_MAX_BATCHES || bytes + next.bytes > GROUP_MAX_BYTES) {
+        let size = next.bytes();
+        if group.len() >= GROUP_MAX_BATCHES || bytes + size > GROUP_MAX_BYTES {
             break;
         }
-        bytes += next.bytes;
+        bytes += size;
         match waiting.pop_front() {
             Some(q) => group.push(q),
             None => break,
@@ -164,11 +170,43 @@ fn take_group(waiting: &mut VecDeque<Queued>) -> Vec<Queued> {
     group
 }
 
+impl Queued {
+    fn bytes(&self) -> usize {
+        self.messages.iter().map(Message::encoded_len).sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn assert_send_sync<T: Send + Sync + Clone>() {}
+
+    fn queued(n: usize, bytes_each: usize) -> VecDeque<Queued> {
+        (0..n)
+            .map(|i| Queued {
+                ticket: i as u64,
+                session: SessionId::new("s").unwrap(),
+                messages: vec![Message::new("user", &"x".repeat(bytes_each))],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_group_is_bounded_by_batches_and_bytes() {
+        let mut q = queued(70, 10);
+        assert_eq!(take_group(&mut q).len(), GROUP_MAX_BATCHES);
+        assert_eq!(take_group(&mut q).len(), 6);
+        assert!(take_group(&mut q).is_empty());
+        // About 400 KB each: two fit in 1 MiB, three do not.
+        let mut q = queued(5, 400_000);
+        let sizes: Vec<usize> = std::iter::from_fn(|| Some(take_group(&mut q).len()).filter(|&n| n > 0)).collect();
+        assert_eq!(sizes, [2, 2, 1]);
+        // A batch larger than the bound still goes, alone.
+        let mut q = queued(2, 2 << 20);
+        assert_eq!(take_group(&mut q).len(), 1);
+        assert_eq!(take_group(&mut q).len(), 1);
+    }
 
     #[test]
     fn is_send_sync_and_clone() {

@@ -127,12 +127,19 @@ class TurnsafeSession:
         if not items:
             return
         items = list(items)
-        prints = [_fingerprint(i) for i in items]
+        prints: Optional[List[Optional[str]]] = None
+        uids: Optional[List[Optional[str]]] = None
         with self._lock:
-            uids = [self._take_unsettled(p) for p in prints]
+            # Only a resend after a failure can reuse uids: with nothing
+            # unsettled, no item needs its fingerprint.
+            if self._unsettled:
+                prints = [_fingerprint(i) for i in items]
+                uids = [self._take_unsettled(p) for p in prints]
         outcome = await asyncio.to_thread(self.store.append, self.turnsafe_id, items, uids=uids)
         if outcome.persisted:
             return
+        if prints is None:
+            prints = [_fingerprint(i) for i in items]
         with self._lock:
             for p, uid in zip(prints, outcome.uids):
                 if p is not None:
