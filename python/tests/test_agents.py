@@ -482,3 +482,110 @@ def test_the_event_loop_keeps_running_while_a_write_waits(home):
         assert ticks > 30, f"the loop ran {ticks} times while add_items waited about 1 s"
 
     asyncio.run(main())
+
+
+FD_CHILD = r'''
+import asyncio, json, os, resource, sys
+os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+from agents import Agent, Runner, function_tool
+from agents.testing import ScriptedModel, assistant_message, function_call
+import turnsafe_store
+from turnsafe_store.agents import TurnsafeSession
+
+home, mode = sys.argv[1], sys.argv[2]
+leaked = []
+
+
+def lowest_free_fd():
+    fd = 0
+    while True:
+        try:
+            os.fstat(fd)
+        except OSError:
+            return fd
+        fd += 1
+
+
+def exhaust():
+    """No new descriptor can be opened from here on: RLIMIT_NOFILE drops to
+    the lowest free descriptor, as a process full of sockets would be."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free_fd(), hard))
+    try:
+        leaked.append(open(os.devnull))
+    except OSError as e:
+        return e.errno
+    return None
+
+
+@function_tool
+def leak() -> str:
+    """A tool that leaks every descriptor the process has left."""
+    return f"errno {exhaust()}"
+
+
+async def main():
+    model = ScriptedModel()
+    agent = Agent(name="t", model=model, tools=[leak])
+    # The thread pool the session runs its blocking calls on exists first.
+    await asyncio.to_thread(lambda: None)
+    if mode == "before":
+        errno = exhaust()
+        session = TurnsafeSession("fd-user", home)
+        model.enqueue([assistant_message("never said")])
+        try:
+            await Runner.run(agent, "hello", session=session)
+            print(json.dumps({"ran": True, "errno": errno}))
+        except turnsafe_store.Error as e:
+            print(json.dumps({"error": str(e), "cause": e.cause, "errno": errno,
+                              "model_calls": len(model.calls), "type": type(e).__name__}))
+        return
+    session = TurnsafeSession("fd-user", home)
+    model.enqueue([function_call("leak", {}, call_id="c1")])
+    model.enqueue([assistant_message("done")])
+    r = await Runner.run(agent, "leak please", session=session)
+    print(json.dumps({"ran": True, "final": r.final_output, "items": await session.get_items()}))
+
+
+asyncio.run(main())
+'''
+
+
+def run_fd_child(home, mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", FD_CHILD, str(home), mode], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_fd_exhaustion_inside_a_run_costs_no_turn(home):
+    """A tool leaks every descriptor mid-run (setrlimit in a child): the
+    store already holds its files, so the turn is committed; recounted from
+    disk by another process."""
+    got = run_fd_child(home, "tool")
+    assert got["ran"] and got["final"] == "done"
+    items = got["items"]
+    assert [i.get("type", "message") for i in items] == ["message", "function_call", "function_call_output", "message"]
+    assert items[2]["output"] == "errno 24", "the tool really ran out of descriptors"
+    stored = Store(home)
+    try:
+        assert stored.show(safe_session_id("fd-user")) == items
+    finally:
+        stored.close()
+    assert not (home / "sessions").exists(), "nothing was diverted"
+
+
+def test_fd_exhaustion_before_the_store_opens_fails_the_run_before_the_model(home):
+    """No descriptor is left when the session is made: the run fails loudly,
+    naming the cause, before the model is called or any input is taken, and
+    nothing is stored or claimed anywhere."""
+    got = run_fd_child(home, "before")
+    assert got.get("errno") == 24, got
+    assert "ran" not in got, got
+    assert got["cause"] == "disk", got
+    assert got["model_calls"] == 0
+    assert not (home / "sessions").exists()
+    stored = Store(home)
+    try:
+        assert stored.show(safe_session_id("fd-user")) == []
+    finally:
+        stored.close()
