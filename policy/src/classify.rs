@@ -16,6 +16,7 @@ use crate::errno::{EDQUOT, ENOSPC};
 use crate::model::{Basis, Cause, Classification, Evidence, Observation, Operation};
 #[allow(unused_imports)]
 use crate::prelude::*;
+use crate::text::contains;
 
 /// Classify one observation. Total: every input gets a cause.
 pub fn classify(obs: &Observation) -> Classification {
@@ -111,7 +112,8 @@ fn from_codes(obs: &Observation) -> Option<(Cause, Basis)> {
         }
     }
     let primary = primary?;
-    if primary == CANTOPEN && ext.is_none_or(|e| e == CANTOPEN) && lower(&obs.message).contains("database is locked") {
+    if primary == CANTOPEN && ext.is_none_or(|e| e == CANTOPEN) && contains(&lower(&obs.message), "database is locked")
+    {
         // Generic CANTOPEN is `disk` whatever errno says; only a lock named
         // in the text makes it retryable, and then the text is the basis.
         return Some((Cause::Locked, Basis::Message));
@@ -138,18 +140,16 @@ fn lower(s: &str) -> String {
 fn phrase_is_corrupt(m: &str) -> bool {
     ["malformed", "file is not a database", "corrupt"]
         .iter()
-        .any(|p| m.contains(p))
+        .any(|p| contains(m, p))
 }
 
 /// Phrase fallback for hosts without codes. Order matters: a lock first (it
 /// is retryable), then corruption, which outranks anything that merely says
 /// "disk", then fullness, then the generic storage phrases.
 fn from_message(obs: &Observation) -> Option<Cause> {
+    // A blank message matches no phrase below, so it ends in `None`.
     let m = lower(&obs.message);
-    if m.trim().is_empty() {
-        return None;
-    }
-    let any = |ps: &[&str]| ps.iter().any(|p| m.contains(p));
+    let any = |ps: &[&str]| ps.iter().any(|p| contains(&m, p));
     if any(&[
         "database is locked",
         "database table is locked",
@@ -158,7 +158,7 @@ fn from_message(obs: &Observation) -> Option<Cause> {
     ]) {
         return Some(Cause::Locked);
     }
-    if m.contains("fts5") && phrase_is_corrupt(&m) {
+    if contains(&m, "fts5") && phrase_is_corrupt(&m) {
         return Some(Cause::FtsIndex);
     }
     if phrase_is_corrupt(&m) {
@@ -173,10 +173,10 @@ fn from_message(obs: &Observation) -> Option<Cause> {
         return Some(Cause::DiskFull);
     }
     if obs.operation == Operation::AppendBatch {
-        if m.contains("foreign key constraint failed") {
+        if contains(&m, "foreign key constraint failed") {
             return Some(Cause::SessionRowMissing);
         }
-        if m.contains("unique constraint failed") {
+        if contains(&m, "unique constraint failed") {
             return Some(Cause::UidConflict);
         }
     }

@@ -12,7 +12,7 @@ wit_bindgen::generate!({
 });
 
 use alloc::rc::Rc;
-use core::cell::RefCell;
+use core::cell::{RefCell, RefMut};
 
 use exports::turnsafe::policy::engine::{
     Action, Basis, Cause, Classification, CopyContext, Decision, Event, Evidence, Flush, FlushStart, Guest, GuestFlush,
@@ -57,16 +57,13 @@ fn evidence(e: Evidence) -> m::Evidence {
 }
 
 fn observation(o: Observation) -> m::Observation {
-    let mut ev: Vec<m::Evidence> = o.evidence.into_iter().map(evidence).collect();
-    ev.sort();
-    ev.dedup();
     m::Observation {
         operation: operation(o.operation),
         code: o.code,
         extended_code: o.extended_code,
         message: o.message,
         errno: o.errno,
-        evidence: ev,
+        evidence: m::Evidence::set(o.evidence.into_iter().map(evidence)),
         attempt: o.attempt.max(1),
         elapsed_ms: o.elapsed_ms,
         seed: o.seed,
@@ -170,12 +167,7 @@ fn event_in(e: Event) -> machine::Event {
             extended_code: f.extended_code,
             message: f.message,
             errno: f.errno,
-            evidence: {
-                let mut ev: Vec<m::Evidence> = f.evidence.into_iter().map(evidence).collect();
-                ev.sort();
-                ev.dedup();
-                ev
-            },
+            evidence: m::Evidence::set(f.evidence.into_iter().map(evidence)),
             elapsed_ms: f.elapsed_ms,
         }),
         Event::Waited(elapsed_ms) => machine::Event::Waited { elapsed_ms },
@@ -230,6 +222,17 @@ fn step_out(s: machine::Step) -> Step {
     }
 }
 
+/// The handle's machine, for one call. A component instance runs one call
+/// at a time and no call re-enters another, so the borrow always succeeds;
+/// `try_borrow_mut` rather than `borrow_mut` keeps `RefCell`'s panic, and
+/// the formatting it carries, out of the component.
+fn borrowed(cell: &RefCell<machine::Handle>) -> RefMut<'_, machine::Handle> {
+    match cell.try_borrow_mut() {
+        Ok(m) => m,
+        Err(_) => core::arch::wasm32::unreachable(),
+    }
+}
+
 /// The handle resource; its flushes share its state.
 struct HandleResource {
     machine: Rc<RefCell<machine::Handle>>,
@@ -248,23 +251,22 @@ impl GuestHandle for HandleResource {
     }
 
     fn is_open(&self) -> bool {
-        self.machine.borrow().is_open()
+        borrowed(&self.machine).is_open()
     }
 
     fn sticky(&self) -> Option<Cause> {
-        cause_opt(self.machine.borrow().sticky())
+        cause_opt(borrowed(&self.machine).sticky())
     }
 
     fn start(&self, start: FlushStart) -> Result<Flush, String> {
-        self.machine
-            .borrow_mut()
+        borrowed(&self.machine)
             .start(machine::FlushStart {
                 session: start.session,
                 uids: start.uids,
                 minted_uids: start.minted_uids,
                 seed: start.seed,
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.message())?;
         Ok(Flush::new(FlushResource {
             machine: self.machine.clone(),
         }))
@@ -273,14 +275,11 @@ impl GuestHandle for HandleResource {
 
 impl GuestFlush for FlushResource {
     fn poll(&self) -> Option<Step> {
-        self.machine.borrow_mut().poll().map(step_out)
+        borrowed(&self.machine).poll().map(step_out)
     }
 
     fn handle(&self, event: Event) -> Result<(), String> {
-        self.machine
-            .borrow_mut()
-            .handle(event_in(event))
-            .map_err(|e| e.to_string())
+        borrowed(&self.machine).handle(event_in(event)).map_err(|e| e.message())
     }
 }
 
@@ -347,7 +346,7 @@ impl Guest for Component {
                 remediation: c.remediation,
                 details: c.details,
             })
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.message())
     }
 
     fn classify_json(observation: String) -> String {

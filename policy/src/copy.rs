@@ -17,6 +17,7 @@ use crate::errno;
 use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Outcome};
 #[allow(unused_imports)]
 use crate::prelude::*;
+use crate::text::{cat, find};
 
 /// Why a copy could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,17 +28,25 @@ pub enum CopyError {
     MissingReceipt,
 }
 
+impl CopyError {
+    /// What `Display` prints, built without `core::fmt` for the component.
+    pub fn message(&self) -> String {
+        match self {
+            CopyError::NotProducible { cause, outcome } => cat(&[
+                "the action table never produces outcome `",
+                outcome.label(),
+                "` for cause `",
+                cause.label(),
+                "`",
+            ]),
+            CopyError::MissingReceipt => "a `diverted` copy needs the receipt path".into(),
+        }
+    }
+}
+
 impl core::fmt::Display for CopyError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            CopyError::NotProducible { cause, outcome } => write!(
-                f,
-                "the action table never produces outcome `{}` for cause `{}`",
-                outcome.label(),
-                cause.label()
-            ),
-            CopyError::MissingReceipt => f.write_str("a `diverted` copy needs the receipt path"),
-        }
+        f.write_str(&self.message())
     }
 }
 
@@ -120,10 +129,13 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Vec<String>
     // What the operator does about the retired generation depends on what
     // is really on disk: a receipt, a failed capture, or nothing known.
     match (&ctx.capture_receipt, &ctx.capture_failure) {
-        (Some(r), _) => steps.push(format!(
-            "The retired generation was captured at {}; inspect it with `turnsafe recover --source {} --inspect-only`.",
-            r.path, r.path
-        )),
+        (Some(r), _) => steps.push(cat(&[
+            "The retired generation was captured at ",
+            &r.path,
+            "; inspect it with `turnsafe recover --source ",
+            &r.path,
+            " --inspect-only`.",
+        ])),
         (None, Some(_)) => steps.push(
             "Capturing the retired generation failed: stop every writer of this state.db, then run \
              `turnsafe recover --source state.db --inspect-only` before anything else touches it."
@@ -140,11 +152,12 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Vec<String>
         // Replay refuses while a capture is unsettled: the capture's rows
         // come first, or the diverted ones would leave a hole before them.
         Outcome::Diverted => steps.push(match &ctx.capture_receipt {
-            Some(r) => format!(
-                "Settle the capture first with `turnsafe recover --source {} --install` (or `--dismiss` if its \
-                 frames do not matter), then run `turnsafe replay` to import the kept copy.",
-                r.path
-            ),
+            Some(r) => cat(&[
+                "Settle the capture first with `turnsafe recover --source ",
+                &r.path,
+                " --install` (or `--dismiss` if its frames do not matter), then run `turnsafe replay` to import \
+                 the kept copy.",
+            ]),
             None if crate::decide::needs_capture(cause) => "When storage is fixed and every capture `turnsafe doctor` \
                 lists is settled, run `turnsafe replay` to import the kept copy."
                 .into(),
@@ -172,20 +185,18 @@ fn safe_operation(op: &str) -> &str {
 /// `op: human errno`, or just `op`, for a failed file operation.
 fn failed_step(operation: &str, errno: Option<i64>) -> String {
     match errno {
-        Some(e) => format!("{}: {}", safe_operation(operation), errno::human(e)),
+        Some(e) => cat(&[safe_operation(operation), ": ", &errno::human(e)]),
         None => safe_operation(operation).to_string(),
     }
 }
 
 /// The digits after `marker` in `lower`, if any.
 fn number_after(lower: &str, marker: &str) -> Option<i64> {
-    let i = lower.find(marker)?;
-    let digits: String = lower[i + marker.len()..]
-        .chars()
-        .skip_while(|c| *c == ' ')
-        .take_while(|c| c.is_ascii_digit())
-        .collect();
-    digits.parse().ok()
+    let i = find(lower, marker)?;
+    // `get`, not indexing: a slice that cannot fail needs no panic path.
+    let rest = lower.get(i + marker.len()..)?.trim_start_matches(' ');
+    let end = rest.bytes().position(|b| !b.is_ascii_digit()).unwrap_or(rest.len());
+    rest.get(..end)?.parse().ok()
 }
 
 /// Read a host's free-form divert error (`"open: EMFILE"`, `"fsync:28"`,
@@ -259,12 +270,15 @@ pub const KNOWN_CAPTURE_OPS: &[&str] = &[
     "fsync_dir",
 ];
 
+/// The reason with its first letter in capitals. Every reason is ASCII,
+/// so an ASCII upper-case is enough, and it keeps the Unicode case tables
+/// (several kilobytes) out of the component.
 fn capitalise(s: &str) -> String {
-    let mut c = s.chars();
-    match c.next() {
-        Some(first) => first.to_uppercase().chain(c).collect(),
-        None => String::new(),
+    let mut out = String::from(s);
+    if let Some(first) = out.get_mut(..1) {
+        first.make_ascii_uppercase();
     }
+    out
 }
 
 /// Build the copy for an outcome.
@@ -276,21 +290,28 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
     let (title, body) = match outcome {
         Outcome::Persisted => (
             "Messages saved after a retry".to_string(),
-            format!("{why}; turnsafe {} and this turn's messages were saved.", remedy(cause)),
+            cat(&[
+                &why,
+                "; turnsafe ",
+                remedy(cause),
+                " and this turn's messages were saved.",
+            ]),
         ),
         Outcome::Diverted => {
             let path = ctx.receipt_path.as_deref().ok_or(CopyError::MissingReceipt)?;
             (
                 "Messages not saved to the database; a copy was kept".to_string(),
-                format!(
-                    "{why}, so this turn's messages were not saved to the session database. \
-                     A copy was kept at {path}."
-                ),
+                cat(&[
+                    &why,
+                    ", so this turn's messages were not saved to the session database. A copy was kept at ",
+                    path,
+                    ".",
+                ]),
             )
         }
         Outcome::DivertFailed => {
             let failure = match &ctx.divert_failure {
-                Some(f) => format!(" ({})", failed_step(&f.operation, f.errno)),
+                Some(f) => cat(&[" (", &failed_step(&f.operation, f.errno), ")"]),
                 None => String::new(),
             };
             let whereabouts = if ctx.divert_residue.is_some() {
@@ -301,28 +322,34 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
             };
             (
                 "Messages not saved, and no copy could be kept".to_string(),
-                format!(
-                    "{why}, so this turn's messages were not saved to the session database. \
-                     Writing a backup copy failed too{failure}. {whereabouts}"
-                ),
+                cat(&[
+                    &why,
+                    ", so this turn's messages were not saved to the session database. Writing a backup copy \
+                     failed too",
+                    &failure,
+                    ". ",
+                    whereabouts,
+                ]),
             )
         }
         Outcome::HandedBack => (
             "Messages not saved".to_string(),
-            format!(
-                "{why}, so this turn's messages were not saved and no copy was made. \
-                 They were handed back to the caller."
-            ),
+            cat(&[
+                &why,
+                ", so this turn's messages were not saved and no copy was made. They were handed back to the \
+                 caller.",
+            ]),
         ),
     };
     let body = match (&ctx.capture_receipt, &ctx.capture_failure, outcome) {
         (_, _, Outcome::Persisted) => body,
-        (Some(r), _, _) => format!("{body} The retired database generation was captured at {}.", r.path),
-        (None, Some(f), _) => format!(
-            "{body} Capturing the retired database generation failed ({}), so it exists only in the files \
-             still open in the writing process.",
-            failed_step(&f.operation, f.errno)
-        ),
+        (Some(r), _, _) => cat(&[&body, " The retired database generation was captured at ", &r.path, "."]),
+        (None, Some(f), _) => cat(&[
+            &body,
+            " Capturing the retired database generation failed (",
+            &failed_step(&f.operation, f.errno),
+            "), so it exists only in the files still open in the writing process.",
+        ]),
         (None, None, _) => body,
     };
     let mut details = Vec::new();
@@ -364,7 +391,7 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
         details.push(("errno".to_string(), errno::human(e)));
     }
     Ok(Copy {
-        code: format!("{}.{}", cause.label(), outcome.label()),
+        code: cat(&[cause.label(), ".", outcome.label()]),
         cause,
         outcome,
         title,
@@ -372,4 +399,21 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
         remediation: remediation(cause, outcome, ctx),
         details,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `capitalise` upper-cases ASCII only: every reason must start with an
+    /// ASCII letter for the titles and bodies to read right.
+    #[test]
+    fn every_reason_is_ascii_and_starts_with_a_letter() {
+        for cause in Cause::ALL {
+            let r = reason(cause);
+            assert!(r.is_ascii(), "{r}");
+            assert!(r.as_bytes()[0].is_ascii_lowercase(), "{r}");
+            assert!(capitalise(r).as_bytes()[0].is_ascii_uppercase());
+        }
+    }
 }

@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+use crate::text::{cat, signed};
 pub const ENOENT: i64 = 2;
 pub const EACCES: i64 = 13;
 pub const EMFILE: i64 = 24;
@@ -59,7 +60,7 @@ pub fn from_name(name: &str) -> Option<i64> {
 /// Human form used in copy: `"too many open files (EMFILE)"`, or `"errno 999"`.
 pub fn human(errno: i64) -> String {
     match describe(errno) {
-        Some((name, text)) => format!("{text} ({name})"),
-        None => format!("errno {errno}"),
+        Some((name, text)) => cat(&[text, " (", name, ")"]),
+        None => cat(&["errno ", &signed(errno)]),
     }
 }

@@ -19,6 +19,7 @@ use crate::model::{
     CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, Decision, DivertFailure, DivertResidue, Evidence,
     Observation, Operation, Outcome,
 };
+use crate::text::cat;
 use crate::value as v;
 
 /// A present field: missing and `null` are both absent.
@@ -34,24 +35,17 @@ pub(crate) fn observation_from_json(obj: &Json) -> Result<Observation, String> {
     let operation = match present(obj, "operation") {
         None => Operation::AppendBatch,
         Some(Json::Str(s)) => Operation::from_label(s).ok_or_else(|| {
-            format!(
-                "unknown operation `{}`: expected open, append_batch, checkpoint, divert or replay",
-                clip(s)
-            )
+            cat(&[
+                "unknown operation `",
+                &clip(s),
+                "`: expected open, append_batch, checkpoint, divert or replay",
+            ])
         })?,
         Some(_) => return Err("field `operation` must be a string".into()),
     };
     let evidence = match present(obj, "evidence") {
         None => Vec::new(),
-        Some(Json::Arr(items)) => {
-            let mut out: Vec<Evidence> = items
-                .iter()
-                .filter_map(|i| i.as_str().and_then(Evidence::from_label))
-                .collect();
-            out.sort();
-            out.dedup();
-            out
-        }
+        Some(Json::Arr(items)) => Evidence::set(items.iter().filter_map(|i| i.as_str().and_then(Evidence::from_label))),
         Some(_) => return Err("field `evidence` must be a list of strings".into()),
     };
     let message = match present(obj, "message") {
@@ -84,8 +78,8 @@ fn int_field(obj: &Json, key: &str) -> Result<Option<i64>, String> {
         Some(n @ Json::Num(_)) => n
             .as_i64()
             .map(Some)
-            .ok_or_else(|| format!("field `{key}` must be an integer")),
-        Some(_) => Err(format!("field `{key}` must be an integer or null")),
+            .ok_or_else(|| cat(&["field `", key, "` must be an integer"])),
+        Some(_) => Err(cat(&["field `", key, "` must be an integer or null"])),
     }
 }
 
@@ -138,7 +132,7 @@ fn error_json(msg: impl Into<String>) -> Json {
 }
 
 fn parse_request(text: &str) -> Result<Json, String> {
-    parse(text).map_err(|e| format!("invalid JSON: {e}"))
+    parse(text).map_err(|e| cat(&["invalid JSON: ", &e]))
 }
 
 /// `classify-json`: one observation object in, the classify object out.
@@ -170,7 +164,7 @@ fn context_from_json(v: Option<&Json>) -> Result<CopyContext, String> {
         match present(obj, key) {
             None => Ok(None),
             Some(Json::Str(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(format!("field `{key}` must be a string")),
+            Some(_) => Err(cat(&["field `", key, "` must be a string"])),
         }
     };
     let failure_value = obj.get("divert_failed").or_else(|| obj.get("divert_error"));
@@ -266,7 +260,7 @@ pub fn explain_json(request: &str) -> String {
         let ctx = context_from_json(Some(&v))?;
         explain(cause, outcome, &ctx)
             .map(|c| copy_json(&c))
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.message())
     };
     run().unwrap_or_else(error_json).to_text()
 }
@@ -292,7 +286,7 @@ pub fn evaluate_json(request: &str) -> String {
         let copy = match ctx_value.and_then(|c| c.get("outcome")).and_then(Json::as_str) {
             Some(label) => {
                 let o = Outcome::from_label(label).ok_or("unknown `context.outcome`")?;
-                Some(explain(cause, o, &ctx).map_err(|e| e.to_string())?)
+                Some(explain(cause, o, &ctx).map_err(|e| e.message())?)
             }
             // A derived outcome the table cannot pair with this cause (a
             // fenced write that reached the divert step) has no user copy.

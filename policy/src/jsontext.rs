@@ -13,6 +13,7 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+use crate::text;
 
 /// Deepest nesting accepted, as serde_json's default.
 const MAX_DEPTH: usize = 128;
@@ -31,11 +32,11 @@ pub(crate) enum Json {
 
 impl Json {
     pub(crate) fn int(n: i64) -> Json {
-        Json::Num(n.to_string())
+        Json::Num(text::signed(n))
     }
 
     pub(crate) fn uint(n: u64) -> Json {
-        Json::Num(n.to_string())
+        Json::Num(text::unsigned(n))
     }
 
     pub(crate) fn is_null(&self) -> bool {
@@ -110,9 +111,7 @@ impl Json {
                 out.push(']');
             }
             Json::Obj(fields) => {
-                let mut sorted: Vec<&(String, Json)> = fields.iter().collect();
-                // Stable: of repeated keys, the last one stays last.
-                sorted.sort_by(|a, b| a.0.cmp(&b.0));
+                let sorted = sorted_by_key(fields);
                 out.push('{');
                 let mut first = true;
                 for (i, (k, v)) in sorted.iter().enumerate() {
@@ -131,6 +130,19 @@ impl Json {
             }
         }
     }
+}
+
+/// The fields in key order; stable, so of repeated keys the last one stays
+/// last. An insertion sort: the objects the policy writes have a handful
+/// of keys (it never writes back an object it parsed), and the std sort
+/// costs kilobytes in the component.
+fn sorted_by_key(fields: &[(String, Json)]) -> Vec<&(String, Json)> {
+    let mut sorted: Vec<&(String, Json)> = Vec::with_capacity(fields.len());
+    for field in fields {
+        let at = sorted.partition_point(|f| f.0 <= field.0);
+        sorted.insert(at, field);
+    }
+    sorted
 }
 
 fn write_str(s: &str, out: &mut String) {
@@ -163,12 +175,12 @@ fn integral(text: &str) -> Option<i64> {
         Some(rest) => (true, rest),
         None => (false, text),
     };
-    let (mantissa, exp) = match body.find(['e', 'E']) {
-        Some(i) => (&body[..i], body[i + 1..].parse::<i64>().ok()?),
+    let (mantissa, exp) = match body.split_once(['e', 'E']) {
+        Some((mantissa, exp)) => (mantissa, exp.parse::<i64>().ok()?),
         None => (body, 0),
     };
     let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let digits: String = int_part.chars().chain(frac_part.chars()).collect();
+    let digits = text::cat(&[int_part, frac_part]);
     // The value is digits * 10^(exp - frac_len): integral when every digit
     // past the point is zero.
     let point = int_part.len() as i64 + exp;
@@ -177,7 +189,8 @@ fn integral(text: &str) -> Option<i64> {
     } else if point as usize >= digits.len() {
         &digits
     } else {
-        let (w, rest) = digits.split_at(point as usize);
+        // The digits are ASCII, so every split point is a char boundary.
+        let (w, rest) = digits.split_at_checked(point as usize)?;
         if rest.bytes().any(|b| b != b'0') {
             return None;
         }
@@ -230,7 +243,7 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     fn error(&self, what: &str) -> String {
-        format!("{what} at byte {}", self.i)
+        text::cat(&[what, " at byte ", &text::unsigned(self.i as u64)])
     }
 
     fn ws(&mut self) {

@@ -36,7 +36,6 @@ extern crate alloc;
 /// The `alloc` names every module uses, so the same code builds with and without std.
 mod prelude {
     pub use alloc::boxed::Box;
-    pub use alloc::format;
     pub use alloc::string::{String, ToString};
     pub use alloc::vec;
     pub use alloc::vec::Vec;
@@ -53,6 +52,7 @@ pub mod machine;
 mod model;
 mod retry;
 pub mod table;
+mod text;
 mod value;
 
 #[cfg(target_arch = "wasm32")]

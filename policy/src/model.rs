@@ -89,6 +89,17 @@ impl Evidence {
     pub fn from_label(s: &str) -> Option<Evidence> {
         Evidence::ALL.into_iter().find(|e| e.label() == s)
     }
+
+    /// The distinct items, in the enum's order: what sorting and
+    /// deduplicating gives, in one pass however long the list, and without
+    /// the std sort, which costs kilobytes in the component.
+    pub(crate) fn set(items: impl IntoIterator<Item = Evidence>) -> Vec<Evidence> {
+        let mut seen = [false; Evidence::ALL.len()];
+        for e in items {
+            seen[e as usize] = true;
+        }
+        Evidence::ALL.into_iter().filter(|e| seen[*e as usize]).collect()
+    }
 }
 
 /// Everything the host observed about one failed storage operation.
@@ -203,7 +214,7 @@ impl Cause {
 
     /// The error string a failed flush returns: `session_persistence_failed:<cause>`.
     pub fn failure_label(self) -> String {
-        format!("session_persistence_failed:{}", self.label())
+        crate::text::cat(&["session_persistence_failed:", self.label()])
     }
 }
 
@@ -396,4 +407,32 @@ pub struct Copy {
     pub remediation: Vec<String>,
     /// Ordered key/value details (session, receipt path, divert failure, errno).
     pub details: Vec<(String, String)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_evidence_set_is_the_sorted_distinct_list() {
+        let lists: [&[Evidence]; 4] = [
+            &[],
+            &[Evidence::FtsScope, Evidence::DbReplaced, Evidence::FtsScope],
+            &[
+                Evidence::CompressionClosed,
+                Evidence::CompressionInProgress,
+                Evidence::DeletedWalGeneration,
+            ],
+            &Evidence::ALL,
+        ];
+        for list in lists {
+            let mut sorted = list.to_vec();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(Evidence::set(list.iter().copied()), sorted);
+        }
+        let mut reversed = Evidence::ALL;
+        reversed.reverse();
+        assert_eq!(Evidence::set(reversed), Evidence::ALL.to_vec());
+    }
 }

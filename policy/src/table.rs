@@ -5,7 +5,10 @@ use crate::decide::{is_sticky, needs_capture, outcomes_of, possible_actions};
 use crate::model::{Cause, Outcome};
 #[allow(unused_imports)]
 use crate::prelude::*;
+// Only the docs and the CLI render the table, never the component, so
+// `format!` costs the component nothing here.
 use crate::retry::RetryPlan;
+use alloc::format;
 
 fn basis_of(cause: Cause) -> &'static str {
     match cause {

@@ -184,15 +184,22 @@ pub enum ProtocolError {
     Unexpected { step: &'static str, event: &'static str },
 }
 
-impl core::fmt::Display for ProtocolError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+impl ProtocolError {
+    /// What `Display` prints, built without `core::fmt` for the component.
+    pub fn message(&self) -> String {
         match self {
-            ProtocolError::FlushRunning => f.write_str("a flush is already running on this handle"),
-            ProtocolError::NoFlush => f.write_str("no flush is running on this handle"),
+            ProtocolError::FlushRunning => "a flush is already running on this handle".into(),
+            ProtocolError::NoFlush => "no flush is running on this handle".into(),
             ProtocolError::Unexpected { step, event } => {
-                write!(f, "event `{event}` does not answer step `{step}`")
+                crate::text::cat(&["event `", event, "` does not answer step `", step, "`"])
             }
         }
+    }
+}
+
+impl core::fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(&self.message())
     }
 }
 

@@ -33,6 +33,7 @@ use crate::jsontext::{Json, parse};
 
 use super::{CaptureReport, DivertReceipt, Event, Failure, FlushStart, Handle, HandleState, Step};
 use crate::model::{CaptureFailure, CaptureReceipt, CapturedFile, Cause, DivertFailure, DivertResidue, Evidence};
+use crate::text::{cat, unsigned};
 use crate::value as v;
 
 /// The version of the opaque state this build reads and writes.
@@ -49,14 +50,14 @@ fn string(o: &Obj, key: &str, what: &str) -> Result<String, String> {
     match field(o, key) {
         Some(Json::Str(s)) => Ok(s.clone()),
         None => Ok(String::new()),
-        Some(_) => Err(format!("{what}: field `{key}` must be a string")),
+        Some(_) => Err(cat(&[what, ": field `", key, "` must be a string"])),
     }
 }
 
 fn required_string(o: &Obj, key: &str, what: &str) -> Result<String, String> {
     match field(o, key) {
         Some(Json::Str(s)) => Ok(s.clone()),
-        _ => Err(format!("{what}: field `{key}` must be a string")),
+        _ => Err(cat(&[what, ": field `", key, "` must be a string"])),
     }
 }
 
@@ -65,7 +66,7 @@ fn u64_field(o: &Obj, key: &str, what: &str) -> Result<u64, String> {
         None => Ok(0),
         Some(v) => v
             .as_u64()
-            .ok_or_else(|| format!("{what}: field `{key}` must be a non-negative integer")),
+            .ok_or_else(|| cat(&[what, ": field `", key, "` must be a non-negative integer"])),
     }
 }
 
@@ -75,7 +76,7 @@ fn i64_opt(o: &Obj, key: &str, what: &str) -> Result<Option<i64>, String> {
         Some(v) => v
             .as_i64()
             .map(Some)
-            .ok_or_else(|| format!("{what}: field `{key}` must be an integer or null")),
+            .ok_or_else(|| cat(&[what, ": field `", key, "` must be an integer or null"])),
     }
 }
 
@@ -87,10 +88,10 @@ fn strings(o: &Obj, key: &str, what: &str) -> Result<Vec<String>, String> {
             .map(|i| {
                 i.as_str()
                     .map(String::from)
-                    .ok_or_else(|| format!("{what}: `{key}` must be a list of strings"))
+                    .ok_or_else(|| cat(&[what, ": `", key, "` must be a list of strings"]))
             })
             .collect(),
-        Some(_) => Err(format!("{what}: `{key}` must be a list of strings")),
+        Some(_) => Err(cat(&[what, ": `", key, "` must be a list of strings"])),
     }
 }
 
@@ -98,7 +99,7 @@ fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Obj, String> {
     if v.is_object() {
         Ok(v)
     } else {
-        Err(format!("{what} must be a JSON object"))
+        Err(cat(&[what, " must be a JSON object"]))
     }
 }
 
@@ -135,7 +136,7 @@ fn capture_receipt_from(o: &Obj) -> Result<CaptureReceipt, String> {
                 })
             })
             .collect::<Result<_, String>>()?,
-        Some(_) => return Err(format!("{what}: `files` must be a list")),
+        Some(_) => return Err(cat(&[what, ": `files` must be a list"])),
     };
     Ok(CaptureReceipt {
         path: required_string(o, "path", what)?,
@@ -159,11 +160,11 @@ fn divert_receipt_from(o: &Obj) -> Result<DivertReceipt, String> {
 pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
     let o = object(v, "`event`")?;
     let kind = required_string(o, "type", "event")?;
-    let what = format!("event `{kind}`");
+    let what = cat(&["event `", &kind, "`"]);
     let receipt = || -> Result<&Obj, String> {
         field(o, "receipt")
             .filter(|r| r.is_object())
-            .ok_or_else(|| format!("{what}: field `receipt` must be an object"))
+            .ok_or_else(|| cat(&[&what, ": field `receipt` must be an object"]))
     };
     Ok(match kind.as_str() {
         "opened" => Event::Opened,
@@ -172,15 +173,9 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
             let evidence = match field(o, "evidence") {
                 None => Vec::new(),
                 Some(Json::Arr(items)) => {
-                    let mut ev: Vec<Evidence> = items
-                        .iter()
-                        .filter_map(|i| i.as_str().and_then(Evidence::from_label))
-                        .collect();
-                    ev.sort();
-                    ev.dedup();
-                    ev
+                    Evidence::set(items.iter().filter_map(|i| i.as_str().and_then(Evidence::from_label)))
                 }
-                Some(_) => return Err(format!("{what}: `evidence` must be a list of labels")),
+                Some(_) => return Err(cat(&[&what, ": `evidence` must be a list of labels"])),
             };
             Event::Failed(Failure {
                 code: i64_opt(o, "code", &what)?,
@@ -221,10 +216,12 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
             },
         },
         other => {
-            return Err(format!(
-                "unknown event `{other}`: expected opened, committed, failed, waited, captured, capture_failed, \
-                 diverted or divert_failed"
-            ));
+            return Err(cat(&[
+                "unknown event `",
+                other,
+                "`: expected opened, committed, failed, waited, captured, capture_failed, diverted or \
+                 divert_failed",
+            ]));
         }
     })
 }
@@ -335,7 +332,11 @@ fn saved_to_value(s: &Saved) -> Value {
 }
 
 fn refuse(why: &str) -> String {
-    format!("the state is not one this policy wrote ({why}); send the state the last answer gave, unchanged")
+    cat(&[
+        "the state is not one this policy wrote (",
+        why,
+        "); send the state the last answer gave, unchanged",
+    ])
 }
 
 fn saved_from_value(v: Option<&Value>) -> Result<Saved, String> {
@@ -351,7 +352,14 @@ fn saved_from_value(v: Option<&Value>) -> Result<Saved, String> {
     }
     match o.get("v").and_then(Json::as_u64) {
         Some(STATE_FORMAT) => {}
-        Some(n) => return Err(refuse(&format!("format {n}; this build reads format {STATE_FORMAT}"))),
+        Some(n) => {
+            return Err(refuse(&cat(&[
+                "format ",
+                &unsigned(n),
+                "; this build reads format ",
+                &unsigned(STATE_FORMAT),
+            ])));
+        }
         None => return Err(refuse("no format version")),
     }
     let open = o
@@ -406,9 +414,9 @@ fn restore(saved: &Saved) -> Result<Handle, String> {
     // The flush's effects on the handle are replayed too, so the replay
     // starts from the state the flush started from.
     let mut handle = Handle::with_state(saved.state.clone());
-    handle.start(start.clone()).map_err(|e| refuse(&e.to_string()))?;
+    handle.start(start.clone()).map_err(|e| refuse(&e.message()))?;
     for e in events {
-        handle.handle(e.clone()).map_err(|e| refuse(&e.to_string()))?;
+        handle.handle(e.clone()).map_err(|e| refuse(&e.message()))?;
     }
     Ok(handle)
 }
@@ -416,18 +424,18 @@ fn restore(saved: &Saved) -> Result<Handle, String> {
 /// `flush-step-json`: one step of the flush protocol, string in, string out.
 pub fn flush_step_json(request: &str) -> String {
     let run = || -> Result<Value, String> {
-        let v = parse(request).map_err(|e| format!("invalid JSON: {e}"))?;
+        let v = parse(request).map_err(|e| cat(&["invalid JSON: ", &e]))?;
         let obj = object(&v, "the request")?;
         let mut saved = saved_from_value(obj.get("state"))?;
         let mut handle = restore(&saved)?;
         if let Some(start) = field(obj, "start") {
             let start = start_from_value(start)?;
-            handle.start(start.clone()).map_err(|e| e.to_string())?;
+            handle.start(start.clone()).map_err(|e| e.message())?;
             saved.flush = Some((start, Vec::new()));
         }
         if let Some(event) = field(obj, "event") {
             let event = event_from_value(event)?;
-            handle.handle(event.clone()).map_err(|e| e.to_string())?;
+            handle.handle(event.clone()).map_err(|e| e.message())?;
             match saved.flush.as_mut() {
                 Some((_, events)) => events.push(event),
                 None => return Err("an event, but no flush was started".into()),
@@ -454,7 +462,7 @@ pub fn flush_step_json(request: &str) -> String {
 
 /// An event from its wire text (for hosts and tests that speak the wire).
 pub fn event_from_text(text: &str) -> Result<Event, String> {
-    event_from_value(&parse(text).map_err(|e| format!("invalid JSON: {e}"))?)
+    event_from_value(&parse(text).map_err(|e| cat(&["invalid JSON: ", &e]))?)
 }
 
 /// An event as its wire text.

@@ -1,0 +1,108 @@
+//! Strings built without `core::fmt`.
+//!
+//! Why: in the component, `format!` and `to_string()` on numbers or on
+//! `Display` types pull in the whole formatting machinery (the `Formatter`,
+//! padding, `Debug` for chars with its Unicode tables). The policy only
+//! ever joins text and prints integers, so it does both by hand here, and
+//! the native build runs the very same code.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+/// The parts, joined: `cat(&["a", b, "c"])` is `format!("a{b}c")`.
+pub(crate) fn cat(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        out.push_str(p);
+    }
+    out
+}
+
+/// Decimal digits of `n`, as `n.to_string()` writes them.
+pub(crate) fn unsigned(n: u64) -> String {
+    // u64::MAX has 20 digits; they are made last-first.
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut rest = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let mut out = String::with_capacity(digits.len() - i);
+    for d in &digits[i..] {
+        out.push(char::from(*d));
+    }
+    out
+}
+
+/// Decimal digits of `n`, with a leading `-` when negative, as `n.to_string()`.
+pub(crate) fn signed(n: i64) -> String {
+    let magnitude = unsigned(n.unsigned_abs());
+    if n < 0 { cat(&["-", &magnitude]) } else { magnitude }
+}
+
+/// Whether `needle` occurs in `hay`: `str::contains` without the two-way
+/// searcher, which costs kilobytes in the component. The needles are short
+/// fixed phrases, so the plain scan is as fast in practice.
+pub(crate) fn contains(hay: &str, needle: &str) -> bool {
+    find(hay, needle).is_some()
+}
+
+/// The byte index of the first `needle` in `hay`, as `str::find` gives it.
+pub(crate) fn find(hay: &str, needle: &str) -> Option<usize> {
+    let (hay, needle) = (hay.as_bytes(), needle.as_bytes());
+    if needle.is_empty() {
+        return Some(0);
+    }
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_read_as_to_string_writes_them() {
+        for n in [
+            0i64,
+            1,
+            -1,
+            9,
+            10,
+            -10,
+            42,
+            999,
+            1000,
+            i64::MAX,
+            i64::MIN,
+            -9_223_372_036_854_775_807,
+        ] {
+            assert_eq!(signed(n), n.to_string());
+        }
+        for n in [0u64, 7, 10, 123_456_789, u64::MAX, u64::MAX - 1, 1 << 63] {
+            assert_eq!(unsigned(n), n.to_string());
+        }
+    }
+
+    #[test]
+    fn search_agrees_with_str() {
+        let hays = ["", "a", "database is locked", "ééé locked é", "aaab", "disk i/o error"];
+        let needles = ["", "a", "locked", "é l", "aab", "b", "zz", "disk i/o error!"];
+        for h in hays {
+            for n in needles {
+                assert_eq!(find(h, n), h.find(n), "{h:?} {n:?}");
+                assert_eq!(contains(h, n), h.contains(n), "{h:?} {n:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn cat_joins() {
+        assert_eq!(cat(&[]), "");
+        assert_eq!(cat(&["a", "", "bc"]), "abc");
+    }
+}
