@@ -14,6 +14,7 @@ wit_bindgen::generate!({
 use alloc::rc::Rc;
 use core::cell::{RefCell, RefMut};
 
+use exports::turnsafe::policy::engine;
 use exports::turnsafe::policy::engine::{
     Action, Basis, Cause, Classification, CopyContext, Decision, Event, Evidence, Flush, FlushStart, Guest, GuestFlush,
     GuestHandle, Observation, Operation, Outcome, Step, UserCopy, WritePlan,
@@ -151,10 +152,42 @@ fn cause_opt(c: Option<m::Cause>) -> Option<Cause> {
     c.map(cause_out)
 }
 
-fn capture_failure(f: exports::turnsafe::policy::engine::CaptureFailure) -> m::CaptureFailure {
+// One conversion per WIT record, shared by events and copy contexts, so
+// the component carries each once.
+
+fn capture_failure(f: engine::CaptureFailure) -> m::CaptureFailure {
     m::CaptureFailure {
         operation: f.operation,
         errno: f.errno,
+    }
+}
+
+fn capture_receipt(r: engine::CaptureReceipt) -> m::CaptureReceipt {
+    m::CaptureReceipt {
+        path: r.path,
+        files: r
+            .files
+            .into_iter()
+            .map(|f| m::CapturedFile {
+                name: f.name,
+                size: f.size,
+            })
+            .collect(),
+        manifest_sha256: r.manifest_sha256,
+    }
+}
+
+fn divert_failure(f: engine::DivertFailure) -> m::DivertFailure {
+    m::DivertFailure {
+        operation: f.operation,
+        errno: f.errno,
+    }
+}
+
+fn divert_residue(r: engine::DivertResidue) -> m::DivertResidue {
+    m::DivertResidue {
+        path: r.path,
+        offset: r.offset,
     }
 }
 
@@ -171,18 +204,7 @@ fn event_in(e: Event) -> machine::Event {
             elapsed_ms: f.elapsed_ms,
         }),
         Event::Waited(elapsed_ms) => machine::Event::Waited { elapsed_ms },
-        Event::Captured(r) => machine::Event::Captured(m::CaptureReceipt {
-            path: r.path,
-            files: r
-                .files
-                .into_iter()
-                .map(|f| m::CapturedFile {
-                    name: f.name,
-                    size: f.size,
-                })
-                .collect(),
-            manifest_sha256: r.manifest_sha256,
-        }),
+        Event::Captured(r) => machine::Event::Captured(capture_receipt(r)),
         Event::CaptureFailed(e) => machine::Event::CaptureFailed {
             failure: capture_failure(e.failure),
             error: e.error,
@@ -195,15 +217,9 @@ fn event_in(e: Event) -> machine::Event {
             sha256: r.sha256,
         }),
         Event::DivertFailed(e) => machine::Event::DivertFailed {
-            failure: m::DivertFailure {
-                operation: e.failure.operation,
-                errno: e.failure.errno,
-            },
+            failure: divert_failure(e.failure),
             message: e.message,
-            residue: e.residue.map(|r| m::DivertResidue {
-                path: r.path,
-                offset: r.offset,
-            }),
+            residue: e.residue.map(divert_residue),
         },
     }
 }
@@ -310,31 +326,11 @@ impl Guest for Component {
         let ctx = m::CopyContext {
             session: context.session,
             receipt_path: context.receipt_path,
-            divert_failure: context.divert_failure.map(|f| m::DivertFailure {
-                operation: f.operation,
-                errno: f.errno,
-            }),
+            divert_failure: context.divert_failure.map(divert_failure),
             errno: context.errno,
-            capture_receipt: context.capture_receipt.map(|r| m::CaptureReceipt {
-                path: r.path,
-                files: r
-                    .files
-                    .into_iter()
-                    .map(|f| m::CapturedFile {
-                        name: f.name,
-                        size: f.size,
-                    })
-                    .collect(),
-                manifest_sha256: r.manifest_sha256,
-            }),
-            capture_failure: context.capture_failure.map(|f| m::CaptureFailure {
-                operation: f.operation,
-                errno: f.errno,
-            }),
-            divert_residue: context.divert_residue.map(|r| m::DivertResidue {
-                path: r.path,
-                offset: r.offset,
-            }),
+            capture_receipt: context.capture_receipt.map(capture_receipt),
+            capture_failure: context.capture_failure.map(capture_failure),
+            divert_residue: context.divert_residue.map(divert_residue),
         };
         crate::explain(cause_in(cause), outcome_in(outcome), &ctx)
             .map(|c| UserCopy {

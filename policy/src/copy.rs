@@ -84,48 +84,46 @@ fn remedy(cause: Cause) -> &'static str {
 
 /// What an operator can do about a cause, whatever the outcome.
 pub fn cause_remediation(cause: Cause) -> Vec<String> {
-    cause_steps(cause).into_iter().map(String::from).collect()
+    cause_steps(cause).iter().map(|s| String::from(*s)).collect()
 }
 
-fn cause_steps(cause: Cause) -> Vec<&'static str> {
+/// Static slices, not vectors: the component keeps one table of them
+/// instead of code that builds each list.
+fn cause_steps(cause: Cause) -> &'static [&'static str] {
     match cause {
-        Cause::Locked => {
-            vec!["Check for another process writing the same state.db (`turnsafe doctor`)."]
-        }
-        Cause::Compression => vec!["Let the compaction finish before the next turn."],
-        Cause::Disk => vec![
+        Cause::Locked => &["Check for another process writing the same state.db (`turnsafe doctor`)."],
+        Cause::Compression => &["Let the compaction finish before the next turn."],
+        Cause::Disk => &[
             "Check that the session directory exists and is writable, and the open-file limit (`ulimit -n`).",
             "Run `turnsafe doctor` for holders, the fd limit and free space.",
         ],
-        Cause::DiskFull => vec![
+        Cause::DiskFull => &[
             "Free space on the disk that holds state.db.",
             "Run `turnsafe doctor` to see free space.",
         ],
         Cause::Replaced | Cause::DeletedWal => {
-            vec!["Stop every process using this state.db; turnsafe will not write to it again from this handle."]
+            &["Stop every process using this state.db; turnsafe will not write to it again from this handle."]
         }
-        Cause::Corrupt => vec![
+        Cause::Corrupt => &[
             "Stop writing to this state.db.",
             "Run `turnsafe recover --source state.db --output <new.db>` to copy what is readable into a fresh database.",
         ],
-        Cause::FtsIndex => {
-            vec!["Rebuild the search index with `turnsafe doctor --repair-fts` when no writer is running."]
-        }
-        Cause::TurnLease => vec![
+        Cause::FtsIndex => &["Rebuild the search index with `turnsafe doctor --repair-fts` when no writer is running."],
+        Cause::TurnLease => &[
             "Let the process that now holds this turn finish; send the messages again in a later turn if they are still needed.",
         ],
-        Cause::CompressionClosed => vec!["Continue the conversation in the continuation session."],
-        Cause::SessionRowMissing => vec!["Run `turnsafe doctor` if sessions keep disappearing."],
-        Cause::UidConflict => vec!["Send the message with a new uid, or resend it unchanged."],
-        Cause::Unknown => vec!["Run `turnsafe doctor` and report the details below."],
+        Cause::CompressionClosed => &["Continue the conversation in the continuation session."],
+        Cause::SessionRowMissing => &["Run `turnsafe doctor` if sessions keep disappearing."],
+        Cause::UidConflict => &["Send the message with a new uid, or resend it unchanged."],
+        Cause::Unknown => &["Run `turnsafe doctor` and report the details below."],
     }
 }
 
 fn remediation(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Vec<String> {
-    let mut steps: Vec<String> = cause_steps(cause).into_iter().map(String::from).collect();
     if outcome == Outcome::Persisted {
         return Vec::new();
     }
+    let mut steps = cause_remediation(cause);
     // What the operator does about the retired generation depends on what
     // is really on disk: a receipt, a failed capture, or nothing known.
     match (&ctx.capture_receipt, &ctx.capture_failure) {
@@ -281,6 +279,47 @@ fn capitalise(s: &str) -> String {
     out
 }
 
+/// The copy's details, in a fixed order: only what this outcome may name.
+fn details(outcome: Outcome, ctx: &CopyContext) -> Vec<(String, String)> {
+    let mut details = Vec::new();
+    let mut add = |key: &str, value: &str| details.push((String::from(key), String::from(value)));
+    if let Some(s) = &ctx.session {
+        add("session", s);
+    }
+    if outcome == Outcome::Diverted
+        && let Some(p) = &ctx.receipt_path
+    {
+        add("receipt_path", p);
+    }
+    if outcome == Outcome::DivertFailed
+        && let Some(f) = &ctx.divert_failure
+    {
+        add("divert_operation", safe_operation(&f.operation));
+        if let Some(e) = f.errno {
+            add("divert_errno", &errno::human(e));
+        }
+    }
+    if outcome == Outcome::DivertFailed && ctx.divert_residue.is_some() {
+        add("divert_residue", "possible");
+    }
+    if outcome != Outcome::Persisted {
+        if let Some(r) = &ctx.capture_receipt {
+            add("capture_path", &r.path);
+        } else if let Some(f) = &ctx.capture_failure {
+            add("capture_operation", safe_operation(&f.operation));
+            if let Some(e) = f.errno {
+                add("capture_errno", &errno::human(e));
+            }
+        }
+    }
+    if let Some(e) = ctx.errno
+        && outcome != Outcome::Persisted
+    {
+        add("errno", &errno::human(e));
+    }
+    details
+}
+
 /// Build the copy for an outcome.
 pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy, CopyError> {
     if !is_producible(cause, outcome) {
@@ -352,44 +391,6 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
         ]),
         (None, None, _) => body,
     };
-    let mut details = Vec::new();
-    if let Some(s) = &ctx.session {
-        details.push(("session".to_string(), s.clone()));
-    }
-    if outcome == Outcome::Diverted
-        && let Some(p) = &ctx.receipt_path
-    {
-        details.push(("receipt_path".to_string(), p.clone()));
-    }
-    if outcome == Outcome::DivertFailed
-        && let Some(f) = &ctx.divert_failure
-    {
-        details.push(("divert_operation".to_string(), safe_operation(&f.operation).to_string()));
-        if let Some(e) = f.errno {
-            details.push(("divert_errno".to_string(), errno::human(e)));
-        }
-    }
-    if outcome == Outcome::DivertFailed && ctx.divert_residue.is_some() {
-        details.push(("divert_residue".to_string(), "possible".to_string()));
-    }
-    if outcome != Outcome::Persisted {
-        if let Some(r) = &ctx.capture_receipt {
-            details.push(("capture_path".to_string(), r.path.clone()));
-        } else if let Some(f) = &ctx.capture_failure {
-            details.push((
-                "capture_operation".to_string(),
-                safe_operation(&f.operation).to_string(),
-            ));
-            if let Some(e) = f.errno {
-                details.push(("capture_errno".to_string(), errno::human(e)));
-            }
-        }
-    }
-    if let Some(e) = ctx.errno
-        && outcome != Outcome::Persisted
-    {
-        details.push(("errno".to_string(), errno::human(e)));
-    }
     Ok(Copy {
         code: cat(&[cause.label(), ".", outcome.label()]),
         cause,
@@ -397,7 +398,7 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
         title,
         body,
         remediation: remediation(cause, outcome, ctx),
-        details,
+        details: details(outcome, ctx),
     })
 }
 

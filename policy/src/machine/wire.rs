@@ -231,6 +231,29 @@ fn typed(kind: &str, mut rest: Vec<(&str, Value)>) -> Value {
     v::obj(rest)
 }
 
+fn captured_value(r: &CaptureReceipt) -> Value {
+    typed("captured", vec![("receipt", v::capture_receipt(r))])
+}
+
+fn capture_failed_value(failure: &CaptureFailure, error: &str) -> Value {
+    typed(
+        "capture_failed",
+        vec![
+            ("operation", v::s(&failure.operation)),
+            ("errno", v::opt_i(failure.errno)),
+            ("error", v::s(error)),
+        ],
+    )
+}
+
+/// A capture the handle keeps, as the event that reported it.
+fn capture_to_value(c: &CaptureReport) -> Value {
+    match c {
+        CaptureReport::Captured(r) => captured_value(r),
+        CaptureReport::Failed { failure, error } => capture_failed_value(failure, error),
+    }
+}
+
 /// An event as its wire object.
 pub(crate) fn event_to_value(e: &Event) -> Value {
     match e {
@@ -251,15 +274,8 @@ pub(crate) fn event_to_value(e: &Event) -> Value {
             ],
         ),
         Event::Waited { elapsed_ms } => typed("waited", vec![("elapsed_ms", Json::uint(*elapsed_ms))]),
-        Event::Captured(r) => typed("captured", vec![("receipt", v::capture_receipt(r))]),
-        Event::CaptureFailed { failure, error } => typed(
-            "capture_failed",
-            vec![
-                ("operation", v::s(&failure.operation)),
-                ("errno", v::opt_i(failure.errno)),
-                ("error", v::s(error)),
-            ],
-        ),
+        Event::Captured(r) => captured_value(r),
+        Event::CaptureFailed { failure, error } => capture_failed_value(failure, error),
         Event::Diverted(r) => typed("diverted", vec![("receipt", v::divert_receipt(r))]),
         Event::DivertFailed {
             failure,
@@ -298,29 +314,24 @@ pub(crate) fn step_to_value(step: &Step) -> Value {
     }
 }
 
-/// The opaque state: what the handle knew when the running flush started,
-/// and that flush's inputs.
-struct Saved {
+/// The opaque state as read: what the handle knew when the running flush
+/// started, and that flush's inputs.
+struct Read {
     state: HandleState,
     flush: Option<(FlushStart, Vec<Event>)>,
 }
 
-fn capture_to_value(c: &CaptureReport) -> Value {
-    match c {
-        CaptureReport::Captured(r) => event_to_value(&Event::Captured(r.clone())),
-        CaptureReport::Failed { failure, error } => event_to_value(&Event::CaptureFailed {
-            failure: failure.clone(),
-            error: error.clone(),
-        }),
-    }
+/// The opaque state to write back. The events are kept as their wire
+/// values, which is what the state holds, so the replay can hand each
+/// event to the machine without a copy.
+struct Saved {
+    state: HandleState,
+    flush: Option<(FlushStart, Vec<Value>)>,
 }
 
-fn saved_to_value(s: &Saved) -> Value {
-    let flush = s.flush.as_ref().map_or(Json::Null, |(start, events)| {
-        v::obj(vec![
-            ("start", start_to_value(start)),
-            ("events", Json::Arr(events.iter().map(event_to_value).collect())),
-        ])
+fn saved_to_value(s: Saved) -> Value {
+    let flush = s.flush.map_or(Json::Null, |(start, events)| {
+        v::obj(vec![("start", start_to_value(&start)), ("events", Json::Arr(events))])
     });
     v::obj(vec![
         ("v", Json::uint(STATE_FORMAT)),
@@ -339,9 +350,9 @@ fn refuse(why: &str) -> String {
     ])
 }
 
-fn saved_from_value(v: Option<&Value>) -> Result<Saved, String> {
+fn saved_from_value(v: Option<&Value>) -> Result<Read, String> {
     let Some(v) = v.filter(|v| !v.is_null()) else {
-        return Ok(Saved {
+        return Ok(Read {
             state: HandleState::default(),
             flush: None,
         });
@@ -399,26 +410,37 @@ fn saved_from_value(v: Option<&Value>) -> Result<Saved, String> {
             Some((start, events))
         }
     };
-    Ok(Saved {
+    Ok(Read {
         state: HandleState { open, sticky, capture },
         flush,
     })
 }
 
 /// Rebuild the handle: its state across batches, then the running flush,
-/// by replaying that flush's inputs.
-fn restore(saved: &Saved) -> Result<Handle, String> {
-    let Some((start, events)) = &saved.flush else {
-        return Ok(Handle::with_state(saved.state.clone()));
-    };
+/// by replaying that flush's inputs; and the state to write back.
+fn restore(read: Read) -> Result<(Handle, Saved), String> {
     // The flush's effects on the handle are replayed too, so the replay
     // starts from the state the flush started from.
-    let mut handle = Handle::with_state(saved.state.clone());
-    handle.start(start.clone()).map_err(|e| refuse(&e.message()))?;
-    for e in events {
-        handle.handle(e.clone()).map_err(|e| refuse(&e.message()))?;
-    }
-    Ok(handle)
+    let mut handle = Handle::with_state(read.state.clone());
+    let flush = match read.flush {
+        None => None,
+        Some((start, events)) => {
+            handle.start(start.clone()).map_err(|e| refuse(&e.message()))?;
+            let mut values = Vec::with_capacity(events.len());
+            for e in events {
+                values.push(event_to_value(&e));
+                handle.handle(e).map_err(|e| refuse(&e.message()))?;
+            }
+            Some((start, values))
+        }
+    };
+    Ok((
+        handle,
+        Saved {
+            state: read.state,
+            flush,
+        },
+    ))
 }
 
 /// `flush-step-json`: one step of the flush protocol, string in, string out.
@@ -426,8 +448,7 @@ pub fn flush_step_json(request: &str) -> String {
     let run = || -> Result<Value, String> {
         let v = parse(request).map_err(|e| cat(&["invalid JSON: ", &e]))?;
         let obj = object(&v, "the request")?;
-        let mut saved = saved_from_value(obj.get("state"))?;
-        let mut handle = restore(&saved)?;
+        let (mut handle, mut saved) = restore(saved_from_value(obj.get("state"))?)?;
         if let Some(start) = field(obj, "start") {
             let start = start_from_value(start)?;
             handle.start(start.clone()).map_err(|e| e.message())?;
@@ -435,9 +456,10 @@ pub fn flush_step_json(request: &str) -> String {
         }
         if let Some(event) = field(obj, "event") {
             let event = event_from_value(event)?;
-            handle.handle(event.clone()).map_err(|e| e.message())?;
+            let value = event_to_value(&event);
+            handle.handle(event).map_err(|e| e.message())?;
             match saved.flush.as_mut() {
-                Some((_, events)) => events.push(event),
+                Some((_, events)) => events.push(value),
                 None => return Err("an event, but no flush was started".into()),
             }
         }
@@ -451,7 +473,7 @@ pub fn flush_step_json(request: &str) -> String {
             };
         }
         Ok(v::obj(vec![
-            ("state", saved_to_value(&saved)),
+            ("state", saved_to_value(saved)),
             ("step", step.as_ref().map_or(Json::Null, step_to_value)),
         ]))
     };
