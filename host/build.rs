@@ -2,9 +2,10 @@
 //!
 //! The policy crate is compiled for `wasm32-unknown-unknown` (no WASI, so
 //! the core module imports nothing), stripped of debug and name sections,
-//! and wrapped into a component with `wit-component`. The result has no
-//! imports at all, which `wasm32-wasip2` cannot give: Rust's std there
-//! imports `wasi:cli` and `wasi:io`.
+//! and wrapped into a component with `wit-component`, whose own name and
+//! producer sections go too. The result has no imports at all, which
+//! `wasm32-wasip2` cannot give: Rust's std there imports `wasi:cli` and
+//! `wasi:io`.
 //!
 //! The inner cargo uses its own target directory so it never waits on the
 //! lock the outer build holds, and runs on every policy or WIT change, so
@@ -102,7 +103,7 @@ fn run() -> Result<(), String> {
 
     let raw = encode(&core)?;
     let stripped_core = strip_custom_sections(&core)?;
-    let component = encode(&stripped_core)?;
+    let component = strip_component_custom_sections(&encode(&stripped_core)?)?;
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     write(&out_dir.join("turnsafe_policy.component.wasm"), &component)?;
@@ -134,6 +135,41 @@ fn strip_custom_sections(module: &[u8]) -> Result<Vec<u8>, String> {
                 id,
                 data: &module[range.start as usize..range.end as usize],
             });
+        }
+    }
+    Ok(out.finish())
+}
+
+/// Drop the custom sections wit-component adds at the component's own
+/// level (`component-name`, `producers`): names for debuggers, which no
+/// runtime reads. Nested modules and components are copied whole.
+fn strip_component_custom_sections(component: &[u8]) -> Result<Vec<u8>, String> {
+    use wasmparser::Payload;
+    let mut out = wasm_encoder::Component::new();
+    // parse_all also walks nested modules and components; only the
+    // component's own sections (depth 0) are copied or dropped here.
+    let mut depth = 0usize;
+    for payload in wasmparser::Parser::new(0).parse_all(component) {
+        let payload = payload.map_err(|e| format!("parsing the component: {e}"))?;
+        let nested = matches!(
+            payload,
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. }
+        );
+        if let Payload::End(_) = payload {
+            depth = depth.saturating_sub(1);
+            continue;
+        }
+        if depth == 0
+            && !matches!(payload, Payload::CustomSection(_))
+            && let Some((id, range)) = payload.as_section()
+        {
+            out.section(&wasm_encoder::RawSection {
+                id,
+                data: &component[range.start as usize..range.end as usize],
+            });
+        }
+        if nested {
+            depth += 1;
         }
     }
     Ok(out.finish())
