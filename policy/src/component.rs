@@ -163,16 +163,17 @@ fn capture_failure(f: engine::CaptureFailure) -> m::CaptureFailure {
 }
 
 fn capture_receipt(r: engine::CaptureReceipt) -> m::CaptureReceipt {
+    // A loop, not `map(..).collect()`: see `crate::collect`.
+    let mut files = Vec::with_capacity(r.files.len());
+    for f in r.files {
+        files.push(m::CapturedFile {
+            name: f.name,
+            size: f.size,
+        });
+    }
     m::CaptureReceipt {
         path: r.path,
-        files: r
-            .files
-            .into_iter()
-            .map(|f| m::CapturedFile {
-                name: f.name,
-                size: f.size,
-            })
-            .collect(),
+        files,
         manifest_sha256: r.manifest_sha256,
     }
 }

@@ -84,7 +84,7 @@ fn remedy(cause: Cause) -> &'static str {
 
 /// What an operator can do about a cause, whatever the outcome.
 pub fn cause_remediation(cause: Cause) -> Vec<String> {
-    cause_steps(cause).iter().map(|s| String::from(*s)).collect()
+    crate::collect::map(cause_steps(cause), |s| String::from(*s))
 }
 
 /// Static slices, not vectors: the component keeps one table of them
@@ -194,7 +194,7 @@ fn number_after(lower: &str, marker: &str) -> Option<i64> {
     // `get`, not indexing: a slice that cannot fail needs no panic path.
     let rest = lower.get(i + marker.len()..)?.trim_start_matches(' ');
     let end = rest.bytes().position(|b| !b.is_ascii_digit()).unwrap_or(rest.len());
-    rest.get(..end)?.parse().ok()
+    crate::text::parse_i64(rest.get(..end)?)
 }
 
 /// Read a host's free-form divert error (`"open: EMFILE"`, `"fsync:28"`,
@@ -233,11 +233,12 @@ fn parse_failure(text: &str, known: &[&str]) -> (String, Option<i64>) {
             }
         });
     }
-    if errno_value.is_none() && !text.contains('/') {
+    // Bytes, not `contains('/')`: a `char` search brings `memchr` along.
+    if errno_value.is_none() && !text.bytes().any(|b| b == b'/') {
         errno_value = text
             .split(|c: char| !c.is_ascii_digit())
             .filter(|w| !w.is_empty() && w.len() <= 4)
-            .find_map(|w| w.parse().ok());
+            .find_map(crate::text::parse_i64);
     }
     (operation, errno_value)
 }

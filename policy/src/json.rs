@@ -12,6 +12,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
+use crate::collect::map;
 use crate::copy::{explain, parse_capture_failure, parse_divert_failure};
 use crate::decide::{decide, outcome_for};
 use crate::jsontext::{Json, parse};
@@ -45,7 +46,7 @@ pub(crate) fn observation_from_json(obj: &Json) -> Result<Observation, String> {
     };
     let evidence = match present(obj, "evidence") {
         None => Vec::new(),
-        Some(Json::Arr(items)) => Evidence::set(items.iter().filter_map(|i| i.as_str().and_then(Evidence::from_label))),
+        Some(Json::Arr(items)) => evidence_labels(items),
         Some(_) => return Err("field `evidence` must be a list of strings".into()),
     };
     let message = match present(obj, "message") {
@@ -64,6 +65,12 @@ pub(crate) fn observation_from_json(obj: &Json) -> Result<Observation, String> {
         elapsed_ms: int_field(obj, "elapsed_ms")?.map_or(0, |e| e.max(0) as u64),
         seed: seed_field(obj)?,
     })
+}
+
+/// The evidence a list of labels names: sorted, without repeats; labels
+/// this build does not know are ignored.
+pub(crate) fn evidence_labels(items: &[Json]) -> Vec<Evidence> {
+    Evidence::set(items.iter().filter_map(|i| i.as_str().and_then(Evidence::from_label)))
 }
 
 fn clip(s: &str) -> String {
@@ -109,7 +116,7 @@ fn decision_json(d: &Decision) -> Vec<(&'static str, Json)> {
 
 /// The copy object every JSON entry point and `turnsafe append` print.
 pub(crate) fn copy_json(c: &Copy) -> Json {
-    let details = Json::Obj(c.details.iter().map(|(k, val)| (k.clone(), v::s(val))).collect());
+    let details = Json::Obj(map(&c.details, |(k, val)| (k.clone(), v::s(val))));
     v::obj(vec![
         ("code", v::s(&c.code)),
         ("cause", v::s(c.cause.label())),

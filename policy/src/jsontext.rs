@@ -80,7 +80,9 @@ impl Json {
     /// A non-negative integral number that fits a u64.
     pub(crate) fn as_u64(&self) -> Option<u64> {
         match self {
-            Json::Num(text) if !text.starts_with('-') && !text.contains(['.', 'e', 'E']) => text.parse().ok(),
+            Json::Num(text) if !text.starts_with('-') && !text.contains(['.', 'e', 'E']) => {
+                crate::text::parse_u64(text)
+            }
             Json::Num(_) => self.as_i64().and_then(|n| u64::try_from(n).ok()),
             _ => None,
         }
@@ -176,10 +178,14 @@ fn integral(text: &str) -> Option<i64> {
         None => (false, text),
     };
     let (mantissa, exp) = match body.split_once(['e', 'E']) {
-        Some((mantissa, exp)) => (mantissa, exp.parse::<i64>().ok()?),
+        Some((mantissa, exp)) => (mantissa, crate::text::parse_i64(exp)?),
         None => (body, 0),
     };
-    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    // A byte search, not `split_once('.')`, which brings `memchr` along.
+    let (int_part, frac_part) = match mantissa.bytes().position(|b| b == b'.') {
+        Some(i) => (mantissa.get(..i)?, mantissa.get(i + 1..)?),
+        None => (mantissa, ""),
+    };
     let digits = text::cat(&[int_part, frac_part]);
     // The value is digits * 10^(exp - frac_len): integral when every digit
     // past the point is zero.

@@ -43,6 +43,7 @@ mod prelude {
 
 mod classify;
 pub mod codes;
+mod collect;
 mod copy;
 mod decide;
 pub mod errno;

@@ -98,7 +98,13 @@ impl Evidence {
         for e in items {
             seen[e as usize] = true;
         }
-        Evidence::ALL.into_iter().filter(|e| seen[*e as usize]).collect()
+        let mut set = Vec::new();
+        for e in Evidence::ALL {
+            if seen[e as usize] {
+                set.push(e);
+            }
+        }
+        set
     }
 }
 

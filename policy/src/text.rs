@@ -45,6 +45,33 @@ pub(crate) fn signed(n: i64) -> String {
     if n < 0 { cat(&["-", &magnitude]) } else { magnitude }
 }
 
+/// `s.parse::<u64>().ok()`: ASCII digits after an optional `+`, with no
+/// overflow. One small loop instead of core's generic integer parser.
+pub(crate) fn parse_u64(s: &str) -> Option<u64> {
+    let digits = s.strip_prefix('+').unwrap_or(s);
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for b in digits.bytes() {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(n)
+}
+
+/// `s.parse::<i64>().ok()`: an optional sign, then what [`parse_u64`] reads.
+pub(crate) fn parse_i64(s: &str) -> Option<i64> {
+    match s.strip_prefix('-') {
+        // `-+5` is not a number.
+        Some(rest) if !rest.starts_with('+') => 0i64.checked_sub_unsigned(parse_u64(rest)?),
+        Some(_) => None,
+        None => i64::try_from(parse_u64(s)?).ok(),
+    }
+}
+
 /// Whether `needle` occurs in `hay`: `str::contains` without the two-way
 /// searcher, which costs kilobytes in the component. The needles are short
 /// fixed phrases, so the plain scan is as fast in practice.
@@ -97,6 +124,41 @@ mod tests {
                 assert_eq!(find(h, n), h.find(n), "{h:?} {n:?}");
                 assert_eq!(contains(h, n), h.contains(n), "{h:?} {n:?}");
             }
+        }
+    }
+
+    #[test]
+    fn integers_parse_as_str_parse_does() {
+        let texts = [
+            "",
+            "0",
+            "7",
+            "+7",
+            "-7",
+            "-0",
+            "+",
+            "-",
+            "+-1",
+            "-+1",
+            "++1",
+            "--1",
+            "01",
+            "1a",
+            " 1",
+            "1 ",
+            "١",
+            "9223372036854775807",
+            "9223372036854775808",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "18446744073709551615",
+            "18446744073709551616",
+            "+18446744073709551615",
+            "99999999999999999999999",
+        ];
+        for t in texts {
+            assert_eq!(parse_u64(t), t.parse::<u64>().ok(), "{t:?}");
+            assert_eq!(parse_i64(t), t.parse::<i64>().ok(), "{t:?}");
         }
     }
 

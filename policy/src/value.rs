@@ -3,12 +3,17 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
+use crate::collect::map;
 use crate::jsontext::Json;
 use crate::machine::DivertReceipt;
 use crate::model::{CaptureReceipt, DivertResidue};
 
 pub(crate) fn obj(pairs: Vec<(&str, Json)>) -> Json {
-    Json::Obj(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+    let mut fields = Vec::with_capacity(pairs.len());
+    for (k, v) in pairs {
+        fields.push((String::from(k), v));
+    }
+    Json::Obj(fields)
 }
 
 pub(crate) fn s(x: &str) -> Json {
@@ -24,7 +29,7 @@ pub(crate) fn opt_i(x: Option<i64>) -> Json {
 }
 
 pub(crate) fn strs(xs: &[String]) -> Json {
-    Json::Arr(xs.iter().map(|x| s(x)).collect())
+    Json::Arr(map(xs, |x| s(x)))
 }
 
 pub(crate) fn capture_receipt(r: &CaptureReceipt) -> Json {
@@ -32,12 +37,9 @@ pub(crate) fn capture_receipt(r: &CaptureReceipt) -> Json {
         ("path", s(&r.path)),
         (
             "files",
-            Json::Arr(
-                r.files
-                    .iter()
-                    .map(|f| obj(vec![("name", s(&f.name)), ("size", Json::uint(f.size))]))
-                    .collect(),
-            ),
+            Json::Arr(map(&r.files, |f| {
+                obj(vec![("name", s(&f.name)), ("size", Json::uint(f.size))])
+            })),
         ),
         ("manifest_sha256", s(&r.manifest_sha256)),
     ])

@@ -32,7 +32,8 @@ use crate::prelude::*;
 use crate::jsontext::{Json, parse};
 
 use super::{CaptureReport, DivertReceipt, Event, Failure, FlushStart, Handle, HandleState, Step};
-use crate::model::{CaptureFailure, CaptureReceipt, CapturedFile, Cause, DivertFailure, DivertResidue, Evidence};
+use crate::collect::{map, try_map};
+use crate::model::{CaptureFailure, CaptureReceipt, CapturedFile, Cause, DivertFailure, DivertResidue};
 use crate::text::{cat, unsigned};
 use crate::value as v;
 
@@ -83,14 +84,11 @@ fn i64_opt(o: &Obj, key: &str, what: &str) -> Result<Option<i64>, String> {
 fn strings(o: &Obj, key: &str, what: &str) -> Result<Vec<String>, String> {
     match field(o, key) {
         None => Ok(Vec::new()),
-        Some(Json::Arr(items)) => items
-            .iter()
-            .map(|i| {
-                i.as_str()
-                    .map(String::from)
-                    .ok_or_else(|| cat(&[what, ": `", key, "` must be a list of strings"]))
-            })
-            .collect(),
+        Some(Json::Arr(items)) => try_map(items, |i| {
+            i.as_str()
+                .map(String::from)
+                .ok_or_else(|| cat(&[what, ": `", key, "` must be a list of strings"]))
+        }),
         Some(_) => Err(cat(&[what, ": `", key, "` must be a list of strings"])),
     }
 }
@@ -126,16 +124,13 @@ fn capture_receipt_from(o: &Obj) -> Result<CaptureReceipt, String> {
     let what = "capture receipt";
     let files = match field(o, "files") {
         None => Vec::new(),
-        Some(Json::Arr(items)) => items
-            .iter()
-            .map(|f| {
-                let f = object(f, "a captured file")?;
-                Ok(CapturedFile {
-                    name: required_string(f, "name", what)?,
-                    size: u64_field(f, "size", what)?,
-                })
+        Some(Json::Arr(items)) => try_map(items, |f| {
+            let f = object(f, "a captured file")?;
+            Ok(CapturedFile {
+                name: required_string(f, "name", what)?,
+                size: u64_field(f, "size", what)?,
             })
-            .collect::<Result<_, String>>()?,
+        })?,
         Some(_) => return Err(cat(&[what, ": `files` must be a list"])),
     };
     Ok(CaptureReceipt {
@@ -172,9 +167,7 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
         "failed" => {
             let evidence = match field(o, "evidence") {
                 None => Vec::new(),
-                Some(Json::Arr(items)) => {
-                    Evidence::set(items.iter().filter_map(|i| i.as_str().and_then(Evidence::from_label)))
-                }
+                Some(Json::Arr(items)) => crate::json::evidence_labels(items),
                 Some(_) => return Err(cat(&[&what, ": `evidence` must be a list of labels"])),
             };
             Event::Failed(Failure {
@@ -266,10 +259,7 @@ pub(crate) fn event_to_value(e: &Event) -> Value {
                 ("extended_code", v::opt_i(f.extended_code)),
                 ("message", v::s(&f.message)),
                 ("errno", v::opt_i(f.errno)),
-                (
-                    "evidence",
-                    Json::Arr(f.evidence.iter().map(|e| v::s(e.label())).collect()),
-                ),
+                ("evidence", Json::Arr(map(&f.evidence, |e| v::s(e.label())))),
                 ("elapsed_ms", Json::uint(f.elapsed_ms)),
             ],
         ),
@@ -401,10 +391,7 @@ fn saved_from_value(v: Option<&Value>) -> Result<Read, String> {
             }
             let start = start_from_value(f.get("start").unwrap_or(&Json::Null)).map_err(|e| refuse(&e))?;
             let events = match f.get("events") {
-                Some(Json::Arr(items)) => items
-                    .iter()
-                    .map(|e| event_from_value(e).map_err(|e| refuse(&e)))
-                    .collect::<Result<Vec<_>, _>>()?,
+                Some(Json::Arr(items)) => try_map(items, |e| event_from_value(e).map_err(|e| refuse(&e)))?,
                 _ => return Err(refuse("`events` is not a list")),
             };
             Some((start, events))
