@@ -38,7 +38,7 @@ pub(crate) fn observation_from_json(obj: &Json) -> Result<Observation, String> {
         Some(Json::Str(s)) => Operation::from_label(s).ok_or_else(|| {
             cat(&[
                 "unknown operation `",
-                &clip(s),
+                clip(s),
                 "`: expected open, append_batch, checkpoint, divert or replay",
             ])
         })?,
@@ -73,8 +73,12 @@ pub(crate) fn evidence_labels(items: &[Json]) -> Vec<Evidence> {
     Evidence::set(items.iter().filter_map(|i| i.as_str().and_then(Evidence::from_label)))
 }
 
-fn clip(s: &str) -> String {
-    s.chars().take(40).collect()
+/// The first 40 characters of `s`.
+fn clip(s: &str) -> &str {
+    match s.char_indices().nth(40) {
+        Some((end, _)) => s.get(..end).unwrap_or(s),
+        None => s,
+    }
 }
 
 /// Any JSON integer (an integral float too), saturated to i64; `null` or

@@ -141,7 +141,11 @@ impl Json {
 fn sorted_by_key(fields: &[(String, Json)]) -> Vec<&(String, Json)> {
     let mut sorted: Vec<&(String, Json)> = Vec::with_capacity(fields.len());
     for field in fields {
-        let at = sorted.partition_point(|f| f.0 <= field.0);
+        // After every key that is not greater: that keeps it stable.
+        let mut at = sorted.len();
+        while at > 0 && sorted[at - 1].0 > field.0 {
+            at -= 1;
+        }
         sorted.insert(at, field);
     }
     sorted
