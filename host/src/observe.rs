@@ -43,6 +43,8 @@ pub fn observation(
     evidence.dedup();
     Observation {
         operation,
+        engine: turnsafe_policy::Engine::Sqlite,
+        sqlstate: None,
         code,
         extended_code,
         message,

@@ -1,19 +1,21 @@
 //! Classification: observation -> (cause, basis).
 //!
 //! Precedence (invariant 5), first match wins:
-//! 1. typed evidence from the host's probes;
+//! 1. typed evidence from the host's probes (`commit_sent` only with a
+//!    lost connection: then the outcome of the COMMIT is unknown);
 //! 2. FTS-scoped corruption (`SQLITE_CORRUPT_VTAB`, or corruption or a
 //!    constraint failure with `fts_scope`);
-//! 3. extended, then primary result codes (errno counts only with IOERR);
-//! 4. message phrases, only when the codes say nothing;
-//! 5. `unknown`.
+//! 3. PostgreSQL's SQLSTATE, for the classes whose meaning is known;
+//! 4. extended, then primary result codes (errno counts only with IOERR);
+//! 5. message phrases, only when the codes say nothing;
+//! 6. `unknown`.
 //!
 //! `deleted_wal` never comes from a code or a message, and `replaced` comes
 //! only from evidence or `SQLITE_READONLY_DBMOVED`.
 
 use crate::codes::*;
 use crate::errno::{EDQUOT, ENOSPC};
-use crate::model::{Basis, Cause, Classification, Evidence, Observation, Operation};
+use crate::model::{Basis, Cause, Classification, Engine, Evidence, Observation, Operation};
 #[allow(unused_imports)]
 use crate::prelude::*;
 use crate::text::contains;
@@ -28,6 +30,12 @@ pub fn classify(obs: &Observation) -> Classification {
     }
     if let Some(c) = fts_scoped_corruption(obs) {
         return c;
+    }
+    if let Some(cause) = obs.sqlstate.as_deref().and_then(from_sqlstate) {
+        return Classification {
+            cause,
+            basis: Basis::Code,
+        };
     }
     if let Some((cause, basis)) = from_codes(obs) {
         return Classification { cause, basis };
@@ -47,6 +55,9 @@ pub fn classify(obs: &Observation) -> Classification {
 /// Storage-identity evidence outranks fencing: a retired generation must be
 /// captured whoever owns the turn.
 fn from_evidence(obs: &Observation) -> Option<Cause> {
+    if obs.has(Evidence::CommitSent) && connection_lost(obs) {
+        return Some(Cause::OutcomeUnknown);
+    }
     const ORDER: [(Evidence, Cause); 5] = [
         (Evidence::DeletedWalGeneration, Cause::DeletedWal),
         (Evidence::DbReplaced, Cause::Replaced),
@@ -55,6 +66,36 @@ fn from_evidence(obs: &Observation) -> Option<Cause> {
         (Evidence::CompressionInProgress, Cause::Compression),
     ];
     ORDER.iter().find(|(e, _)| obs.has(*e)).map(|(_, c)| *c)
+}
+
+/// The connection itself failed: no SQLSTATE at all from a PostgreSQL
+/// host (the socket closed), class 08 (connection exception), or the
+/// server terminating the session (57P01-57P03). A server that answered
+/// with any other SQLSTATE said what happened to the transaction.
+fn connection_lost(obs: &Observation) -> bool {
+    match obs.sqlstate.as_deref() {
+        None => obs.engine == Engine::Postgres,
+        Some(s) => s.starts_with("08") || matches!(s, "57P01" | "57P02" | "57P03"),
+    }
+}
+
+/// The causes PostgreSQL's SQLSTATE classes name directly. Anything else
+/// falls through to the codes the host translated it onto.
+fn from_sqlstate(s: &str) -> Option<Cause> {
+    Some(match s {
+        // serialization failure, deadlock, lock not available
+        "40001" | "40P01" | "55P03" => Cause::Locked,
+        // disk full
+        "53100" => Cause::DiskFull,
+        // data corrupted, index corrupted
+        "XX001" | "XX002" => Cause::Corrupt,
+        // admin, crash or cannot-connect-now shutdown; too many connections
+        "57P01" | "57P02" | "57P03" | "53300" => Cause::Unavailable,
+        // read-only SQL transaction: a standby
+        "25006" => Cause::ReadOnly,
+        _ if s.starts_with("08") => Cause::Unavailable,
+        _ => return None,
+    })
 }
 
 /// The code pair reduced to (primary, extended). An extended code is trusted

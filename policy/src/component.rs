@@ -16,8 +16,8 @@ use core::cell::{RefCell, RefMut};
 
 use exports::turnsafe::policy::engine;
 use exports::turnsafe::policy::engine::{
-    Action, Basis, Cause, Classification, CopyContext, Decision, Event, Evidence, Flush, FlushStart, Guest, GuestFlush,
-    GuestHandle, Observation, Operation, Outcome, Step, UserCopy, WritePlan,
+    Action, Basis, Cause, Classification, CopyContext, DbEngine, Decision, Event, Evidence, Flush, FlushStart, Guest,
+    GuestFlush, GuestHandle, Observation, Operation, Outcome, Step, UserCopy, WritePlan,
 };
 
 struct Component;
@@ -54,12 +54,22 @@ fn evidence(e: Evidence) -> m::Evidence {
         Evidence::CompressionInProgress => m::Evidence::CompressionInProgress,
         Evidence::CompressionClosed => m::Evidence::CompressionClosed,
         Evidence::FtsScope => m::Evidence::FtsScope,
+        Evidence::CommitSent => m::Evidence::CommitSent,
+    }
+}
+
+fn db_engine(e: DbEngine) -> m::Engine {
+    match e {
+        DbEngine::Sqlite => m::Engine::Sqlite,
+        DbEngine::Postgres => m::Engine::Postgres,
     }
 }
 
 fn observation(o: Observation) -> m::Observation {
     m::Observation {
         operation: operation(o.operation),
+        engine: db_engine(o.engine),
+        sqlstate: o.sqlstate,
         code: o.code,
         extended_code: o.extended_code,
         message: o.message,
@@ -85,6 +95,9 @@ fn cause_out(c: m::Cause) -> Cause {
         m::Cause::CompressionClosed => Cause::CompressionClosed,
         m::Cause::SessionRowMissing => Cause::SessionRowMissing,
         m::Cause::UidConflict => Cause::UidConflict,
+        m::Cause::Unavailable => Cause::Unavailable,
+        m::Cause::ReadOnly => Cause::ReadOnly,
+        m::Cause::OutcomeUnknown => Cause::OutcomeUnknown,
         m::Cause::Unknown => Cause::Unknown,
     }
 }
@@ -103,6 +116,9 @@ fn cause_in(c: Cause) -> m::Cause {
         Cause::CompressionClosed => m::Cause::CompressionClosed,
         Cause::SessionRowMissing => m::Cause::SessionRowMissing,
         Cause::UidConflict => m::Cause::UidConflict,
+        Cause::Unavailable => m::Cause::Unavailable,
+        Cause::ReadOnly => m::Cause::ReadOnly,
+        Cause::OutcomeUnknown => m::Cause::OutcomeUnknown,
         Cause::Unknown => m::Cause::Unknown,
     }
 }
@@ -145,6 +161,7 @@ fn action(a: m::ActionKind) -> Action {
         m::ActionKind::DegradeFts => Action::DegradeFts,
         m::ActionKind::AdoptContinuation => Action::AdoptContinuation,
         m::ActionKind::RecreateSession => Action::RecreateSession,
+        m::ActionKind::Resolve => Action::Resolve,
     }
 }
 
@@ -197,6 +214,8 @@ fn event_in(e: Event) -> machine::Event {
         Event::Opened => machine::Event::Opened,
         Event::Committed => machine::Event::Committed,
         Event::Failed(f) => machine::Event::Failed(machine::Failure {
+            engine: db_engine(f.engine),
+            sqlstate: f.sqlstate,
             code: f.code,
             extended_code: f.extended_code,
             message: f.message,
@@ -205,6 +224,7 @@ fn event_in(e: Event) -> machine::Event {
             elapsed_ms: f.elapsed_ms,
         }),
         Event::Waited(elapsed_ms) => machine::Event::Waited { elapsed_ms },
+        Event::Resolved(all_stored) => machine::Event::Resolved { all_stored },
         Event::Captured(r) => machine::Event::Captured(capture_receipt(r)),
         Event::CaptureFailed(e) => machine::Event::CaptureFailed {
             failure: capture_failure(e.failure),
@@ -234,6 +254,7 @@ fn step_out(s: machine::Step) -> Step {
         }),
         machine::Step::Wait { ms } => Step::Wait(ms),
         machine::Step::Capture => Step::Capture,
+        machine::Step::Resolve => Step::Resolve,
         machine::Step::Divert { cause } => Step::Divert(cause_out(cause)),
         machine::Step::Done(report) => Step::Done(report.to_json()),
     }

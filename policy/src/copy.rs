@@ -67,6 +67,9 @@ fn reason(cause: Cause) -> &'static str {
         Cause::CompressionClosed => "compaction closed this session and continued it in a new one",
         Cause::SessionRowMissing => "the session's record was missing from the database",
         Cause::UidConflict => "a message with the same id but different content is already stored",
+        Cause::Unavailable => "the database server could not be reached",
+        Cause::ReadOnly => "the database server accepted no writes (a standby, as during a failover)",
+        Cause::OutcomeUnknown => "the connection to the database server was lost while the save was being committed",
         Cause::Unknown => "an unexpected storage error occurred",
     }
 }
@@ -78,6 +81,8 @@ fn remedy(cause: Cause) -> &'static str {
         Cause::FtsIndex => "saved them without updating the search index, which is marked for rebuild",
         Cause::CompressionClosed => "saved them to the continuation session",
         Cause::SessionRowMissing => "recreated the session record",
+        Cause::Unavailable | Cause::ReadOnly => "reconnected and tried again",
+        Cause::OutcomeUnknown => "reconnected and looked each message up by its id,",
         _ => "tried again",
     }
 }
@@ -115,6 +120,17 @@ fn cause_steps(cause: Cause) -> &'static [&'static str] {
         Cause::CompressionClosed => &["Continue the conversation in the continuation session."],
         Cause::SessionRowMissing => &["Run `turnsafe doctor` if sessions keep disappearing."],
         Cause::UidConflict => &["Send the message with a new uid, or resend it unchanged."],
+        Cause::Unavailable => {
+            &["Check that the database server is running and reachable (`turnsafe doctor --db URL`)."]
+        }
+        Cause::ReadOnly => &[
+            "Point the URL at the primary, or list every server with `target_session_attrs=read-write` so a \
+             failover is followed.",
+        ],
+        Cause::OutcomeUnknown => &[
+            "Check that the database server is reachable; `turnsafe replay` then stores each kept message once, \
+             and settles as a duplicate any message the lost commit did store.",
+        ],
         Cause::Unknown => &["Run `turnsafe doctor` and report the details below."],
     }
 }
@@ -164,6 +180,11 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Vec<String>
         Outcome::DivertFailed if ctx.divert_residue.is_some() => steps.push(
             "Some lines of this turn may remain in the session's divert file: when you send the messages again, \
              send them with the uids this outcome lists, so that a later `turnsafe replay` cannot store them twice."
+                .into(),
+        ),
+        Outcome::DivertFailed if cause == Cause::OutcomeUnknown => steps.push(
+            "Fix the cause above for the session folder too, then send the messages again with the uids this \
+             outcome lists: any the lost commit stored count as stored, and none is stored twice."
                 .into(),
         ),
         Outcome::DivertFailed => {
@@ -327,6 +348,14 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
         return Err(CopyError::NotProducible { cause, outcome });
     }
     let why = capitalise(reason(cause));
+    // After a lost COMMIT nobody can say the messages are not stored: the
+    // copy says what is known instead.
+    let unknown = cause == Cause::OutcomeUnknown;
+    let not_saved = if unknown {
+        ", and turnsafe could not tell whether this turn's messages reached the session database."
+    } else {
+        ", so this turn's messages were not saved to the session database."
+    };
     let (title, body) = match outcome {
         Outcome::Persisted => (
             "Messages saved after a retry".to_string(),
@@ -340,13 +369,12 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
         Outcome::Diverted => {
             let path = ctx.receipt_path.as_deref().ok_or(CopyError::MissingReceipt)?;
             (
-                "Messages not saved to the database; a copy was kept".to_string(),
-                cat(&[
-                    &why,
-                    ", so this turn's messages were not saved to the session database. A copy was kept at ",
-                    path,
-                    ".",
-                ]),
+                if unknown {
+                    "Messages possibly not saved; a copy was kept".to_string()
+                } else {
+                    "Messages not saved to the database; a copy was kept".to_string()
+                },
+                cat(&[&why, not_saved, " A copy was kept at ", path, "."]),
             )
         }
         Outcome::DivertFailed => {
@@ -357,15 +385,21 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
             let whereabouts = if ctx.divert_residue.is_some() {
                 "Some lines of this turn may remain in the session's divert file, but that copy is \
                  incomplete and has no receipt. The messages were handed back to the caller."
+            } else if unknown {
+                "The messages were handed back to the caller; the database may or may not hold them."
             } else {
                 "The messages were handed back to the caller; they are not stored anywhere."
             };
             (
-                "Messages not saved, and no copy could be kept".to_string(),
+                if unknown {
+                    "Messages possibly not saved, and no copy could be kept".to_string()
+                } else {
+                    "Messages not saved, and no copy could be kept".to_string()
+                },
                 cat(&[
                     &why,
-                    ", so this turn's messages were not saved to the session database. Writing a backup copy \
-                     failed too",
+                    not_saved,
+                    " Writing a backup copy failed too",
                     &failure,
                     ". ",
                     whereabouts,

@@ -38,10 +38,20 @@ fn action_for(obs: &Observation, c: Classification, plan: &RetryPlan) -> (Action
     // the same kind means the remedy did not help.
     let first = obs.attempt <= 1;
     match c.cause {
-        Cause::Locked | Cause::Compression => match plan.next_delay(obs.attempt, obs.elapsed_ms, obs.seed) {
-            Some(d) => (ActionKind::Retry, Some(d)),
-            None => (fallback, None),
-        },
+        Cause::Locked | Cause::Compression | Cause::Unavailable | Cause::ReadOnly => {
+            match plan.next_delay(obs.attempt, obs.elapsed_ms, obs.seed) {
+                Some(d) => (ActionKind::Retry, Some(d)),
+                None => (fallback, None),
+            }
+        }
+        // Only a live connection can say whether the COMMIT took effect;
+        // within patience one is made, past it the batch is kept.
+        Cause::OutcomeUnknown
+            if obs.operation == Operation::AppendBatch
+                && plan.next_delay(obs.attempt, obs.elapsed_ms, obs.seed).is_some() =>
+        {
+            (ActionKind::Resolve, None)
+        }
         Cause::FtsIndex if first => (ActionKind::DegradeFts, None),
         Cause::CompressionClosed if first => (ActionKind::AdoptContinuation, None),
         Cause::SessionRowMissing if first => (ActionKind::RecreateSession, None),
@@ -54,6 +64,7 @@ fn action_for(obs: &Observation, c: Classification, plan: &RetryPlan) -> (Action
         | Cause::Replaced
         | Cause::DeletedWal
         | Cause::Corrupt
+        | Cause::OutcomeUnknown
         | Cause::Unknown => (fallback, None),
     }
 }
@@ -73,7 +84,10 @@ pub fn needs_capture(cause: Cause) -> bool {
 /// for a cause, in the order the host meets them.
 pub fn possible_actions(cause: Cause) -> &'static [ActionKind] {
     match cause {
-        Cause::Locked | Cause::Compression => &[ActionKind::Retry, ActionKind::Divert],
+        Cause::Locked | Cause::Compression | Cause::Unavailable | Cause::ReadOnly => {
+            &[ActionKind::Retry, ActionKind::Divert]
+        }
+        Cause::OutcomeUnknown => &[ActionKind::Resolve, ActionKind::Divert],
         Cause::FtsIndex => &[ActionKind::DegradeFts, ActionKind::Divert],
         Cause::CompressionClosed => &[ActionKind::AdoptContinuation, ActionKind::Divert],
         Cause::SessionRowMissing => &[ActionKind::RecreateSession, ActionKind::Divert],
@@ -87,9 +101,11 @@ pub fn possible_actions(cause: Cause) -> &'static [ActionKind] {
 /// The outcomes an action can end in.
 pub fn outcomes_of(action: ActionKind) -> &'static [Outcome] {
     match action {
-        ActionKind::Retry | ActionKind::DegradeFts | ActionKind::AdoptContinuation | ActionKind::RecreateSession => {
-            &[Outcome::Persisted]
-        }
+        ActionKind::Retry
+        | ActionKind::DegradeFts
+        | ActionKind::AdoptContinuation
+        | ActionKind::RecreateSession
+        | ActionKind::Resolve => &[Outcome::Persisted],
         ActionKind::Divert => &[Outcome::Diverted, Outcome::DivertFailed],
         ActionKind::FailClosed => &[Outcome::HandedBack],
     }
@@ -123,9 +139,11 @@ pub fn outcome_for(operation: Operation, action: ActionKind, ctx: &CopyContext) 
         Operation::Open | Operation::AppendBatch | Operation::Checkpoint => {}
     }
     match action {
-        ActionKind::Retry | ActionKind::DegradeFts | ActionKind::AdoptContinuation | ActionKind::RecreateSession => {
-            Some(Outcome::Persisted)
-        }
+        ActionKind::Retry
+        | ActionKind::DegradeFts
+        | ActionKind::AdoptContinuation
+        | ActionKind::RecreateSession
+        | ActionKind::Resolve => Some(Outcome::Persisted),
         ActionKind::Divert => {
             if ctx.divert_failure.is_some() {
                 Some(Outcome::DivertFailed)

@@ -6,8 +6,11 @@
 //! `append_batch`; `code`, `extended_code` and `errno` take any integer,
 //! `null` or missing means absent; `evidence` is a list of labels and
 //! unknown labels are ignored; `attempt`, `elapsed_ms` and `seed` are
-//! integers (negative `attempt`/`elapsed_ms` read as 0); extra fields are
-//! ignored. A field of the wrong type is an error, not a guess.
+//! integers (negative `attempt`/`elapsed_ms` read as 0); `sqlstate` is a
+//! five-character SQLSTATE (digits and capitals); `engine` is `sqlite` or
+//! `postgres`, and when missing it is `postgres` if a `sqlstate` is given,
+//! else `sqlite`; extra fields are ignored. A field of the wrong type is
+//! an error, not a guess.
 
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -17,7 +20,7 @@ use crate::copy::{explain, parse_capture_failure, parse_divert_failure};
 use crate::decide::{decide, outcome_for};
 use crate::jsontext::{Json, parse};
 use crate::model::{
-    CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, Decision, DivertFailure, DivertResidue, Evidence,
+    CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, Decision, DivertFailure, DivertResidue, Engine, Evidence,
     Observation, Operation, Outcome,
 };
 use crate::text::cat;
@@ -54,8 +57,12 @@ pub(crate) fn observation_from_json(obj: &Json) -> Result<Observation, String> {
         Some(Json::Str(s)) => s.clone(),
         Some(_) => return Err("field `message` must be a string".into()),
     };
+    let sqlstate = sqlstate_value(present(obj, "sqlstate"))?;
+    let engine = engine_value(present(obj, "engine"), sqlstate.is_some())?;
     Ok(Observation {
         operation,
+        engine,
+        sqlstate,
         code: int_field(obj, "code")?,
         extended_code: int_field(obj, "extended_code")?,
         message,
@@ -65,6 +72,29 @@ pub(crate) fn observation_from_json(obj: &Json) -> Result<Observation, String> {
         elapsed_ms: int_field(obj, "elapsed_ms")?.map_or(0, |e| e.max(0) as u64),
         seed: seed_field(obj)?,
     })
+}
+
+/// A present `sqlstate`: five digits or capitals.
+pub(crate) fn sqlstate_value(v: Option<&Json>) -> Result<Option<String>, String> {
+    match v {
+        None => Ok(None),
+        Some(Json::Str(s)) if s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_uppercase()) => {
+            Ok(Some(s.clone()))
+        }
+        Some(_) => Err("field `sqlstate` must be a five-character SQLSTATE such as \"08006\"".into()),
+    }
+}
+
+/// A present `engine`; when missing, PostgreSQL if there is a SQLSTATE.
+pub(crate) fn engine_value(v: Option<&Json>, has_sqlstate: bool) -> Result<Engine, String> {
+    match v {
+        None if has_sqlstate => Ok(Engine::Postgres),
+        None => Ok(Engine::Sqlite),
+        Some(Json::Str(s)) => {
+            Engine::from_label(s).ok_or_else(|| cat(&["unknown engine `", clip(s), "`: expected sqlite or postgres"]))
+        }
+        Some(_) => Err("field `engine` must be a string".into()),
+    }
 }
 
 /// The evidence a list of labels names: sorted, without repeats; labels

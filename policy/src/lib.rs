@@ -70,7 +70,7 @@ pub use decide::{
 };
 pub use model::{
     ActionKind, Basis, CaptureFailure, CaptureReceipt, CapturedFile, Cause, Classification, Copy, CopyContext,
-    Decision, DivertFailure, DivertResidue, Evidence, Observation, Operation, Outcome,
+    Decision, DivertFailure, DivertResidue, Engine, Evidence, Observation, Operation, Outcome,
 };
 pub use retry::RetryPlan;
 

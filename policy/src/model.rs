@@ -63,16 +63,20 @@ pub enum Evidence {
     CompressionClosed,
     /// The failing statement touched only the full-text index.
     FtsScope,
+    /// The connection failed after COMMIT was sent and before its answer
+    /// came: the writer cannot know whether the batch is stored.
+    CommitSent,
 }
 
 impl Evidence {
-    pub const ALL: [Evidence; 6] = [
+    pub const ALL: [Evidence; 7] = [
         Evidence::DeletedWalGeneration,
         Evidence::DbReplaced,
         Evidence::TurnLeaseLost,
         Evidence::CompressionInProgress,
         Evidence::CompressionClosed,
         Evidence::FtsScope,
+        Evidence::CommitSent,
     ];
 
     pub fn label(self) -> &'static str {
@@ -83,6 +87,7 @@ impl Evidence {
             Evidence::CompressionInProgress => "compression_in_progress",
             Evidence::CompressionClosed => "compression_closed",
             Evidence::FtsScope => "fts_scope",
+            Evidence::CommitSent => "commit_sent",
         }
     }
 
@@ -108,6 +113,30 @@ impl Evidence {
     }
 }
 
+/// The database engine the failed operation ran against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Engine {
+    #[default]
+    Sqlite,
+    Postgres,
+}
+
+impl Engine {
+    pub const ALL: [Engine; 2] = [Engine::Sqlite, Engine::Postgres];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Engine::Sqlite => "sqlite",
+            Engine::Postgres => "postgres",
+        }
+    }
+
+    pub fn from_label(s: &str) -> Option<Engine> {
+        Engine::ALL.into_iter().find(|e| e.label() == s)
+    }
+}
+
 /// Everything the host observed about one failed storage operation.
 ///
 /// Time and chance are inputs: `attempt` (1-based count of attempts made,
@@ -116,6 +145,11 @@ impl Evidence {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observation {
     pub operation: Operation,
+    /// The engine; SQLite unless the host says otherwise.
+    pub engine: Engine,
+    /// PostgreSQL's five-character SQLSTATE, when the server (or the
+    /// client library, for a connection it could not make or lost) gave one.
+    pub sqlstate: Option<String>,
     pub code: Option<i64>,
     pub extended_code: Option<i64>,
     pub message: String,
@@ -131,6 +165,8 @@ impl Observation {
     pub fn new(operation: Operation) -> Observation {
         Observation {
             operation,
+            engine: Engine::Sqlite,
+            sqlstate: None,
             code: None,
             extended_code: None,
             message: String::new(),
@@ -175,12 +211,21 @@ pub enum Cause {
     SessionRowMissing,
     /// A stored message has the same uid but different content.
     UidConflict,
+    /// The database server cannot be reached, or is shutting down, and
+    /// COMMIT was not sent; retryable.
+    Unavailable,
+    /// The database server accepts no writes: a standby, as during a
+    /// failover; retryable on a new connection.
+    ReadOnly,
+    /// The connection failed while COMMIT was in flight: the batch may or
+    /// may not be stored, until its uids are looked up.
+    OutcomeUnknown,
     /// Nothing known explains the failure.
     Unknown,
 }
 
 impl Cause {
-    pub const ALL: [Cause; 13] = [
+    pub const ALL: [Cause; 16] = [
         Cause::Locked,
         Cause::Disk,
         Cause::DiskFull,
@@ -193,6 +238,9 @@ impl Cause {
         Cause::CompressionClosed,
         Cause::SessionRowMissing,
         Cause::UidConflict,
+        Cause::Unavailable,
+        Cause::ReadOnly,
+        Cause::OutcomeUnknown,
         Cause::Unknown,
     ];
 
@@ -210,6 +258,9 @@ impl Cause {
             Cause::CompressionClosed => "compression_closed",
             Cause::SessionRowMissing => "session_row_missing",
             Cause::UidConflict => "uid_conflict",
+            Cause::Unavailable => "unavailable",
+            Cause::ReadOnly => "read_only",
+            Cause::OutcomeUnknown => "outcome_unknown",
             Cause::Unknown => "unknown",
         }
     }
@@ -267,16 +318,20 @@ pub enum ActionKind {
     AdoptContinuation,
     /// Recreate the missing session row and retry once.
     RecreateSession,
+    /// Reconnect and look the batch's uids up: all stored is a commit; none
+    /// stored is written again (within patience) or diverted.
+    Resolve,
 }
 
 impl ActionKind {
-    pub const ALL: [ActionKind; 6] = [
+    pub const ALL: [ActionKind; 7] = [
         ActionKind::Retry,
         ActionKind::Divert,
         ActionKind::FailClosed,
         ActionKind::DegradeFts,
         ActionKind::AdoptContinuation,
         ActionKind::RecreateSession,
+        ActionKind::Resolve,
     ];
 
     pub fn label(self) -> &'static str {
@@ -287,6 +342,7 @@ impl ActionKind {
             ActionKind::DegradeFts => "degrade_fts",
             ActionKind::AdoptContinuation => "adopt_continuation",
             ActionKind::RecreateSession => "recreate_session",
+            ActionKind::Resolve => "resolve",
         }
     }
 }

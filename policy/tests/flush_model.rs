@@ -15,14 +15,16 @@
 //! receipt; nothing opens or writes after a sticky cause, in the flush or
 //! the next; nothing is written after a failed divert; a write right after
 //! a failure runs a new one-shot remedy (each at most once); a wait follows
-//! only a retryable cause.
+//! only a retryable cause; a lost COMMIT is looked up only on a new
+//! connection, and every uid found stored ends the flush persisted; after
+//! an unknown outcome no copy says the messages were not saved.
 
 use std::collections::HashMap;
 
 use turnsafe_policy::machine::{DivertReceipt, Event, Failure, FlushReport, FlushStart, Handle, Step, WritePlan};
 use turnsafe_policy::{
-    CaptureFailure, CaptureReceipt, Cause, DivertFailure, DivertResidue, Evidence, Observation, Operation, RetryPlan,
-    classify,
+    CaptureFailure, CaptureReceipt, Cause, DivertFailure, DivertResidue, Engine, Evidence, Observation, Operation,
+    RetryPlan, classify,
 };
 
 const BATCHES: usize = 2;
@@ -43,9 +45,27 @@ fn failure_for(cause: Cause, elapsed_ms: u64) -> Failure {
         Cause::CompressionClosed => (None, None, vec![Evidence::CompressionClosed], "closed"),
         Cause::SessionRowMissing => (Some(19), Some(787), vec![], "FOREIGN KEY constraint failed"),
         Cause::UidConflict => (Some(19), Some(2067), vec![], "UNIQUE constraint failed"),
+        Cause::Unavailable | Cause::ReadOnly | Cause::OutcomeUnknown => {
+            let (sqlstate, evidence) = match cause {
+                Cause::Unavailable => ("08006", vec![]),
+                Cause::ReadOnly => ("25006", vec![]),
+                _ => ("08006", vec![Evidence::CommitSent]),
+            };
+            return Failure {
+                engine: Engine::Postgres,
+                sqlstate: Some(sqlstate.into()),
+                code: Some(10),
+                message: "postgres".into(),
+                evidence,
+                elapsed_ms,
+                ..Failure::default()
+            };
+        }
         Cause::Unknown => (None, None, vec![], ""),
     };
     Failure {
+        engine: Engine::Sqlite,
+        sqlstate: None,
         code,
         extended_code: ext,
         message: message.into(),
@@ -58,6 +78,8 @@ fn failure_for(cause: Cause, elapsed_ms: u64) -> Failure {
 fn cause_of(operation: Operation, f: &Failure) -> Cause {
     classify(&Observation {
         operation,
+        engine: f.engine,
+        sqlstate: f.sqlstate.clone(),
         code: f.code,
         extended_code: f.extended_code,
         message: f.message.clone(),
@@ -94,6 +116,9 @@ enum Last {
         plan: Option<WritePlan>,
     },
     DivertFailed,
+    Opened,
+    /// The uid lookup said every uid is stored.
+    ResolvedStored,
     Other,
 }
 
@@ -136,6 +161,10 @@ fn check_report(r: &FlushReport, s: &State) -> Result<(), String> {
     if kept != r.receipt.is_some() && !(r.receipt.is_some() && r.copy.is_none()) {
         return Err(format!("copy and receipt disagree: {text} / {:?}", r.receipt));
     }
+    // After a lost COMMIT nothing may say the messages are not stored.
+    if r.cause == Some(Cause::OutcomeUnknown) && text.contains("were not saved") {
+        return Err(format!("an unknown outcome told as not saved: {text}"));
+    }
     let captured_claim = text.contains("was captured") || text.contains("captured at");
     let has_capture_receipt = s.capture_receipt_seen;
     if captured_claim && !has_capture_receipt {
@@ -174,6 +203,14 @@ fn events_for(step: &Step, s: &State) -> Vec<Event> {
             v
         }
         Step::Wait { .. } => vec![Event::Waited { elapsed_ms: 100 }],
+        Step::Resolve => {
+            let mut v = vec![
+                Event::Resolved { all_stored: true },
+                Event::Resolved { all_stored: false },
+            ];
+            v.extend(failures(s));
+            v
+        }
         Step::Capture => vec![
             Event::Captured(CaptureReceipt {
                 path: CAPTURE_PATH.into(),
@@ -230,8 +267,41 @@ fn check_step(step: &Step, s: &State) -> Result<(), String> {
     match (&s.last, step) {
         (Last::DivertFailed, Step::Done(_)) => {}
         (Last::DivertFailed, other) => return Err(format!("{} after a failed divert", other.label())),
-        (Last::Failed { cause, .. }, Step::Wait { .. }) if !matches!(cause, Cause::Locked | Cause::Compression) => {
+        (Last::Failed { cause, .. }, Step::Wait { .. })
+            if !matches!(
+                cause,
+                Cause::Locked | Cause::Compression | Cause::Unavailable | Cause::ReadOnly
+            ) =>
+        {
             return Err(format!("a wait after {cause:?}, which is not retryable"));
+        }
+        // A lost COMMIT is looked up on a new connection, or kept.
+        (
+            Last::Failed {
+                cause: Cause::OutcomeUnknown,
+                ..
+            },
+            step,
+        ) if !matches!(step, Step::Open | Step::Divert { .. }) => {
+            return Err(format!("{} after a lost COMMIT", step.label()));
+        }
+        // A server that went away or turned standby is not written to on the
+        // same connection.
+        (
+            Last::Failed {
+                cause: Cause::Unavailable | Cause::ReadOnly,
+                ..
+            },
+            Step::Write(_) | Step::Resolve,
+        ) => return Err(format!("{} without reconnecting", step.label())),
+        (last, Step::Resolve) if *last != Last::Opened => {
+            return Err(format!("a lookup that does not follow a new connection ({last:?})"));
+        }
+        (Last::ResolvedStored, Step::Done(r)) if !r.persisted => {
+            return Err(format!("every uid stored, yet not persisted: {r:?}"));
+        }
+        (Last::ResolvedStored, other) if !matches!(other, Step::Done(_)) => {
+            return Err(format!("{} after every uid was found stored", other.label()));
         }
         (
             Last::Failed {
@@ -322,6 +392,8 @@ impl Explorer {
                     }
                 }
                 Event::DivertFailed { .. } => Last::DivertFailed,
+                Event::Opened => Last::Opened,
+                Event::Resolved { all_stored: true } => Last::ResolvedStored,
                 _ => Last::Other,
             };
             let early = match &event {
@@ -359,7 +431,10 @@ impl Explorer {
 #[test]
 fn representatives_classify_as_their_cause() {
     for cause in Cause::ALL {
-        let op = if cause == Cause::UidConflict || cause == Cause::SessionRowMissing {
+        let op = if matches!(
+            cause,
+            Cause::UidConflict | Cause::SessionRowMissing | Cause::OutcomeUnknown
+        ) {
             Operation::AppendBatch
         } else {
             Operation::Open

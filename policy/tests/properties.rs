@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use turnsafe_policy::json::{classify_json, copy_to_value, evaluate_json, explain_json};
 use turnsafe_policy::{
-    ActionKind, CaptureFailure, CaptureReceipt, Cause, CopyContext, DivertFailure, DivertResidue, Evidence,
+    ActionKind, CaptureFailure, CaptureReceipt, Cause, CopyContext, DivertFailure, DivertResidue, Engine, Evidence,
     KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, Observation, Operation, Outcome, classify, decide, explain, is_producible,
     possible_actions,
 };
@@ -53,8 +53,19 @@ prop_compose! {
         attempt in prop_oneof![0u32..40, any::<u32>()],
         elapsed_ms in prop_oneof![0u64..10_000, any::<u64>()],
         seed in any::<u64>(),
+        engine in prop::sample::select(Engine::ALL.to_vec()),
+        sqlstate in prop_oneof![
+            Just(None),
+            prop::sample::select(vec![
+                "08000", "08001", "08003", "08006", "57P01", "57P02", "57P03", "53300", "25006", "40001",
+                "40P01", "55P03", "53100", "XX001", "XX002", "23505", "23503", "42601", "3D000", "28P01",
+            ])
+            .prop_map(|s| Some(s.to_string())),
+            "[0-9A-Z]{5}".prop_map(Some),
+            ".{0,8}".prop_map(Some),
+        ],
     ) -> Observation {
-        Observation { operation, code, extended_code, message, errno, evidence, attempt, elapsed_ms, seed }
+        Observation { operation, engine, sqlstate, code, extended_code, message, errno, evidence, attempt, elapsed_ms, seed }
     }
 }
 
@@ -85,6 +96,20 @@ proptest! {
         }
         if obs.operation == Operation::Divert {
             prop_assert_eq!(d.action, ActionKind::FailClosed);
+        }
+        // An unknown outcome rests on the evidence that COMMIT was sent, and
+        // only a lost connection makes it unknown.
+        if c.cause == Cause::OutcomeUnknown {
+            prop_assert!(obs.has(Evidence::CommitSent));
+            let lost = match obs.sqlstate.as_deref() {
+                None => obs.engine == Engine::Postgres,
+                Some(s) => s.starts_with("08") || matches!(s, "57P01" | "57P02" | "57P03"),
+            };
+            prop_assert!(lost, "{:?}", obs);
+        }
+        // The PostgreSQL causes come from a SQLSTATE or that evidence only.
+        if matches!(c.cause, Cause::Unavailable | Cause::ReadOnly) {
+            prop_assert!(obs.sqlstate.is_some());
         }
     }
 

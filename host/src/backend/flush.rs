@@ -151,6 +151,7 @@ impl<B: Backend> Writer<B> {
                     }
                 }
                 Step::Divert { cause } => self.perform_divert(&batch, cause, &mut made),
+                Step::Resolve => self.perform_resolve(&batch, elapsed()),
             };
             if let Err(e) = self.machine.handle(event) {
                 tracing::error!(error = %e, "the flush machine refused an event; the batch is handed back");
@@ -170,6 +171,25 @@ impl<B: Backend> Writer<B> {
             });
         }
         FlushOutcome::new(report, made.divert_error, made.capture)
+    }
+
+    /// After a COMMIT whose answer was lost: which of the batch's uids does
+    /// the store hold, on the connection just opened?
+    fn perform_resolve(&mut self, batch: &Batch<'_>, elapsed_ms: u64) -> Event {
+        match self.backend.resolve(batch.session.as_str(), batch.uids) {
+            Ok(all_stored) => {
+                tracing::warn!(
+                    session = batch.session.as_str(),
+                    all_stored,
+                    "a lost COMMIT looked up by uid"
+                );
+                Event::Resolved { all_stored }
+            }
+            Err(mut f) => {
+                f.elapsed_ms = elapsed_ms;
+                Event::Failed(f)
+            }
+        }
     }
 
     fn perform_open(&mut self, batch: &Batch<'_>, elapsed_ms: u64) -> Event {

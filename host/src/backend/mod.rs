@@ -90,6 +90,10 @@ pub trait Backend {
     /// identical one counts), or none.
     fn write(&mut self, batch: &Batch<'_>, plan: &WritePlan, cursor: &mut Cursor, lease: &Lease)
     -> Result<(), Failure>;
+    /// After a COMMIT whose answer was lost: on the connection just opened,
+    /// whether every one of `uids` is stored for `session`. A failure is
+    /// the policy's to classify, like a failed write.
+    fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure>;
     /// Which of `uids` are stored for `session`.
     fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError>;
     /// The stored transcript in `seq` order, as `show --json` prints it.

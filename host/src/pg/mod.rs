@@ -57,6 +57,44 @@ pub struct Postgres {
     /// The generation of the database the first open found; a later open
     /// that finds another is a replaced store.
     generation: Option<String>,
+    /// The server this handle last connected to (see [`ServerMark`]).
+    server: Option<ServerMark>,
+    /// The last batch this handle stored: its session and uids.
+    last_stored: Option<(String, Vec<String>)>,
+    /// The server's WAL position read inside the last batch stored.
+    last_lsn: Option<i64>,
+}
+
+/// What says whether a server is the one a handle wrote to before: its
+/// `system_identifier` and timeline (a failover moves to a new timeline),
+/// and its WAL position (a restore from an older backup goes back).
+/// Reading the control data needs `pg_monitor` or a superuser; without it
+/// the WAL position alone is compared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ServerMark {
+    system_identifier: Option<String>,
+    timeline: Option<i64>,
+    lsn: Option<i64>,
+}
+
+impl ServerMark {
+    fn read(client: &mut Client) -> ServerMark {
+        let one =
+            |client: &mut Client, sql: &str| -> Option<postgres::Row> { client.query_opt(sql, &[]).ok().flatten() };
+        let system_identifier =
+            one(client, "SELECT system_identifier::text FROM pg_control_system()").map(|r| r.get(0));
+        let timeline = one(client, "SELECT timeline_id::int8 FROM pg_control_checkpoint()").map(|r| r.get(0));
+        let lsn = one(
+            client,
+            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8 END",
+        )
+        .and_then(|r| r.get(0));
+        ServerMark {
+            system_identifier,
+            timeline,
+            lsn,
+        }
+    }
 }
 
 impl Postgres {
@@ -66,7 +104,59 @@ impl Postgres {
             opts,
             client: None,
             generation: None,
+            server: None,
+            last_stored: None,
+            last_lsn: None,
         }
+    }
+
+    /// After connecting: if the server is not the one this handle last
+    /// wrote to (another identity or timeline, or a WAL position behind the
+    /// one read inside the last batch stored), the last batch stored must
+    /// still be there. It is after a failover with synchronous replication;
+    /// it is not after a restore from an older backup, and then the store
+    /// is `replaced`: every later batch is diverted.
+    fn check_server(&mut self, client: &mut Client) -> Result<(), Failure> {
+        let now = ServerMark::read(client);
+        let changed = match &self.server {
+            None => false,
+            Some(before) => {
+                let differs = |a: &Option<String>, b: &Option<String>| a.is_some() && b.is_some() && a != b;
+                differs(&before.system_identifier, &now.system_identifier)
+                    || (before.timeline.is_some() && now.timeline.is_some() && before.timeline != now.timeline)
+                    || matches!((self.last_lsn, now.lsn), (Some(seen), Some(lsn)) if lsn < seen)
+            }
+        };
+        self.server = Some(now.clone());
+        let Some((session, uids)) = self.last_stored.clone().filter(|_| changed) else {
+            return Ok(());
+        };
+        let stored =
+            write::stored_uids(client, &session, &uids).map_err(|e| translate::failure(&Fault::Client(&e), 0))?;
+        if stored.len() == uids.len() {
+            tracing::warn!(
+                target_db = self.url.display(),
+                "another server now, and it holds the last batch stored"
+            );
+            return Ok(());
+        }
+        tracing::error!(
+            target_db = self.url.display(),
+            missing = uids.len() - stored.len(),
+            "the server lacks the last batch this handle stored"
+        );
+        Err(Failure {
+            evidence: vec![Evidence::DbReplaced],
+            message: format!(
+                "turnsafe guard: {} lacks {} of the {} messages of the last batch this handle stored there \
+                 (a restore from an older backup, or a failover that lost commits)",
+                self.url.display(),
+                uids.len() - stored.len(),
+                uids.len()
+            ),
+            engine: turnsafe_policy::Engine::Postgres,
+            ..Failure::default()
+        })
     }
 
     pub fn url(&self) -> &DbUrl {
@@ -107,13 +197,15 @@ impl Postgres {
         }
     }
 
-    /// The failure of a client call; a connection-class one drops the
-    /// connection, so the next batch opens a new one.
-    fn client_failure(&mut self, e: &postgres::Error) -> Failure {
-        let f = translate::failure(&Fault::Client(e), 0);
+    /// The failure of a client call. A lost connection, or a server that
+    /// turned read-only (a standby), drops the connection: the next open
+    /// connects again, to whichever server is the primary then.
+    fn client_failure(&mut self, e: &postgres::Error, fault: Fault<'_>) -> Failure {
+        let f = translate::failure(&fault, 0);
         let gone = e.is_closed()
             || self.client.as_ref().is_none_or(|c| c.is_closed())
-            || f.code == Some(turnsafe_policy::codes::IOERR);
+            || f.code == Some(turnsafe_policy::codes::IOERR)
+            || f.sqlstate.as_deref() == Some("25006");
         if gone {
             self.client = None;
         }
@@ -135,7 +227,7 @@ impl Backend for Postgres {
         let mut client = match connect::connect(&self.url) {
             Ok(c) => c,
             Err(connect::ConnectError::Url(e)) => return Err(translate::failure(&Fault::Config(&e), 0)),
-            Err(connect::ConnectError::Postgres(e)) => return Err(translate::failure(&Fault::Client(&e), 0)),
+            Err(connect::ConnectError::Postgres(e)) => return Err(translate::failure(&Fault::Connect(&e), 0)),
         };
         let lock_timeout = format!("SET lock_timeout = {}", self.opts.lock_timeout.as_millis().max(1));
         if let Err(e) = client.batch_execute(&lock_timeout) {
@@ -156,6 +248,7 @@ impl Backend for Postgres {
             }
             _ => {}
         }
+        self.check_server(&mut client)?;
         tracing::debug!(target_db = self.url.display(), "postgres store opened");
         self.generation = Some(generation);
         self.client = Some(client);
@@ -174,8 +267,15 @@ impl Backend for Postgres {
         };
         let generation = self.generation.clone().unwrap_or_default();
         match write::write(client, batch, plan, cursor, lease, &generation) {
-            Ok(()) => Ok(()),
-            Err(write::Stop::Client(e)) => Err(self.client_failure(&e)),
+            Ok(lsn) => {
+                self.last_stored = Some((batch.session.as_str().to_string(), batch.uids.to_vec()));
+                if lsn.is_some() {
+                    self.last_lsn = lsn;
+                }
+                Ok(())
+            }
+            Err(write::Stop::Client(e)) => Err(self.client_failure(&e, Fault::Client(&e))),
+            Err(write::Stop::Commit(e)) => Err(self.client_failure(&e, Fault::Commit(&e))),
             Err(write::Stop::Conflict) => Err(translate::failure(&Fault::UidConflict, 0)),
             Err(write::Stop::LeaseLost) => Err(Failure {
                 evidence: vec![Evidence::TurnLeaseLost],
@@ -183,6 +283,22 @@ impl Backend for Postgres {
                 ..Failure::default()
             }),
             Err(write::Stop::Replaced(found)) => Err(replaced(&self.url, &generation, &found)),
+        }
+    }
+
+    fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
+        let Some(client) = self.client.as_mut() else {
+            return Err(translate::failure(&Fault::NotConnected, 0));
+        };
+        match write::stored_uids(client, session, uids) {
+            Ok(stored) => {
+                let all = stored.len() == uids.len();
+                if all {
+                    self.last_stored = Some((session.to_string(), uids.to_vec()));
+                }
+                Ok(all)
+            }
+            Err(e) => Err(self.client_failure(&e, Fault::Client(&e))),
         }
     }
 
@@ -319,6 +435,7 @@ impl Backend for Postgres {
 /// handle wrote to (a failover to a fresh server, a database recreated).
 fn replaced(url: &DbUrl, known: &str, found: &str) -> Failure {
     Failure {
+        engine: turnsafe_policy::Engine::Postgres,
         evidence: vec![Evidence::DbReplaced],
         message: format!(
             "turnsafe guard: {} holds generation {found}, not {known} that this handle wrote to",

@@ -1,10 +1,14 @@
 //! PostgreSQL failures in the policy's terms.
 //!
-//! The policy classifies on SQLite result codes. This module is the one
-//! place that says which SQLite code a PostgreSQL failure stands for; the
-//! policy then decides exactly as it does for SQLite. The table is in
-//! `docs/POSTGRES.md`, and every message carries the SQLSTATE (or `none`
-//! when the failure never reached the server), e.g.
+//! Every failure reaches the policy as `engine: postgres` with its
+//! SQLSTATE. The policy reads the SQLSTATE classes it knows first
+//! (`docs/POLICY.md`); for any other it falls back to the SQLite code this
+//! module translates the failure onto, the one place that says which code
+//! a PostgreSQL failure stands for. A failure that never reached the
+//! server has no SQLSTATE from it, so this module gives the one libpq
+//! gives: 08001 for a connection never made, 08006 for one lost, 08003
+//! when none is held. A failed COMMIT carries the evidence `commit_sent`.
+//! Every message carries the SQLSTATE, e.g.
 //! `postgres SQLSTATE 55P03: canceling statement due to lock timeout`.
 
 use turnsafe_policy::codes;
@@ -12,8 +16,12 @@ use turnsafe_policy::machine::Failure;
 
 /// What went wrong, as the executor saw it.
 pub enum Fault<'a> {
-    /// The client or the server said no.
+    /// Connecting failed.
+    Connect(&'a postgres::Error),
+    /// The client or the server said no, on a live connection.
     Client(&'a postgres::Error),
+    /// COMMIT was sent and failed: its answer may be lost.
+    Commit(&'a postgres::Error),
     /// The target could not be used at all (unreadable `sslrootcert`).
     Config(&'a super::url::UrlError),
     /// No connection is held (the server dropped it earlier).
@@ -66,8 +74,13 @@ pub fn sqlite_codes(sqlstate: Option<&str>) -> (Option<i64>, Option<i64>) {
 /// The failure the flush machine takes.
 pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
     let (sqlstate, text, errno) = match fault {
-        Fault::Client(e) => {
-            let sqlstate = e.code().map(|c| c.code().to_string());
+        Fault::Connect(e) | Fault::Client(e) | Fault::Commit(e) => {
+            // The client library's own SQLSTATE when the server never answered.
+            let lost = match fault {
+                Fault::Connect(_) => "08001",
+                _ => "08006",
+            };
+            let sqlstate = Some(e.code().map_or(lost, |c| c.code()).to_string());
             let text = match e.as_db_error() {
                 Some(db) => db.message().to_string(),
                 None => chain_text(e),
@@ -75,7 +88,11 @@ pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
             (sqlstate, text, io_errno(e))
         }
         Fault::Config(e) => (None, e.to_string(), None),
-        Fault::NotConnected => (None, "no connection to the server".to_string(), None),
+        Fault::NotConnected => (
+            Some("08003".to_string()),
+            "no connection to the server".to_string(),
+            None,
+        ),
         Fault::UidConflict => (
             Some("23505".to_string()),
             "a uid of the batch is stored with different content".to_string(),
@@ -91,14 +108,22 @@ pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
         Fault::Config(_) => (Some(codes::CANTOPEN), None),
         Fault::UidConflict => (Some(codes::CONSTRAINT), Some(codes::CONSTRAINT_UNIQUE)),
         Fault::NewerSchema { .. } => (None, None),
-        Fault::NotConnected | Fault::Client(_) => sqlite_codes(sqlstate.as_deref()),
+        Fault::NotConnected | Fault::Connect(_) | Fault::Client(_) | Fault::Commit(_) => {
+            sqlite_codes(sqlstate.as_deref())
+        }
+    };
+    let evidence = match fault {
+        Fault::Commit(_) => vec![turnsafe_policy::Evidence::CommitSent],
+        _ => Vec::new(),
     };
     Failure {
+        engine: turnsafe_policy::Engine::Postgres,
+        sqlstate: sqlstate.clone(),
         code,
         extended_code,
         message: format!("postgres SQLSTATE {}: {text}", sqlstate.as_deref().unwrap_or("none")),
         errno,
-        evidence: Vec::new(),
+        evidence,
         elapsed_ms,
     }
 }
@@ -138,37 +163,44 @@ mod tests {
     use super::*;
     use turnsafe_policy::{Cause, Observation, Operation, classify};
 
-    fn cause(sqlstate: Option<&str>) -> Cause {
-        let (code, extended_code) = sqlite_codes(sqlstate);
+    fn cause(sqlstate: &str, evidence: Vec<turnsafe_policy::Evidence>) -> Cause {
+        let (code, extended_code) = sqlite_codes(Some(sqlstate));
         classify(&Observation {
-            operation: Operation::AppendBatch,
+            engine: turnsafe_policy::Engine::Postgres,
+            sqlstate: Some(sqlstate.to_string()),
             code,
             extended_code,
-            message: format!("postgres SQLSTATE {}: x", sqlstate.unwrap_or("none")),
-            errno: None,
-            evidence: Vec::new(),
-            attempt: 1,
-            elapsed_ms: 0,
-            seed: 0,
+            message: format!("postgres SQLSTATE {sqlstate}: x"),
+            evidence,
+            ..Observation::new(Operation::AppendBatch)
         })
         .cause
     }
 
     #[test]
     fn each_sqlstate_lands_on_the_cause_docs_name() {
-        assert_eq!(cause(None), Cause::Disk);
-        assert_eq!(cause(Some("08006")), Cause::Disk);
-        assert_eq!(cause(Some("57P01")), Cause::Disk);
-        assert_eq!(cause(Some("55P03")), Cause::Locked);
-        assert_eq!(cause(Some("40001")), Cause::Locked);
-        assert_eq!(cause(Some("40P01")), Cause::Locked);
-        assert_eq!(cause(Some("25006")), Cause::Disk);
-        assert_eq!(cause(Some("53100")), Cause::DiskFull);
-        assert_eq!(cause(Some("3D000")), Cause::Disk);
-        assert_eq!(cause(Some("28P01")), Cause::Disk);
-        assert_eq!(cause(Some("XX001")), Cause::Corrupt);
-        assert_eq!(cause(Some("23503")), Cause::SessionRowMissing);
-        assert_eq!(cause(Some("42601")), Cause::Unknown);
+        for (state, expected) in [
+            ("08001", Cause::Unavailable),
+            ("08006", Cause::Unavailable),
+            ("57P01", Cause::Unavailable),
+            ("53300", Cause::Unavailable),
+            ("55P03", Cause::Locked),
+            ("40001", Cause::Locked),
+            ("40P01", Cause::Locked),
+            ("25006", Cause::ReadOnly),
+            ("53100", Cause::DiskFull),
+            ("3D000", Cause::Disk),
+            ("28P01", Cause::Disk),
+            ("XX001", Cause::Corrupt),
+            ("23503", Cause::SessionRowMissing),
+            ("42601", Cause::Unknown),
+        ] {
+            assert_eq!(cause(state, Vec::new()), expected, "{state}");
+        }
+        let sent = || vec![turnsafe_policy::Evidence::CommitSent];
+        assert_eq!(cause("08006", sent()), Cause::OutcomeUnknown);
+        // The server answered the COMMIT: it says what happened.
+        assert_eq!(cause("40001", sent()), Cause::Locked);
     }
 
     #[test]

@@ -18,6 +18,9 @@ use crate::store::{mint_id, now_ms};
 
 pub(super) enum Stop {
     Client(postgres::Error),
+    /// COMMIT was sent and did not answer success: a lost connection
+    /// leaves the batch's fate unknown until its uids are looked up.
+    Commit(postgres::Error),
     /// A uid of the batch is stored with different content.
     Conflict,
     /// Another writer holds this session's turn lease.
@@ -45,10 +48,10 @@ pub(super) fn write(
     cursor: &mut Cursor,
     lease: &Lease,
     generation: &str,
-) -> Result<(), Stop> {
+) -> Result<Option<i64>, Stop> {
     let session = batch.session.as_str();
     let mut tx = client.transaction()?;
-    let token = take_lease(&mut tx, session, cursor, plan.recreate_session, lease, generation)?;
+    let (token, lsn) = take_lease(&mut tx, session, cursor, plan.recreate_session, lease, generation)?;
     let stored_max: i64 = tx
         .query_one(
             "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = $1",
@@ -114,10 +117,10 @@ pub(super) fn write(
         }
     }
     crate::failpoint::hit("pg.before_commit");
-    tx.commit()?;
+    tx.commit().map_err(Stop::Commit)?;
     cursor.lease_token = Some(token);
     cursor.next_seq = Some(first_seq + n);
-    Ok(())
+    Ok(lsn)
 }
 
 fn stored_rows(tx: &mut Transaction<'_>, session: &str, uids: &[String]) -> Result<HashMap<String, Stored>, Stop> {
@@ -148,7 +151,9 @@ pub(super) fn stored_uids(client: &mut Client, session: &str, uids: &[String]) -
 /// session row locked until the transaction ends. The row is inserted at
 /// the first batch (or when the policy said `recreate_session`); a row
 /// that vanished after our first batch is left missing, so the insert
-/// fails on the foreign key and the policy decides.
+/// fails on the foreign key and the policy decides. Also returns the
+/// server's WAL position, read in the same statement (no round trip of its
+/// own), for the handle's server check.
 fn take_lease(
     tx: &mut Transaction<'_>,
     session: &str,
@@ -156,14 +161,15 @@ fn take_lease(
     recreate: bool,
     lease: &Lease,
     generation: &str,
-) -> Result<String, Stop> {
+) -> Result<(String, Option<i64>), Stop> {
     let now = now_ms();
     let expires = now + lease.ttl_ms;
     for _ in 0..2 {
         // The session row, locked, and the database's generation: is this
         // still the database the handle opened?
         let row = tx.query_opt(
-            "SELECT (SELECT value FROM state_meta WHERE key = 'generation'), s.lease_token, s.lease_expires_ms \
+            "SELECT (SELECT value FROM state_meta WHERE key = 'generation'), s.lease_token, s.lease_expires_ms, \
+             (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8 \
              FROM sessions s WHERE s.id = $1 FOR UPDATE OF s",
             &[&session],
         )?;
@@ -176,6 +182,7 @@ fn take_lease(
         if found.as_deref() != Some(generation) {
             return Err(Stop::Replaced(found.unwrap_or_default()));
         }
+        let lsn: Option<i64> = row.as_ref().map(|r| r.get(3));
         let row: Option<(Option<String>, Option<i64>)> = row.map(|r| (r.get(1), r.get(2)));
         let ours = cursor.lease_token.clone();
         match (row, ours) {
@@ -188,7 +195,7 @@ fn take_lease(
                         &[&session, &expires],
                     )?;
                 }
-                return Ok(mine);
+                return Ok((mine, lsn));
             }
             // We held the lease and someone else took it: fenced.
             (Some(_), Some(_)) => return Err(Stop::LeaseLost),
@@ -201,9 +208,9 @@ fn take_lease(
                     "UPDATE sessions SET lease_token = $2, lease_holder = $3, lease_expires_ms = $4 WHERE id = $1",
                     &[&session, &mine, &lease.holder, &expires],
                 )?;
-                return Ok(mine);
+                return Ok((mine, lsn));
             }
-            (None, Some(mine)) if !recreate => return Ok(mine),
+            (None, Some(mine)) if !recreate => return Ok((mine, lsn)),
             (None, ours) => {
                 let mine = ours.unwrap_or_else(mint_id);
                 let n = tx.execute(
@@ -212,7 +219,7 @@ fn take_lease(
                     &[&session, &now, &mine, &lease.holder, &expires],
                 )?;
                 if n == 1 {
-                    return Ok(mine);
+                    return Ok((mine, lsn));
                 }
                 // Another writer created the row meanwhile: look again.
             }

@@ -85,6 +85,13 @@ impl Backend for SessionStore {
         }
     }
 
+    fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
+        let Some(conn) = self.conn.as_ref() else {
+            return Err(failure_of(&rusqlite::Error::InvalidQuery, None, Vec::new(), 0));
+        };
+        super::group::all_stored(conn, session, uids).map_err(|e| failure_of(&e, None, Vec::new(), 0))
+    }
+
     fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
         let conn = self.live()?;
         let mut stmt = conn

@@ -107,6 +107,17 @@ impl<'a> Member<'a> {
     }
 }
 
+/// Whether every one of `uids` is stored for `session`.
+pub(super) fn all_stored(conn: &rusqlite::Connection, session: &str, uids: &[String]) -> rusqlite::Result<bool> {
+    let mut stmt = conn.prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")?;
+    for uid in uids {
+        if !stmt.exists(rusqlite::params![session, uid])? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// What the machines asked for in one round.
 #[derive(Default)]
 struct Round {
@@ -114,6 +125,7 @@ struct Round {
     capture: Vec<usize>,
     divert: Vec<(usize, Cause)>,
     write: Vec<(usize, WritePlan)>,
+    resolve: Vec<usize>,
     wait: Vec<usize>,
     wait_ms: u64,
 }
@@ -159,6 +171,7 @@ impl SessionStore {
                     Step::Capture => round.capture.push(i),
                     Step::Divert { cause } => round.divert.push((i, cause)),
                     Step::Write(plan) => round.write.push((i, plan)),
+                    Step::Resolve => round.resolve.push(i),
                     Step::Wait { ms } => {
                         round.wait.push(i);
                         round.wait_ms = round.wait_ms.max(ms);
@@ -177,6 +190,12 @@ impl SessionStore {
                         let m = &mut members[i];
                         (i, self.perform_divert(&m.flush, cause, &mut m.made))
                     })
+                    .collect()
+            } else if !round.resolve.is_empty() {
+                round
+                    .resolve
+                    .iter()
+                    .map(|&i| (i, self.resolve(&members[i].flush)))
                     .collect()
             } else if !round.write.is_empty() {
                 self.write_for(members, &round.write)
@@ -297,6 +316,25 @@ impl SessionStore {
             })
             .collect();
         events
+    }
+
+    /// Whether every uid of the batch is stored. SQLite always knows how
+    /// its COMMIT ended, so the machine asks this only of hosts that lost
+    /// an answer; it is answered all the same, from the live connection.
+    fn resolve(&mut self, flush: &Flush<'_>) -> Event {
+        let stored = self
+            .connection()
+            .map(|conn| all_stored(conn, flush.session.as_str(), &flush.uids));
+        match stored {
+            Some(Ok(all_stored)) => Event::Resolved { all_stored },
+            Some(Err(e)) => Event::Failed(failure_of(&e, None, Vec::new(), flush.elapsed_ms())),
+            None => Event::Failed(failure_of(
+                &rusqlite::Error::InvalidQuery,
+                None,
+                Vec::new(),
+                flush.elapsed_ms(),
+            )),
+        }
     }
 
     /// Append one batch to its session's divert file.

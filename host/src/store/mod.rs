@@ -548,6 +548,8 @@ pub fn configure(conn: &Connection, opts: &StoreOptions) -> rusqlite::Result<()>
 fn failure_of(err: &rusqlite::Error, errno: Option<i64>, evidence: Vec<Evidence>, elapsed_ms: u64) -> Failure {
     let obs = observe::observation(Operation::AppendBatch, err, errno, evidence, 1, elapsed_ms, 0);
     Failure {
+        engine: turnsafe_policy::Engine::Sqlite,
+        sqlstate: None,
         code: obs.code,
         extended_code: obs.extended_code,
         message: obs.message,

@@ -27,9 +27,18 @@ pub struct FlushStart {
 enum Phase {
     Opening,
     Writing,
-    Waiting { ms: u64, then: Resume },
-    Capturing { then: Terminal },
-    Diverting { cause: Cause },
+    /// Looking the batch's uids up after a COMMIT whose answer was lost.
+    Resolving,
+    Waiting {
+        ms: u64,
+        then: Resume,
+    },
+    Capturing {
+        then: Terminal,
+    },
+    Diverting {
+        cause: Cause,
+    },
     Done(Ending),
 }
 
@@ -77,6 +86,9 @@ pub struct FlushMachine {
     errno: Option<i64>,
     /// The capture this flush made, for the outcome.
     capture: Option<CaptureReport>,
+    /// A COMMIT's answer was lost and its batch is not looked up yet: the
+    /// next open resolves it, and a divert keeps the cause `outcome_unknown`.
+    resolving: bool,
 }
 
 impl FlushMachine {
@@ -97,6 +109,7 @@ impl FlushMachine {
             action,
             errno: None,
             capture: None,
+            resolving: false,
         }
     }
 
@@ -116,6 +129,7 @@ impl FlushMachine {
         match &self.phase {
             Phase::Opening => Step::Open,
             Phase::Writing => Step::Write(self.plan),
+            Phase::Resolving => Step::Resolve,
             Phase::Waiting { ms, .. } => Step::Wait { ms: *ms },
             Phase::Capturing { .. } => Step::Capture,
             Phase::Diverting { cause } => Step::Divert { cause: *cause },
@@ -128,7 +142,11 @@ impl FlushMachine {
         let next = match (&self.phase, event) {
             (Phase::Opening, Event::Opened) => {
                 handle.open = true;
-                Phase::Writing
+                if self.resolving {
+                    Phase::Resolving
+                } else {
+                    Phase::Writing
+                }
             }
             (Phase::Opening, Event::Failed(f)) => self.failed(handle, Operation::Open, f),
             (Phase::Writing, Event::Committed) => {
@@ -136,6 +154,15 @@ impl FlushMachine {
                 Phase::Done(Ending::Committed)
             }
             (Phase::Writing, Event::Failed(f)) => self.failed(handle, Operation::AppendBatch, f),
+            // Every uid stored: the lost COMMIT took effect.
+            (Phase::Resolving, Event::Resolved { all_stored: true }) => Phase::Done(Ending::Committed),
+            // Not all: the batch is written again, as any write (a stored
+            // identical row counts as committed).
+            (Phase::Resolving, Event::Resolved { all_stored: false }) => {
+                self.resolving = false;
+                Phase::Writing
+            }
+            (Phase::Resolving, Event::Failed(f)) => self.failed(handle, Operation::AppendBatch, f),
             (Phase::Waiting { then, .. }, Event::Waited { .. }) => match then {
                 Resume::Open => Phase::Opening,
                 Resume::Write => Phase::Writing,
@@ -183,6 +210,8 @@ impl FlushMachine {
         self.attempts = self.attempts.saturating_add(1);
         let obs = Observation {
             operation,
+            engine: f.engine,
+            sqlstate: f.sqlstate,
             code: f.code,
             extended_code: f.extended_code,
             message: f.message,
@@ -201,9 +230,20 @@ impl FlushMachine {
             handle.sticky = Some(d.classification.cause);
         }
         let cause = d.classification.cause;
+        // A server that went away, or became a standby, is written to again
+        // only on a new connection.
+        let reconnect = matches!(cause, Cause::Unavailable | Cause::ReadOnly | Cause::OutcomeUnknown);
+        if reconnect {
+            handle.open = false;
+        }
         let terminal = match d.action {
+            ActionKind::Resolve => {
+                self.resolving = true;
+                return Phase::Opening;
+            }
             ActionKind::Retry => {
                 let then = match operation {
+                    _ if reconnect => Resume::Open,
                     Operation::Open => Resume::Open,
                     _ => Resume::Write,
                 };
@@ -231,6 +271,12 @@ impl FlushMachine {
             ActionKind::AdoptContinuation => {
                 self.action = Some(ActionKind::Divert);
                 Terminal::Divert(cause)
+            }
+            // Whatever stops the lookup, nobody knows whether the batch
+            // is stored: the divert says so, and replay settles each line.
+            ActionKind::Divert if self.resolving && !d.sticky => {
+                self.last = Some((Cause::OutcomeUnknown, Operation::AppendBatch));
+                Terminal::Divert(Cause::OutcomeUnknown)
             }
             ActionKind::Divert => Terminal::Divert(cause),
             ActionKind::FailClosed => Terminal::HandBack,
@@ -288,6 +334,7 @@ fn phase_label(p: &Phase) -> &'static str {
     match p {
         Phase::Opening => "open",
         Phase::Writing => "write",
+        Phase::Resolving => "resolve",
         Phase::Waiting { .. } => "wait",
         Phase::Capturing { .. } => "capture",
         Phase::Diverting { .. } => "divert",

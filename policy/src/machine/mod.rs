@@ -88,6 +88,9 @@ pub enum Step {
     /// Append the batch to the divert file, labelled with `cause`; answer
     /// [`Event::Diverted`] or [`Event::DivertFailed`].
     Divert { cause: Cause },
+    /// Look up which of the batch's uids the store holds, on the connection
+    /// just opened; answer [`Event::Resolved`] or [`Event::Failed`].
+    Resolve,
     /// The flush is over; nothing more to do.
     Done(Box<FlushReport>),
 }
@@ -96,6 +99,10 @@ pub enum Step {
 /// operation, the attempt number and the seed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Failure {
+    /// The engine; SQLite unless the host says otherwise.
+    pub engine: crate::model::Engine,
+    /// PostgreSQL's SQLSTATE, when there is one.
+    pub sqlstate: Option<String>,
     pub code: Option<i64>,
     pub extended_code: Option<i64>,
     pub message: String,
@@ -137,6 +144,10 @@ pub enum Event {
         error: String,
     },
     Diverted(DivertReceipt),
+    /// The uid lookup: every uid of the batch is stored, or not.
+    Resolved {
+        all_stored: bool,
+    },
     DivertFailed {
         failure: DivertFailure,
         /// The host's error text, shown when there is no errno.
@@ -155,6 +166,7 @@ impl Event {
             Event::Captured(_) => "captured",
             Event::CaptureFailed { .. } => "capture_failed",
             Event::Diverted(_) => "diverted",
+            Event::Resolved { .. } => "resolved",
             Event::DivertFailed { .. } => "divert_failed",
         }
     }
@@ -168,6 +180,7 @@ impl Step {
             Step::Wait { .. } => "wait",
             Step::Capture => "capture",
             Step::Divert { .. } => "divert",
+            Step::Resolve => "resolve",
             Step::Done(_) => "done",
         }
     }

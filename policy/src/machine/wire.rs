@@ -16,11 +16,13 @@
 //!
 //! Steps (by `type`): `open`; `write` with `plan` (`degrade_fts`,
 //! `recreate_session`); `wait` with `ms`; `capture`; `divert` with `cause`;
+//! `resolve` (look the batch's uids up on the connection just opened);
 //! `done` with `outcome`, exactly the object `turnsafe append` prints.
 //!
 //! Events (by `type`): `opened`; `committed`; `failed` with `code`,
-//! `extended_code`, `message`, `errno`, `evidence`, `elapsed_ms`; `waited`
-//! with `elapsed_ms`; `captured` with `receipt` (`path`, `files` of `name`
+//! `extended_code`, `message`, `errno`, `evidence`, `elapsed_ms`, and
+//! optionally `engine` and `sqlstate`; `waited` with `elapsed_ms`;
+//! `resolved` with `all_stored` (true or false); `captured` with `receipt` (`path`, `files` of `name`
 //! and `size`, `manifest_sha256`); `capture_failed` with `operation`,
 //! `errno`, `error`; `diverted` with `receipt` (`path`, `offset`, `length`,
 //! `count`, `sha256`); `divert_failed` with `operation`, `errno`,
@@ -170,7 +172,10 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
                 Some(Json::Arr(items)) => crate::json::evidence_labels(items),
                 Some(_) => return Err(cat(&[&what, ": `evidence` must be a list of labels"])),
             };
+            let sqlstate = crate::json::sqlstate_value(field(o, "sqlstate"))?;
             Event::Failed(Failure {
+                engine: crate::json::engine_value(field(o, "engine"), sqlstate.is_some())?,
+                sqlstate,
                 code: i64_opt(o, "code", &what)?,
                 extended_code: i64_opt(o, "extended_code", &what)?,
                 message: string(o, "message", &what)?,
@@ -181,6 +186,12 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
         }
         "waited" => Event::Waited {
             elapsed_ms: u64_field(o, "elapsed_ms", &what)?,
+        },
+        "resolved" => Event::Resolved {
+            all_stored: match field(o, "all_stored") {
+                Some(Json::Bool(b)) => *b,
+                _ => return Err(cat(&[&what, ": field `all_stored` must be true or false"])),
+            },
         },
         "captured" => Event::Captured(capture_receipt_from(receipt()?)?),
         "capture_failed" => Event::CaptureFailed {
@@ -212,8 +223,8 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
             return Err(cat(&[
                 "unknown event `",
                 other,
-                "`: expected opened, committed, failed, waited, captured, capture_failed, diverted or \
-                 divert_failed",
+                "`: expected opened, committed, failed, waited, resolved, captured, capture_failed, diverted \
+                 or divert_failed",
             ]));
         }
     })
@@ -252,17 +263,26 @@ pub(crate) fn event_to_value(e: &Event) -> Value {
     match e {
         Event::Opened => typed("opened", Vec::new()),
         Event::Committed => typed("committed", Vec::new()),
-        Event::Failed(f) => typed(
-            "failed",
-            vec![
+        Event::Failed(f) => {
+            let mut fields = vec![
                 ("code", v::opt_i(f.code)),
                 ("extended_code", v::opt_i(f.extended_code)),
                 ("message", v::s(&f.message)),
                 ("errno", v::opt_i(f.errno)),
                 ("evidence", Json::Arr(map(&f.evidence, |e| v::s(e.label())))),
                 ("elapsed_ms", Json::uint(f.elapsed_ms)),
-            ],
-        ),
+            ];
+            // Only what is not the default, so a SQLite host's state reads
+            // exactly as before these fields existed.
+            if f.engine != crate::model::Engine::Sqlite {
+                fields.push(("engine", v::s(f.engine.label())));
+            }
+            if let Some(s) = &f.sqlstate {
+                fields.push(("sqlstate", v::s(s)));
+            }
+            typed("failed", fields)
+        }
+        Event::Resolved { all_stored } => typed("resolved", vec![("all_stored", Json::Bool(*all_stored))]),
         Event::Waited { elapsed_ms } => typed("waited", vec![("elapsed_ms", Json::uint(*elapsed_ms))]),
         Event::Captured(r) => captured_value(r),
         Event::CaptureFailed { failure, error } => capture_failed_value(failure, error),
@@ -299,6 +319,7 @@ pub(crate) fn step_to_value(step: &Step) -> Value {
         ),
         Step::Wait { ms } => typed("wait", vec![("ms", Json::uint(*ms))]),
         Step::Capture => typed("capture", Vec::new()),
+        Step::Resolve => typed("resolve", Vec::new()),
         Step::Divert { cause } => typed("divert", vec![("cause", v::s(cause.label()))]),
         Step::Done(report) => typed("done", vec![("outcome", report.json())]),
     }
