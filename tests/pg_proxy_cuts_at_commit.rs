@@ -156,7 +156,8 @@ fn a_cut_before_commit_aborts_and_a_cut_after_commits() {
     println!("refused at accept: {}", describe(&e));
     assert_eq!(proxy.refused(), 1);
     assert_eq!(proxy.accepted(), accepted + 1, "the refused connection is counted");
-    live.batch_execute("SELECT 1").expect("an open connection is not affected");
+    live.batch_execute("SELECT 1")
+        .expect("an open connection is not affected");
     proxy.set_mode(Mode::Pass);
     postgres::Client::connect(&proxy.url(&db), postgres::NoTls).expect("accepted again");
     drop(live);
@@ -171,7 +172,14 @@ fn a_cut_before_commit_aborts_and_a_cut_after_commits() {
 
 #[test]
 fn commit_text_is_recognised_as_the_server_would_run_it() {
-    for yes in ["COMMIT", "commit", " COMMIT; ", "END", "end transaction", "COMMIT WORK;"] {
+    for yes in [
+        "COMMIT",
+        "commit",
+        " COMMIT; ",
+        "END",
+        "end transaction",
+        "COMMIT WORK;",
+    ] {
         assert!(is_commit(yes), "{yes:?}");
     }
     for no in [

@@ -198,17 +198,12 @@ impl PgServer {
             }
             None => Command::new(&path),
         };
-        cmd.current_dir(self.dir.path())
-            .env_remove("PGDATA")
-            .env("LC_ALL", "C");
+        cmd.current_dir(self.dir.path()).env_remove("PGDATA").env("LC_ALL", "C");
         cmd
     }
 
     fn run(&self, bin: &str, args: &[&str]) -> Result<Output, String> {
-        self.command(bin)
-            .args(args)
-            .output()
-            .map_err(|e| format!("{bin}: {e}"))
+        self.command(bin).args(args).output().map_err(|e| format!("{bin}: {e}"))
     }
 
     /// Run `bin` (with `env` added) and give it `limit`: past it the child
@@ -532,7 +527,9 @@ impl PgServer {
             .query_one(
                 "SELECT s.system_identifier, c.timeline_id, c.checkpoint_lsn::text, pg_is_in_recovery(), \
                  CASE WHEN pg_is_in_recovery() THEN NULL \
-                      ELSE ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int END \
+                      ELSE ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int END, \
+                 CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                      ELSE pg_current_wal_insert_lsn() END::text \
                  FROM pg_control_system() s, pg_control_checkpoint() c",
                 &[],
             )
@@ -543,6 +540,7 @@ impl PgServer {
             checkpoint_lsn: row.get(2),
             in_recovery: row.get(3),
             wal_timeline: row.get(4),
+            wal_lsn: row.get(5),
         }
     }
 
@@ -593,17 +591,21 @@ pub enum Recovery {
     Archive,
 }
 
-/// `pg_control_system()` and `pg_control_checkpoint()`, and the timeline
-/// WAL is being written on.
+/// `pg_control_system()` and `pg_control_checkpoint()`, and where WAL is.
 ///
-/// - `system_identifier` is fixed at initdb and copied by every base
-///   backup: a restored backup or a promoted standby reports the same one.
-/// - `checkpoint_timeline` is the timeline of the last checkpoint (or, on
-///   a standby, restartpoint) in `pg_control`; after a promotion it moves
-///   only once the checkpoint that follows it completes.
+/// - `system_identifier` (`pg_control_system()`) is fixed at initdb and
+///   copied by every base backup: a restored backup or a promoted standby
+///   reports the same one as the server it came from.
+/// - `checkpoint_timeline` and `checkpoint_lsn` (`pg_control_checkpoint()`)
+///   are those of the last checkpoint (on a standby, restartpoint) in
+///   `pg_control`; after a promotion the timeline moves only once the
+///   checkpoint that follows it is done.
 /// - `wal_timeline` is read from the name of the WAL file being inserted
 ///   into (`pg_walfile_name(pg_current_wal_insert_lsn())`), so it moves at
 ///   the promotion itself; `None` during recovery, where no WAL is written.
+/// - `wal_lsn` is `pg_current_wal_insert_lsn()`, or on a standby
+///   `pg_last_wal_replay_lsn()`. A backup restored by crash recovery keeps
+///   the timeline: only this position going back tells it apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerIdentity {
     pub system_identifier: i64,
@@ -611,6 +613,7 @@ pub struct ServerIdentity {
     pub checkpoint_lsn: String,
     pub in_recovery: bool,
     pub wal_timeline: Option<i32>,
+    pub wal_lsn: Option<String>,
 }
 
 /// Pids whose parent is `pid` (`/proc/<n>/stat`, field 4).

@@ -135,18 +135,24 @@ impl SyncPair {
         let primary = PgServer::start_with(&settings)?;
         let standby = PgServer::standby_of(&primary, STANDBY_NAME)?;
         let pair = SyncPair { primary, standby };
-        wait_for("the standby streaming from the primary", Duration::from_secs(30), || {
-            let st = replication_state(&pair.primary)?;
-            Ok(st
-                .standbys
-                .iter()
-                .any(|s| s.application_name == STANDBY_NAME && s.state == "streaming")
-                .then_some(()))
-        })?;
+        wait_for(
+            "the standby streaming from the primary",
+            Duration::from_secs(30),
+            || {
+                let st = replication_state(&pair.primary)?;
+                Ok(st
+                    .standbys
+                    .iter()
+                    .any(|s| s.application_name == STANDBY_NAME && s.state == "streaming")
+                    .then_some(()))
+            },
+        )?;
         {
             let mut admin = pair.primary.admin("postgres");
             admin
-                .batch_execute(&format!("ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'"))
+                .batch_execute(&format!(
+                    "ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'"
+                ))
                 .map_err(|e| e.to_string())?;
             admin
                 .batch_execute("SELECT pg_reload_conf()")

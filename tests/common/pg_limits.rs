@@ -97,7 +97,10 @@ pub fn hold_slots(server: &PgServer, db: &str, which: Slots) -> Result<HeldSlots
     let max: usize = {
         let mut admin = server.admin("postgres");
         let exists: bool = admin
-            .query_one("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)", &[&SLOT_ROLE])
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)",
+                &[&SLOT_ROLE],
+            )
             .map_err(|e| e.to_string())?
             .get(0);
         if !exists {
@@ -182,8 +185,8 @@ impl<'a> SmallTablespace<'a> {
     /// says why not, for `skip_unless!`.
     ///
     /// A database made with [`SmallTablespace::create_db`] copies
-    /// `template1` into it, about 7.5 MB with PostgreSQL 15, so `size`
-    /// must leave room above that.
+    /// `template1` into it (about 2 MB of the tmpfs with PostgreSQL 15),
+    /// so `size` must leave room above that; 16m fills in about a second.
     pub fn create(server: &'a PgServer, name: &str, size: &str) -> Result<SmallTablespace<'a>, String> {
         let dir = server.dir().join(name);
         let tmpfs = Tmpfs::new(&dir, size)?;
@@ -268,7 +271,10 @@ impl<'a> SmallTablespace<'a> {
                         return Err(format!("filling failed, but not with 53100: {e}"));
                     }
                     let filled: i64 = c
-                        .query_one(&format!("SELECT count(*) * $1::bigint FROM {FILLER}"), &[&i64::from(FILLER_ROW)])
+                        .query_one(
+                            &format!("SELECT count(*) * $1::bigint FROM {FILLER}"),
+                            &[&i64::from(FILLER_ROW)],
+                        )
                         .map_err(|e| e.to_string())?
                         .get(0);
                     return Ok(DiskFull {
@@ -279,7 +285,9 @@ impl<'a> SmallTablespace<'a> {
                 }
             }
         }
-        Err(format!("{statements} filler statements and the tablespace is still not full"))
+        Err(format!(
+            "{statements} filler statements and the tablespace is still not full"
+        ))
     }
 
     /// Drop the filler in `db` (its files are truncated at commit) and

@@ -257,13 +257,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         }
         let worker = {
             let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name("pg-proxy-conn".into())
-                .spawn(move || {
-                    shared.live.fetch_add(1, Ordering::SeqCst);
-                    serve(client, &shared);
-                    shared.live.fetch_sub(1, Ordering::SeqCst);
-                })
+            std::thread::Builder::new().name("pg-proxy-conn".into()).spawn(move || {
+                shared.live.fetch_add(1, Ordering::SeqCst);
+                serve(client, &shared);
+                shared.live.fetch_sub(1, Ordering::SeqCst);
+            })
         };
         let mut workers = shared.workers.lock().unwrap();
         workers.retain(|w| !w.is_finished());
@@ -412,7 +410,10 @@ fn cut(stream: TcpStream, style: CutStyle) {
             }
         }
         CutStyle::Reset => {
-            let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+            let linger = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
             unsafe {
                 libc::setsockopt(
                     stream.as_raw_fd(),
@@ -437,7 +438,13 @@ fn poll_readable(fds: &[i32], timeout: Duration) -> Vec<bool> {
             revents: 0,
         })
         .collect();
-    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout.as_millis() as i32) };
+    let n = unsafe {
+        libc::poll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            timeout.as_millis() as i32,
+        )
+    };
     if n <= 0 {
         return vec![false; fds.len()];
     }
