@@ -138,6 +138,11 @@ fn a_cut_before_commit_aborts_and_a_cut_after_commits() {
     }
     assert_eq!(proxy.cuts_before_commit(), 4);
     assert_eq!(proxy.cuts_after_commit(), 4);
+    assert_eq!(
+        proxy.swallowed_commit_errors(),
+        0,
+        "every held-back answer was a success"
+    );
     assert_eq!(proxy.mode(), Mode::Pass, "each cut was armed for one commit");
     assert!(
         proxy.commits_seen() >= 9,

@@ -30,7 +30,10 @@
 //! Everything the server sends after a forwarded `COMMIT` is taken to be
 //! its answer: true of a client that waits for each answer before the
 //! next request, as the `postgres` crate and turnsafe do (a pipelining
-//! client could have earlier answers swallowed too).
+//! client could have earlier answers swallowed too). The answer is
+//! swallowed whatever it says: when it was an error (a deferred
+//! constraint, a serialization failure), nothing was committed, and
+//! [`PgProxy::swallowed_commit_errors`] counts it.
 //!
 //! Each connection is served by one thread that polls both sockets, so a
 //! cut closes each socket exactly once. Dropping the proxy stops the
@@ -88,6 +91,7 @@ struct Shared {
     commits: AtomicUsize,
     cuts_before: AtomicUsize,
     cuts_after: AtomicUsize,
+    swallowed_errors: AtomicUsize,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -132,6 +136,7 @@ impl PgProxy {
             commits: AtomicUsize::new(0),
             cuts_before: AtomicUsize::new(0),
             cuts_after: AtomicUsize::new(0),
+            swallowed_errors: AtomicUsize::new(0),
             workers: Mutex::new(Vec::new()),
         });
         let acceptor = {
@@ -215,6 +220,12 @@ impl PgProxy {
     /// Connections cut after the server answered the `COMMIT`.
     pub fn cuts_after_commit(&self) -> usize {
         self.shared.cuts_after.load(Ordering::SeqCst)
+    }
+
+    /// Answers to a forwarded `COMMIT` that were errors (nothing was
+    /// committed), swallowed by a cut all the same.
+    pub fn swallowed_commit_errors(&self) -> usize {
+        self.shared.swallowed_errors.load(Ordering::SeqCst)
     }
 }
 
@@ -379,6 +390,9 @@ fn serve(client: TcpStream, shared: &Shared) {
                 if let Some((style, _)) = armed {
                     // The COMMIT's answer: swallowed; its ReadyForQuery
                     // means the server is done with it.
+                    if kind == b'E' {
+                        shared.swallowed_errors.fetch_add(1, Ordering::SeqCst);
+                    }
                     if kind == b'Z' {
                         shared.cuts_after.fetch_add(1, Ordering::SeqCst);
                         close_both(&mut client, &mut server, style);
