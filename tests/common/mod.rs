@@ -1,10 +1,17 @@
 //! Helpers shared by the store scenarios: a fresh home, batches, a second
 //! connection for inducing failures, and readers that recount from disk.
+//! PostgreSQL servers and their failures: `pg` (one server, base backups,
+//! standbys), `pg_proxy` (a connection cut around COMMIT), `pg_limits`
+//! (connection slots, a full tablespace), `pg_cluster` (a synchronous
+//! primary and standby).
 #![allow(dead_code)]
 
 #[macro_use]
 pub mod privileged;
 pub mod pg;
+pub mod pg_cluster;
+pub mod pg_limits;
+pub mod pg_proxy;
 
 use std::path::{Path, PathBuf};
 
