@@ -93,6 +93,18 @@ fn failed(cause: &str, elapsed_ms: u64) -> Value {
         ),
         "uid_conflict" => (json!(19), json!(2067), vec![], "UNIQUE constraint failed", json!(null)),
         "unknown" => (json!(null), json!(null), vec![], "", json!(null)),
+        // PostgreSQL's: the SQLSTATE decides, and `commit_sent` makes a lost
+        // connection an unknown outcome.
+        "unavailable" | "read_only" | "outcome_unknown" => {
+            let (sqlstate, evidence) = match cause {
+                "unavailable" => ("08006", vec![]),
+                "read_only" => ("25006", vec![]),
+                _ => ("08006", vec!["commit_sent"]),
+            };
+            return json!({ "type": "failed", "code": 10, "extended_code": null,
+                "message": format!("postgres SQLSTATE {sqlstate}: connection lost"), "errno": null,
+                "evidence": evidence, "elapsed_ms": elapsed_ms, "engine": "postgres", "sqlstate": sqlstate });
+        }
         other => panic!("no representative for {other}"),
     };
     json!({ "type": "failed", "code": code, "extended_code": ext, "message": message, "errno": errno,
@@ -107,6 +119,9 @@ fn committed() -> Value {
 }
 fn waited(elapsed_ms: u64) -> Value {
     json!({ "type": "waited", "elapsed_ms": elapsed_ms })
+}
+fn resolved(all_stored: bool) -> Value {
+    json!({ "type": "resolved", "all_stored": all_stored })
 }
 fn diverted(n: u64, offset: u64) -> Value {
     json!({ "type": "diverted", "receipt": { "path": "/home/agent/.turnsafe/sessions/s1.jsonl",
@@ -128,7 +143,7 @@ fn capture_failed() -> Value {
             "error": "capture of the retired generation failed at mkdir: No such file or directory (os error 2)" })
 }
 
-const CAUSES: [&str; 13] = [
+const CAUSES: [&str; 16] = [
     "locked",
     "disk",
     "disk_full",
@@ -141,6 +156,9 @@ const CAUSES: [&str; 13] = [
     "compression_closed",
     "session_row_missing",
     "uid_conflict",
+    "unavailable",
+    "read_only",
+    "outcome_unknown",
     "unknown",
 ];
 
@@ -153,6 +171,7 @@ fn finish(step: &Value, events: &mut Vec<Value>) -> bool {
         Some("wait") => waited(300),
         Some("capture") => captured(),
         Some("divert") => diverted(2, 0),
+        Some("resolve") => resolved(true),
         _ => return false,
     };
     events.push(next);
@@ -272,6 +291,60 @@ fn cases() -> Vec<(String, Vec<Turn>)> {
         vec![
             (start("a", 1, 17), vec![failed("disk", 0), diverted(1, 0)]),
             (start("b", 1, 18), vec![opened(), committed()]),
+        ],
+    ));
+    // PostgreSQL: a lost COMMIT looked up on a new connection.
+    out.push((
+        "lost_commit_found_stored".into(),
+        vec![(
+            start("a", 2, 19),
+            vec![opened(), failed("outcome_unknown", 10), opened(), resolved(true)],
+        )],
+    ));
+    out.push((
+        "lost_commit_not_stored_is_written_again".into(),
+        vec![(
+            start("a", 2, 20),
+            vec![opened(), failed("outcome_unknown", 10), opened(), resolved(false), committed()],
+        )],
+    ));
+    out.push((
+        "lost_commit_server_gone_diverts_as_unknown".into(),
+        vec![(
+            start("a", 2, 21),
+            vec![
+                opened(),
+                failed("outcome_unknown", 10),
+                failed("unavailable", 20),
+                waited(150),
+                failed("unavailable", PATIENCE_MS + 1),
+                diverted(2, 0),
+            ],
+        )],
+    ));
+    out.push((
+        "lost_commit_lookup_fails_then_succeeds".into(),
+        vec![(
+            start("a", 2, 22),
+            vec![
+                opened(),
+                failed("outcome_unknown", 10),
+                opened(),
+                failed("unavailable", 30),
+                waited(200),
+                opened(),
+                resolved(true),
+            ],
+        )],
+    ));
+    out.push((
+        "failover_read_only_then_new_primary".into(),
+        vec![
+            (
+                start("a", 1, 23),
+                vec![opened(), failed("read_only", 10), waited(90), failed("unavailable", 120), waited(400), opened(), committed()],
+            ),
+            (start("b", 1, 24), vec![committed()]),
         ],
     ));
     out
