@@ -305,7 +305,13 @@ fn cases() -> Vec<(String, Vec<Turn>)> {
         "lost_commit_not_stored_is_written_again".into(),
         vec![(
             start("a", 2, 20),
-            vec![opened(), failed("outcome_unknown", 10), opened(), resolved(false), committed()],
+            vec![
+                opened(),
+                failed("outcome_unknown", 10),
+                opened(),
+                resolved(false),
+                committed(),
+            ],
         )],
     ));
     out.push((
@@ -342,7 +348,15 @@ fn cases() -> Vec<(String, Vec<Turn>)> {
         vec![
             (
                 start("a", 1, 23),
-                vec![opened(), failed("read_only", 10), waited(90), failed("unavailable", 120), waited(400), opened(), committed()],
+                vec![
+                    opened(),
+                    failed("read_only", 10),
+                    waited(90),
+                    failed("unavailable", 120),
+                    waited(400),
+                    opened(),
+                    committed(),
+                ],
             ),
             (start("b", 1, 24), vec![committed()]),
         ],

@@ -213,7 +213,9 @@ impl<B: Backend> Writer<B> {
                     session = batch.session.as_str(),
                     target_db = %self.backend.location(),
                     code = ?f.extended_code.or(f.code),
+                    sqlstate = ?f.sqlstate,
                     errno = ?f.errno,
+                    msg = %f.message,
                     "store open failed"
                 );
                 Event::Failed(f)

@@ -67,9 +67,10 @@ pub struct Postgres {
 
 /// What says whether a server is the one a handle wrote to before: its
 /// `system_identifier` and timeline (a failover moves to a new timeline),
-/// and its WAL position (a restore from an older backup goes back).
-/// Reading the control data needs `pg_monitor` or a superuser; without it
-/// the WAL position alone is compared.
+/// and its WAL position (a restore from an older backup keeps both the
+/// identifier and the timeline, and only its WAL position goes back).
+/// Reading the control data may need `pg_monitor` or a superuser; without
+/// it the other marks are compared.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ServerMark {
     system_identifier: Option<String>,
@@ -83,7 +84,14 @@ impl ServerMark {
             |client: &mut Client, sql: &str| -> Option<postgres::Row> { client.query_opt(sql, &[]).ok().flatten() };
         let system_identifier =
             one(client, "SELECT system_identifier::text FROM pg_control_system()").map(|r| r.get(0));
-        let timeline = one(client, "SELECT timeline_id::int8 FROM pg_control_checkpoint()").map(|r| r.get(0));
+        // The timeline of the WAL being written: the checkpoint's lags
+        // behind a promotion until the next checkpoint.
+        let timeline = one(
+            client,
+            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
+             ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END",
+        )
+        .and_then(|r| r.get(0));
         let lsn = one(
             client,
             "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8 END",
