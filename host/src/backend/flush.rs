@@ -153,6 +153,9 @@ impl<B: Backend> Writer<B> {
                 Step::Divert { cause } => self.perform_divert(&batch, cause, &mut made),
                 Step::Resolve => self.perform_resolve(&batch, elapsed()),
             };
+            if let Event::Failed(f) = &event {
+                made.failure = Some(f.clone());
+            }
             if let Err(e) = self.machine.handle(event) {
                 tracing::error!(error = %e, "the flush machine refused an event; the batch is handed back");
                 let report = self.machine.abandon();
@@ -170,7 +173,9 @@ impl<B: Backend> Writer<B> {
                 ..self.machine.state().clone()
             });
         }
-        FlushOutcome::new(report, made.divert_error, made.capture)
+        let mut out = FlushOutcome::new(report, made.divert_error, made.capture);
+        out.failure = made.failure;
+        out
     }
 
     /// After a COMMIT whose answer was lost: which of the batch's uids does
@@ -344,6 +349,8 @@ struct Made {
     capture: Option<Result<crate::capture::Capture, CaptureError>>,
     /// The failure that asked for a capture, for its manifest.
     trigger: String,
+    /// The last failed open or write, as handed to the machine.
+    failure: Option<Failure>,
 }
 
 fn random_seed() -> u64 {
