@@ -26,6 +26,11 @@ fn a_failover_mid_stream_loses_and_duplicates_nothing() {
     let db = pair.primary.create_db("failover");
     // The database exists on the standby once it has replayed its creation.
     let url = pair.multi_host_url(&db);
+    // `doctor --db` on the primary: a standby in sync, so no warning.
+    let primary_url: turnsafe_host::pg::DbUrl = pair.primary.url(&db).parse().expect("url");
+    let (findings, facts) = turnsafe_host::doctor::examine_postgres(&primary_url, None);
+    assert_eq!(facts["synchronous_replication"], true, "{facts}");
+    assert!(findings.iter().all(|f| f.kind != "replication"), "{findings:?}");
     let home = Home::new();
     let mut store = pg::store(&url, home.path());
 
@@ -109,4 +114,14 @@ fn a_failover_mid_stream_loses_and_duplicates_nothing() {
         outcomes[KILL_AFTER + 5..].iter().all(|o| o.persisted),
         "the writer carries on against the new primary"
     );
+    // The new primary has no standby: doctor warns that the promise now
+    // rests on one server.
+    let (findings, facts) = turnsafe_host::doctor::examine_postgres(&url_new, None);
+    assert_eq!(facts["synchronous_replication"], false, "{facts}");
+    let warning = findings
+        .iter()
+        .find(|f| f.kind == "replication")
+        .expect("a replication warning");
+    assert_eq!(warning.severity, "warning");
+    assert!(warning.message.contains("rests on one server"), "{}", warning.message);
 }

@@ -222,10 +222,24 @@ pub fn examine_postgres(url: &crate::pg::DbUrl, home: Option<&Path>) -> (Vec<Fin
                     "postgres",
                     "error",
                     format!(
-                        "{} accepts no writes (read-only transactions): batches are diverted",
+                        "{} accepts no writes (read-only transactions, a standby): batches wait for a \
+                         primary within the policy's patience, then are diverted",
                         url.display()
                     ),
-                    Some(Cause::Disk),
+                    Some(Cause::ReadOnly),
+                ));
+            }
+            if !state.read_only && !state.synchronous_replication() {
+                out.push(finding(
+                    "replication",
+                    "warning",
+                    format!(
+                        "synchronous replication is off (synchronous_standby_names '{}', synchronous_commit {}, \
+                         {} standby(s) in sync): an acknowledged batch is on this server only, so the promise \
+                         that nothing acknowledged is lost rests on one server",
+                        state.synchronous_standby_names, state.synchronous_commit, state.sync_standbys
+                    ),
+                    None,
                 ));
             }
             if state.unindexed > 0 {
@@ -245,12 +259,16 @@ pub fn examine_postgres(url: &crate::pg::DbUrl, home: Option<&Path>) -> (Vec<Fin
             facts.insert("live_leases".into(), state.live_leases.into());
             facts.insert("unindexed".into(), state.unindexed.into());
             facts.insert("read_only".into(), state.read_only.into());
+            facts.insert(
+                "synchronous_replication".into(),
+                state.synchronous_replication().into(),
+            );
         }
         Err(e) => out.push(finding(
             "postgres",
             "error",
             format!("cannot use {}: {e}", url.display()),
-            Some(Cause::Disk),
+            Some(Cause::Unavailable),
         )),
     }
     if let Some(home) = home {

@@ -463,14 +463,42 @@ pub struct ServerState {
     pub unindexed: i64,
     /// New transactions are read-only (`default_transaction_read_only`, a standby).
     pub read_only: bool,
+    /// `synchronous_standby_names`, as set.
+    pub synchronous_standby_names: String,
+    /// `synchronous_commit`, as set.
+    pub synchronous_commit: String,
+    /// Standbys streaming in sync (or quorum) right now.
+    pub sync_standbys: i64,
+}
+
+impl ServerState {
+    /// Whether an acknowledged commit is on a standby too: a standby is
+    /// named, commits wait for it, and one is streaming in sync.
+    pub fn synchronous_replication(&self) -> bool {
+        !self.synchronous_standby_names.trim().is_empty()
+            && !matches!(self.synchronous_commit.as_str(), "off" | "local")
+            && self.sync_standbys > 0
+    }
 }
 
 /// Read the server's state without writing anything (no migration).
 pub fn inspect(url: &DbUrl) -> Result<ServerState, connect::ConnectError> {
     let mut client = connect::connect(url)?;
     let read_only: String = client.query_one("SHOW transaction_read_only", &[])?.get(0);
+    let synchronous_standby_names: String = client.query_one("SHOW synchronous_standby_names", &[])?.get(0);
+    let synchronous_commit: String = client.query_one("SHOW synchronous_commit", &[])?.get(0);
+    // Without `pg_monitor` the state columns read NULL: counted as not in sync.
+    let sync_standbys: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')",
+            &[],
+        )?
+        .get(0);
     let mut state = ServerState {
         read_only: read_only == "on",
+        synchronous_standby_names,
+        synchronous_commit,
+        sync_standbys,
         ..ServerState::default()
     };
     let exists: bool = client
