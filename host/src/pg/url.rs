@@ -192,11 +192,27 @@ impl FromStr for DbUrl {
 
 impl DbUrl {
     /// `postgres://user@host:port/db`.
+    /// `postgres://user@host:port/db`; with several hosts (a failover
+    /// list), every `host:port` in order, as the client tries them.
     fn render(&self) -> String {
         let user = self.config.get_user().unwrap_or_default();
-        let host = self.host();
-        let port = self.port();
-        format!("postgres://{user}@{host}:{port}/{}", self.dbname())
+        let ports = self.config.get_ports();
+        let hosts: Vec<String> = self
+            .config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let host = match h {
+                    postgres::config::Host::Tcp(h) => h.clone(),
+                    postgres::config::Host::Unix(p) => p.display().to_string(),
+                };
+                // One port for every host, or one per host, as the client reads them.
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                format!("{host}:{port}")
+            })
+            .collect();
+        format!("postgres://{user}@{}/{}", hosts.join(","), self.dbname())
     }
 
     /// The first host, as written.
@@ -312,6 +328,19 @@ fn split_pgpass(line: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failover_list_shows_every_host_and_never_the_password() {
+        let u: DbUrl = "postgres://w:secret@10.0.0.1:5433,10.0.0.2:5434/app?target_session_attrs=read-write"
+            .parse()
+            .unwrap();
+        assert_eq!(u.display(), "postgres://w@10.0.0.1:5433,10.0.0.2:5434/app");
+        // A host without a port gets the default, as the client reads it.
+        let mixed: DbUrl = "postgres://w@a,b:6000/app".parse().unwrap();
+        assert_eq!(mixed.display(), "postgres://w@a:5432,b:6000/app");
+        let kv: DbUrl = "host=a,b port=7000 user=w dbname=app".parse().unwrap();
+        assert_eq!(kv.display(), "postgres://w@a:7000,b:7000/app");
+    }
 
     #[test]
     fn the_display_form_has_no_password_and_no_parameters() {
