@@ -78,8 +78,15 @@ fn a_failover_mid_stream_loses_and_duplicates_nothing() {
         }
     }
     let url_new: turnsafe_host::pg::DbUrl = pair.standby.url(&db).parse().expect("url");
-    let run = turnsafe_host::pg::replay::replay(home.path(), &url_new, &ReplayOptions { force: true, ..Default::default() })
-        .expect("replay into the new primary");
+    let run = turnsafe_host::pg::replay::replay(
+        home.path(),
+        &url_new,
+        &ReplayOptions {
+            force: true,
+            ..Default::default()
+        },
+    )
+    .expect("replay into the new primary");
     let rows = pg::rows(&pair.standby, &db, "s1");
     let mut stored: BTreeMap<String, usize> = BTreeMap::new();
     for r in &rows {
@@ -105,7 +112,10 @@ fn a_failover_mid_stream_loses_and_duplicates_nothing() {
     );
     assert!(lost.is_empty(), "acknowledged messages lost: {lost:?}");
     assert!(duplicated.is_empty(), "duplicated: {duplicated:?}");
-    assert!(unaccounted.is_empty(), "neither stored nor handed back: {unaccounted:?}");
+    assert!(
+        unaccounted.is_empty(),
+        "neither stored nor handed back: {unaccounted:?}"
+    );
     assert!(
         causes.keys().any(|c| c == "unavailable" || c == "read_only"),
         "the failover was met by the writer: {causes:?}"

@@ -259,10 +259,7 @@ pub fn examine_postgres(url: &crate::pg::DbUrl, home: Option<&Path>) -> (Vec<Fin
             facts.insert("live_leases".into(), state.live_leases.into());
             facts.insert("unindexed".into(), state.unindexed.into());
             facts.insert("read_only".into(), state.read_only.into());
-            facts.insert(
-                "synchronous_replication".into(),
-                state.synchronous_replication().into(),
-            );
+            facts.insert("synchronous_replication".into(), state.synchronous_replication().into());
         }
         Err(e) => out.push(finding(
             "postgres",
