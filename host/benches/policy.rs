@@ -39,6 +39,8 @@ fn main() {
     let mut engine = WasmEngine::new().unwrap();
     let wobs = wit::Observation {
         operation: wit::Operation::AppendBatch,
+        engine: wit::DbEngine::Sqlite,
+        sqlstate: None,
         code: Some(14),
         extended_code: None,
         message: "unable to open database file".into(),

@@ -165,8 +165,8 @@ fn targets_passwords_and_what_is_shown() {
     let o = &outcomes(&out.stdout)[0];
     assert_eq!(
         (o["operation"].as_str(), o["cause"].as_str()),
-        (Some("open"), Some("disk")),
-        "{o}"
+        (Some("open"), Some("unavailable")),
+        "nothing listens there: waited for within the patience, then diverted: {o}"
     );
     assert_eq!(o["diverted"], 1);
     let all = format!(

@@ -7,7 +7,8 @@
 //! a PostgreSQL failure stands for. A failure that never reached the
 //! server has no SQLSTATE from it, so this module gives the one libpq
 //! gives: 08001 for a connection never made, 08006 for one lost, 08003
-//! when none is held. A failed COMMIT carries the evidence `commit_sent`.
+//! when none is held; a failed TLS handshake (configuration) gets none and
+//! stays `disk`. A failed COMMIT carries the evidence `commit_sent`.
 //! Every message carries the SQLSTATE, e.g.
 //! `postgres SQLSTATE 55P03: canceling statement due to lock timeout`.
 
@@ -75,12 +76,16 @@ pub fn sqlite_codes(sqlstate: Option<&str>) -> (Option<i64>, Option<i64>) {
 pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
     let (sqlstate, text, errno) = match fault {
         Fault::Connect(e) | Fault::Client(e) | Fault::Commit(e) => {
-            // The client library's own SQLSTATE when the server never answered.
+            // The client library's own SQLSTATE when the server never
+            // answered. A TLS handshake that fails (an unknown CA, a server
+            // without TLS under `require`) is configuration, not a server
+            // away for a while: no SQLSTATE, so it is not waited for.
             let lost = match fault {
-                Fault::Connect(_) => "08001",
-                _ => "08006",
+                _ if e.to_string().starts_with("error performing TLS handshake") => None,
+                Fault::Connect(_) => Some("08001"),
+                _ => Some("08006"),
             };
-            let sqlstate = Some(e.code().map_or(lost, |c| c.code()).to_string());
+            let sqlstate = e.code().map(|c| c.code()).or(lost).map(String::from);
             let text = match e.as_db_error() {
                 Some(db) => db.message().to_string(),
                 None => chain_text(e),
