@@ -14,8 +14,12 @@ action, receipt, capture, copy), and the run ends with that exception.
 
 Adding the same items again after that failure reuses the uids of the
 failed attempt, so a later ``turnsafe_store.replay`` and the resend store
-each item once. Blocking work runs in a worker thread
-(``asyncio.to_thread``); the native store releases the GIL.
+each item once. Blocking work runs on the package's own worker threads,
+never on the event loop and never on the loop's default executor (which
+the application's own ``asyncio.to_thread`` calls share); the native store
+releases the GIL. Batches that sessions send at the same time wait in the
+shared store and are committed together, one sync for all of them, so
+there are enough workers for every session in flight to wait at once.
 
 Needs the SDK: ``pip install "turnsafe-store[agents]"``.
 """
@@ -29,6 +33,7 @@ import os
 import re
 import threading
 from collections import defaultdict, deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Deque, Dict, List, Optional, Union
 
 try:
@@ -64,6 +69,38 @@ def safe_session_id(session_id: str) -> str:
 
 _stores: Dict[str, Store] = {}
 _stores_lock = threading.Lock()
+
+# Workers for the store's blocking calls. A worker mostly waits for a group
+# commit, so there are many: the sessions in flight all reach the store,
+# and their batches share one commit instead of taking turns for a few
+# default-executor threads.
+_WORKERS = 64
+_executor: Optional[ThreadPoolExecutor] = None
+_executor_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="turnsafe-store")
+        return _executor
+
+
+def _forget_pool() -> None:
+    # A forked child has none of the parent's threads: it makes its own.
+    global _executor
+    _executor = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+async def _off_loop(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a blocking store call on the package's workers."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_pool(), lambda: fn(*args, **kwargs))
 
 
 def _store_for(home: Union[str, "os.PathLike[str]"]) -> Store:
@@ -119,7 +156,7 @@ class TurnsafeSession:
         n = resolve_session_limit(limit, self.session_settings)
         if n is not None and n < 0:
             n = None  # as SQLite's LIMIT -1: no limit
-        return await asyncio.to_thread(self.store.show, self.turnsafe_id, limit=n)
+        return await _off_loop(self.store.show, self.turnsafe_id, limit=n)
 
     async def add_items(self, items: List[Any]) -> None:
         """Append one batch. Raises ``TurnNotPersisted`` (with ``.outcome``)
@@ -135,7 +172,7 @@ class TurnsafeSession:
             if self._unsettled:
                 prints = [_fingerprint(i) for i in items]
                 uids = [self._take_unsettled(p) for p in prints]
-        outcome = await asyncio.to_thread(self.store.append, self.turnsafe_id, items, uids=uids)
+        outcome = await _off_loop(self.store.append, self.turnsafe_id, items, uids=uids)
         if outcome.persisted:
             return
         if prints is None:
@@ -160,12 +197,12 @@ class TurnsafeSession:
     async def pop_item(self) -> Optional[Any]:
         """Remove and return the newest item (None when there is none).
         Raises ``turnsafe_store.Error`` with the policy's ``cause`` on failure."""
-        return await asyncio.to_thread(self.store.pop, self.turnsafe_id)
+        return await _off_loop(self.store.pop, self.turnsafe_id)
 
     async def clear_session(self) -> None:
         """Remove every item; pending divert lines of the session are settled
         as ``cleared``. Raises ``turnsafe_store.Error`` with the cause on failure."""
-        await asyncio.to_thread(self.store.clear, self.turnsafe_id)
+        await _off_loop(self.store.clear, self.turnsafe_id)
         with self._lock:
             self._unsettled.clear()
 
