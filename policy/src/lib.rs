@@ -47,6 +47,7 @@ mod collect;
 mod copy;
 mod decide;
 pub mod errno;
+mod fields;
 pub mod json;
 mod jsontext;
 pub mod machine;

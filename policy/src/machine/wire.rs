@@ -35,6 +35,7 @@ use crate::jsontext::{Json, parse};
 
 use super::{CaptureReport, DivertReceipt, Event, Failure, FlushStart, Handle, HandleState, Step};
 use crate::collect::{map, try_map};
+use crate::fields::Fields;
 use crate::model::{CaptureFailure, CaptureReceipt, CapturedFile, Cause, DivertFailure, DivertResidue};
 use crate::text::{cat, unsigned};
 use crate::value as v;
@@ -49,52 +50,6 @@ fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
     o.get(key).filter(|v| !v.is_null())
 }
 
-fn string(o: &Obj, key: &str, what: &str) -> Result<String, String> {
-    match field(o, key) {
-        Some(Json::Str(s)) => Ok(s.clone()),
-        None => Ok(String::new()),
-        Some(_) => Err(cat(&[what, ": field `", key, "` must be a string"])),
-    }
-}
-
-fn required_string(o: &Obj, key: &str, what: &str) -> Result<String, String> {
-    match field(o, key) {
-        Some(Json::Str(s)) => Ok(s.clone()),
-        _ => Err(cat(&[what, ": field `", key, "` must be a string"])),
-    }
-}
-
-fn u64_field(o: &Obj, key: &str, what: &str) -> Result<u64, String> {
-    match field(o, key) {
-        None => Ok(0),
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| cat(&[what, ": field `", key, "` must be a non-negative integer"])),
-    }
-}
-
-fn i64_opt(o: &Obj, key: &str, what: &str) -> Result<Option<i64>, String> {
-    match field(o, key) {
-        None => Ok(None),
-        Some(v) => v
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| cat(&[what, ": field `", key, "` must be an integer or null"])),
-    }
-}
-
-fn strings(o: &Obj, key: &str, what: &str) -> Result<Vec<String>, String> {
-    match field(o, key) {
-        None => Ok(Vec::new()),
-        Some(Json::Arr(items)) => try_map(items, |i| {
-            i.as_str()
-                .map(String::from)
-                .ok_or_else(|| cat(&[what, ": `", key, "` must be a list of strings"]))
-        }),
-        Some(_) => Err(cat(&[what, ": `", key, "` must be a list of strings"])),
-    }
-}
-
 fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Obj, String> {
     if v.is_object() {
         Ok(v)
@@ -104,13 +59,14 @@ fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Obj, String> {
 }
 
 fn start_from_value(v: &Value) -> Result<FlushStart, String> {
-    let o = object(v, "`start`")?;
-    Ok(FlushStart {
-        session: string(o, "session", "start")?,
-        uids: strings(o, "uids", "start")?,
-        minted_uids: strings(o, "minted_uids", "start")?,
-        seed: u64_field(o, "seed", "start")?,
-    })
+    let mut f = Fields::new(object(v, "`start`")?, "start");
+    let start = FlushStart {
+        session: f.string("session"),
+        uids: f.strings("uids"),
+        minted_uids: f.strings("minted_uids"),
+        seed: f.u64("seed"),
+    };
+    f.done(start)
 }
 
 fn start_to_value(s: &FlushStart) -> Value {
@@ -126,98 +82,112 @@ fn capture_receipt_from(o: &Obj) -> Result<CaptureReceipt, String> {
     let what = "capture receipt";
     let files = match field(o, "files") {
         None => Vec::new(),
-        Some(Json::Arr(items)) => try_map(items, |f| {
-            let f = object(f, "a captured file")?;
-            Ok(CapturedFile {
-                name: required_string(f, "name", what)?,
-                size: u64_field(f, "size", what)?,
-            })
+        Some(Json::Arr(items)) => try_map(items, |file| {
+            let mut f = Fields::new(object(file, "a captured file")?, what);
+            let file = CapturedFile {
+                name: f.required_string("name"),
+                size: f.u64("size"),
+            };
+            f.done(file)
         })?,
         Some(_) => return Err(cat(&[what, ": `files` must be a list"])),
     };
-    Ok(CaptureReceipt {
-        path: required_string(o, "path", what)?,
+    let mut f = Fields::new(o, what);
+    let receipt = CaptureReceipt {
+        path: f.required_string("path"),
         files,
-        manifest_sha256: string(o, "manifest_sha256", what)?,
-    })
+        manifest_sha256: f.string("manifest_sha256"),
+    };
+    f.done(receipt)
 }
 
 fn divert_receipt_from(o: &Obj) -> Result<DivertReceipt, String> {
-    let what = "divert receipt";
-    Ok(DivertReceipt {
-        path: required_string(o, "path", what)?,
-        offset: u64_field(o, "offset", what)?,
-        length: u64_field(o, "length", what)?,
-        count: u64_field(o, "count", what)?,
-        sha256: string(o, "sha256", what)?,
-    })
+    let mut f = Fields::new(o, "divert receipt");
+    let receipt = DivertReceipt {
+        path: f.required_string("path"),
+        offset: f.u64("offset"),
+        length: f.u64("length"),
+        count: f.u64("count"),
+        sha256: f.string("sha256"),
+    };
+    f.done(receipt)
+}
+
+/// The `residue` of a failed divert: `{path, offset}`, or absent.
+fn residue_from(f: &mut Fields<'_>) -> Option<DivertResidue> {
+    let r = f.get("residue")?;
+    let residue = object(r, "`residue`").and_then(|r| {
+        let mut rf = Fields::new(r, "residue");
+        let residue = DivertResidue {
+            path: rf.required_string("path"),
+            offset: rf.u64("offset"),
+        };
+        rf.done(residue)
+    });
+    f.check(residue.map(Some))
 }
 
 /// An event from its wire object.
 pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
     let o = object(v, "`event`")?;
-    let kind = required_string(o, "type", "event")?;
-    let what = cat(&["event `", &kind, "`"]);
-    let receipt = || -> Result<&Obj, String> {
-        field(o, "receipt")
-            .filter(|r| r.is_object())
-            .ok_or_else(|| cat(&[&what, ": field `receipt` must be an object"]))
+    let Some(Json::Str(kind)) = field(o, "type") else {
+        return Err("event: field `type` must be a string".into());
     };
-    Ok(match kind.as_str() {
+    let what = cat(&["event `", kind, "`"]);
+    let mut f = Fields::new(o, &what);
+    let event = match kind.as_str() {
         "opened" => Event::Opened,
         "committed" => Event::Committed,
         "failed" => {
-            let evidence = match field(o, "evidence") {
+            let evidence = match f.get("evidence") {
                 None => Vec::new(),
                 Some(Json::Arr(items)) => crate::json::evidence_labels(items),
-                Some(_) => return Err(cat(&[&what, ": `evidence` must be a list of labels"])),
+                Some(_) => {
+                    f.fail(cat(&[&what, ": `evidence` must be a list of labels"]));
+                    Vec::new()
+                }
             };
-            let sqlstate = crate::json::sqlstate_value(field(o, "sqlstate"))?;
+            let sqlstate = f.check(crate::json::sqlstate_value(f.get("sqlstate")));
+            let engine = f.check(crate::json::engine_value(f.get("engine"), sqlstate.is_some()));
             Event::Failed(Failure {
-                engine: crate::json::engine_value(field(o, "engine"), sqlstate.is_some())?,
+                engine,
                 sqlstate,
-                code: i64_opt(o, "code", &what)?,
-                extended_code: i64_opt(o, "extended_code", &what)?,
-                message: string(o, "message", &what)?,
-                errno: i64_opt(o, "errno", &what)?,
+                code: f.i64_opt("code"),
+                extended_code: f.i64_opt("extended_code"),
+                message: f.string("message"),
+                errno: f.i64_opt("errno"),
                 evidence,
-                elapsed_ms: u64_field(o, "elapsed_ms", &what)?,
+                elapsed_ms: f.u64("elapsed_ms"),
             })
         }
         "waited" => Event::Waited {
-            elapsed_ms: u64_field(o, "elapsed_ms", &what)?,
+            elapsed_ms: f.u64("elapsed_ms"),
         },
         "resolved" => Event::Resolved {
-            all_stored: match field(o, "all_stored") {
+            all_stored: match f.get("all_stored") {
                 Some(Json::Bool(b)) => *b,
-                _ => return Err(cat(&[&what, ": field `all_stored` must be true or false"])),
-            },
-        },
-        "captured" => Event::Captured(capture_receipt_from(receipt()?)?),
-        "capture_failed" => Event::CaptureFailed {
-            failure: CaptureFailure {
-                operation: required_string(o, "operation", &what)?,
-                errno: i64_opt(o, "errno", &what)?,
-            },
-            error: string(o, "error", &what)?,
-        },
-        "diverted" => Event::Diverted(divert_receipt_from(receipt()?)?),
-        "divert_failed" => Event::DivertFailed {
-            failure: DivertFailure {
-                operation: required_string(o, "operation", &what)?,
-                errno: i64_opt(o, "errno", &what)?,
-            },
-            message: string(o, "message", &what)?,
-            residue: match field(o, "residue") {
-                None => None,
-                Some(r) => {
-                    let r = object(r, "`residue`")?;
-                    Some(DivertResidue {
-                        path: required_string(r, "path", "residue")?,
-                        offset: u64_field(r, "offset", "residue")?,
-                    })
+                _ => {
+                    f.fail_field("all_stored", "must be true or false");
+                    false
                 }
             },
+        },
+        "captured" => Event::Captured(capture_receipt_from(receipt(o, &what)?)?),
+        "capture_failed" => Event::CaptureFailed {
+            failure: CaptureFailure {
+                operation: f.required_string("operation"),
+                errno: f.i64_opt("errno"),
+            },
+            error: f.string("error"),
+        },
+        "diverted" => Event::Diverted(divert_receipt_from(receipt(o, &what)?)?),
+        "divert_failed" => Event::DivertFailed {
+            failure: DivertFailure {
+                operation: f.required_string("operation"),
+                errno: f.i64_opt("errno"),
+            },
+            message: f.string("message"),
+            residue: residue_from(&mut f),
         },
         other => {
             return Err(cat(&[
@@ -227,7 +197,16 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
                  or divert_failed",
             ]));
         }
-    })
+    };
+    f.done(event)
+}
+
+/// The `receipt` object of a `captured` or `diverted` event.
+fn receipt<'a>(o: &'a Obj, what: &str) -> Result<&'a Obj, String> {
+    match field(o, "receipt") {
+        Some(r) if r.is_object() => Ok(r),
+        _ => Err(cat(&[what, ": field `receipt` must be an object"])),
+    }
 }
 
 fn typed(kind: &str, mut rest: Vec<(&str, Value)>) -> Value {
