@@ -277,11 +277,12 @@ impl Handle {
     /// The step the running flush waits on; `None` when no flush runs.
     /// [`Step::Done`] ends the flush.
     pub fn poll(&mut self) -> Option<Step> {
-        let step = self.flush.as_ref()?.poll(&self.state);
-        if matches!(step, Step::Done(_)) {
-            self.flush = None;
+        if let Some(step) = self.flush.as_ref()?.effect() {
+            return Some(step);
         }
-        Some(step)
+        // Done: the handle forgets the flush, whose data moves into its outcome.
+        let flush = self.flush.take()?;
+        Some(Step::Done(Box::new(flush.into_report(&self.state))))
     }
 
     /// Feed back the result of the step just performed.

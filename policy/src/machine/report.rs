@@ -8,10 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::jsontext::Json;
 
-use super::{DivertReceipt, FlushStart};
+use super::DivertReceipt;
+use super::flush::{Ending, FlushStart};
+use crate::copy::{Facts, FailedOp, explain_facts};
 use crate::model::{
-    ActionKind, CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, DivertFailure, DivertResidue, Operation,
-    Outcome,
+    ActionKind, CaptureFailure, CaptureReceipt, Cause, Copy, DivertFailure, DivertResidue, Operation, Outcome,
 };
 use crate::value as v;
 
@@ -38,16 +39,19 @@ impl CaptureReport {
         }
     }
 
-    /// The copy context this capture allows: a receipt, or a failure.
-    fn context(&self) -> CopyContext {
+    /// What the copy may say of this capture: where it is, or how it failed.
+    fn facts(&self) -> Facts<'_> {
         match self {
-            CaptureReport::Captured(r) => CopyContext {
-                capture_receipt: Some(r.clone()),
-                ..CopyContext::default()
+            CaptureReport::Captured(r) => Facts {
+                capture_path: Some(&r.path),
+                ..Facts::default()
             },
-            CaptureReport::Failed { failure, .. } => CopyContext {
-                capture_failure: Some(failure.clone()),
-                ..CopyContext::default()
+            CaptureReport::Failed { failure, .. } => Facts {
+                capture_failure: Some(FailedOp {
+                    operation: &failure.operation,
+                    errno: failure.errno,
+                }),
+                ..Facts::default()
             },
         }
     }
@@ -72,9 +76,9 @@ impl DivertErrorReport {
         }
     }
 
-    fn failure(&self) -> DivertFailure {
-        DivertFailure {
-            operation: self.operation.clone(),
+    fn failed_op(&self) -> FailedOp<'_> {
+        FailedOp {
+            operation: &self.operation,
             errno: self.errno,
         }
     }
@@ -154,31 +158,57 @@ impl FlushReport {
     }
 }
 
-pub(super) enum End<'a> {
-    Committed,
-    Diverted(&'a DivertReceipt),
-    DivertFailed {
-        error: &'a DivertErrorReport,
-        residue: Option<&'a DivertResidue>,
-    },
-    HandedBack,
-}
-
 pub(super) struct Parts<'a> {
-    pub start: &'a FlushStart,
+    pub start: FlushStart,
     pub attempts: u32,
     pub operation: Option<Operation>,
     pub cause: Option<Cause>,
     pub action: Option<ActionKind>,
     pub errno: Option<i64>,
-    pub capture_now: Option<&'a CaptureReport>,
+    pub capture_now: Option<CaptureReport>,
     pub capture_known: Option<&'a CaptureReport>,
-    pub ending: End<'a>,
+    pub ending: Ending,
 }
 
+/// The outcome, built from what the flush owns: the copy first, from
+/// borrowed facts, then the report takes the batch's uids, the receipt and
+/// the failures without copying them.
 pub(super) fn build(p: Parts<'_>) -> FlushReport {
+    // Only the artifacts that exist shape the copy.
+    let known = p.capture_known.map(CaptureReport::facts).unwrap_or_default();
+    let session = Some(p.start.session.as_str());
+    let failed = Facts {
+        session,
+        errno: p.errno,
+        ..known
+    };
+    let (outcome, facts) = match &p.ending {
+        Ending::Committed => (
+            Outcome::Persisted,
+            Facts {
+                session,
+                ..Facts::default()
+            },
+        ),
+        Ending::Diverted(receipt) => (
+            Outcome::Diverted,
+            Facts {
+                receipt_path: Some(&receipt.path),
+                ..failed
+            },
+        ),
+        Ending::DivertFailed { error, residue } => (
+            Outcome::DivertFailed,
+            Facts {
+                divert_failure: Some(error.failed_op()),
+                divert_residue: residue.is_some(),
+                ..failed
+            },
+        ),
+        Ending::HandedBack => (Outcome::HandedBack, failed),
+    };
+    let copy = p.cause.and_then(|c| explain_facts(c, outcome, &facts).ok());
     let n = p.start.uids.len();
-    let session = Some(p.start.session.clone());
     let mut report = FlushReport {
         persisted: false,
         operation: p.operation,
@@ -191,55 +221,30 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
         receipt: None,
         divert_error: None,
         divert_residue: None,
-        capture: p.capture_now.cloned(),
-        copy: None,
-        error: p.cause.map(Cause::failure_label),
-        uids: p.start.uids.clone(),
-        minted_uids: p.start.minted_uids.clone(),
+        capture: p.capture_now,
+        copy,
+        error: None,
+        uids: p.start.uids,
+        minted_uids: p.start.minted_uids,
     };
-    // Only the artifacts that exist shape the copy.
-    let known = p.capture_known.map(CaptureReport::context).unwrap_or_default();
-    let failed_ctx = CopyContext {
-        session: session.clone(),
-        errno: p.errno,
-        ..known
-    };
-    let (outcome, ctx) = match p.ending {
-        End::Committed => {
+    match p.ending {
+        Ending::Committed => {
             report.persisted = true;
             report.committed = n;
-            report.error = None;
-            let ctx = CopyContext {
-                session,
-                ..CopyContext::default()
-            };
-            (Outcome::Persisted, ctx)
         }
-        End::Diverted(receipt) => {
+        Ending::Diverted(receipt) => {
             report.diverted = n;
-            report.receipt = Some(receipt.clone());
-            let ctx = CopyContext {
-                receipt_path: Some(receipt.path.clone()),
-                ..failed_ctx
-            };
-            (Outcome::Diverted, ctx)
+            report.receipt = Some(receipt);
         }
-        End::DivertFailed { error, residue } => {
+        Ending::DivertFailed { error, residue } => {
             report.handed_back = n;
-            report.divert_error = Some(error.clone());
-            report.divert_residue = residue.cloned();
-            let ctx = CopyContext {
-                divert_failure: Some(error.failure()),
-                divert_residue: residue.cloned(),
-                ..failed_ctx
-            };
-            (Outcome::DivertFailed, ctx)
+            report.divert_error = Some(error);
+            report.divert_residue = residue;
         }
-        End::HandedBack => {
-            report.handed_back = n;
-            (Outcome::HandedBack, failed_ctx)
-        }
-    };
-    report.copy = p.cause.and_then(|c| crate::explain(c, outcome, &ctx).ok());
+        Ending::HandedBack => report.handed_back = n,
+    }
+    if !report.persisted {
+        report.error = p.cause.map(Cause::failure_label);
+    }
     report
 }
