@@ -114,6 +114,11 @@ impl FlushMachine {
     }
 
     /// The batch this flush was started with.
+    pub(super) fn batch(&self) -> &FlushStart {
+        &self.start
+    }
+
+    /// The batch this flush was started with.
     pub fn into_start(self) -> FlushStart {
         self.start
     }

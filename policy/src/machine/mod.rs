@@ -265,6 +265,11 @@ impl Handle {
         self.flush.is_some()
     }
 
+    /// The start of the running flush.
+    pub(crate) fn running(&self) -> Option<&FlushStart> {
+        self.flush.as_ref().map(FlushMachine::batch)
+    }
+
     /// Begin the flush of one batch.
     pub fn start(&mut self, start: FlushStart) -> Result<(), ProtocolError> {
         if self.flush.is_some() {

@@ -311,25 +311,15 @@ struct Read {
     flush: Option<(FlushStart, Vec<Event>)>,
 }
 
-/// The opaque state to write back. The events are kept as their wire
-/// values, which is what the state holds, so the replay can hand each
-/// event to the machine without a copy.
-struct Saved {
-    state: HandleState,
-    flush: Option<(FlushStart, Vec<Value>)>,
-}
-
-fn saved_to_value(s: Saved) -> Value {
-    let flush = s.flush.map_or(Json::Null, |(start, events)| {
-        v::obj(vec![("start", start_to_value(&start)), ("events", Json::Arr(events))])
-    });
-    v::obj(vec![
+/// The state's fields for what a handle knows across batches, with the
+/// format version; the caller adds `flush`.
+fn handle_fields(s: &HandleState) -> Vec<(&'static str, Value)> {
+    vec![
         ("v", Json::uint(STATE_FORMAT)),
-        ("open", Json::Bool(s.state.open)),
-        ("sticky", v::opt_s(s.state.sticky.map(Cause::label))),
-        ("capture", s.state.capture.as_ref().map_or(Json::Null, capture_to_value)),
-        ("flush", flush),
-    ])
+        ("open", Json::Bool(s.open)),
+        ("sticky", v::opt_s(s.sticky.map(Cause::label))),
+        ("capture", s.capture.as_ref().map_or(Json::Null, capture_to_value)),
+    ]
 }
 
 fn refuse(why: &str) -> String {
@@ -403,31 +393,26 @@ fn saved_from_value(v: Option<&Value>) -> Result<Read, String> {
     })
 }
 
-/// Rebuild the handle: its state across batches, then the running flush,
-/// by replaying that flush's inputs; and the state to write back.
-fn restore(read: Read) -> Result<(Handle, Saved), String> {
+/// The handle rebuilt from the state: its state across batches, then the
+/// running flush, by replaying that flush's inputs. Also the fields of the
+/// state that flush started from, and its events as wire values, which is
+/// what the state keeps while the flush runs.
+type Restored = (Handle, Vec<(&'static str, Value)>, Vec<Value>);
+
+fn restore(read: Read) -> Result<Restored, String> {
     // The flush's effects on the handle are replayed too, so the replay
     // starts from the state the flush started from.
-    let mut handle = Handle::with_state(read.state.clone());
-    let flush = match read.flush {
-        None => None,
-        Some((start, events)) => {
-            handle.start(start.clone()).map_err(|e| refuse(&e.message()))?;
-            let mut values = Vec::with_capacity(events.len());
-            for e in events {
-                values.push(event_to_value(&e));
-                handle.handle(e).map_err(|e| refuse(&e.message()))?;
-            }
-            Some((start, values))
+    let base = handle_fields(&read.state);
+    let mut handle = Handle::with_state(read.state);
+    let mut values = Vec::new();
+    if let Some((start, events)) = read.flush {
+        handle.start(start).map_err(|e| refuse(&e.message()))?;
+        for e in events {
+            values.push(event_to_value(&e));
+            handle.handle(e).map_err(|e| refuse(&e.message()))?;
         }
-    };
-    Ok((
-        handle,
-        Saved {
-            state: read.state,
-            flush,
-        },
-    ))
+    }
+    Ok((handle, base, values))
 }
 
 /// `flush-step-json`: one step of the flush protocol, string in, string out.
@@ -435,32 +420,40 @@ pub fn flush_step_json(request: &str) -> String {
     let run = || -> Result<Value, String> {
         let v = parse(request).map_err(|e| cat(&["invalid JSON: ", &e]))?;
         let obj = object(&v, "the request")?;
-        let (mut handle, mut saved) = restore(saved_from_value(obj.get("state"))?)?;
+        let (mut handle, base, mut events) = restore(saved_from_value(obj.get("state"))?)?;
         if let Some(start) = field(obj, "start") {
-            let start = start_from_value(start)?;
-            handle.start(start.clone()).map_err(|e| e.message())?;
-            saved.flush = Some((start, Vec::new()));
+            // A start is refused while a flush runs, so the new flush has
+            // no events yet.
+            handle.start(start_from_value(start)?).map_err(|e| e.message())?;
         }
         if let Some(event) = field(obj, "event") {
             let event = event_from_value(event)?;
             let value = event_to_value(&event);
+            // Refused when no flush runs: only a running flush keeps events.
             handle.handle(event).map_err(|e| e.message())?;
-            match saved.flush.as_mut() {
-                Some((_, events)) => events.push(value),
-                None => return Err("an event, but no flush was started".into()),
-            }
+            events.push(value);
         }
         let step = handle.poll();
-        // Once a flush is done, the handle's new state is the base for the
-        // next one; while it runs, the base stays and its inputs are kept.
-        if !handle.in_flush() {
-            saved = Saved {
-                state: handle.state().clone(),
-                flush: None,
-            };
-        }
+        // While a flush runs, the state it started from stays and its
+        // inputs are kept; once it is done, the handle's new state is the
+        // base for the next one.
+        let state = match handle.running() {
+            Some(start) => {
+                let mut fields = base;
+                fields.push((
+                    "flush",
+                    v::obj(vec![("start", start_to_value(start)), ("events", Json::Arr(events))]),
+                ));
+                fields
+            }
+            None => {
+                let mut fields = handle_fields(handle.state());
+                fields.push(("flush", Json::Null));
+                fields
+            }
+        };
         Ok(v::obj(vec![
-            ("state", saved_to_value(saved)),
+            ("state", v::obj(state)),
             ("step", step.as_ref().map_or(Json::Null, step_to_value)),
         ]))
     };
