@@ -113,20 +113,16 @@ impl Json {
                 out.push(']');
             }
             Json::Obj(fields) => {
-                let sorted = sorted_by_key(fields);
                 out.push('{');
-                let mut first = true;
-                for (i, (k, v)) in sorted.iter().enumerate() {
-                    if sorted.get(i + 1).is_some_and(|next| next.0 == *k) {
-                        continue;
-                    }
-                    if !first {
+                let mut last: Option<&str> = None;
+                while let Some((k, v)) = next_field(fields, last) {
+                    if last.is_some() {
                         out.push(',');
                     }
-                    first = false;
                     write_str(k, out);
                     out.push(':');
                     v.write(out);
+                    last = Some(k);
                 }
                 out.push('}');
             }
@@ -134,21 +130,22 @@ impl Json {
     }
 }
 
-/// The fields in key order; stable, so of repeated keys the last one stays
-/// last. An insertion sort: the objects the policy writes have a handful
-/// of keys (it never writes back an object it parsed), and the std sort
-/// costs kilobytes in the component.
-fn sorted_by_key(fields: &[(String, Json)]) -> Vec<&(String, Json)> {
-    let mut sorted: Vec<&(String, Json)> = Vec::with_capacity(fields.len());
+/// The field with the least key greater than `after` (any key when
+/// `after` is `None`), and of repeated keys the last one: writing fields
+/// in this order is serde_json's key order. A scan per field rather than a
+/// sort: the objects the policy writes have a handful of keys (it never
+/// writes back an object it parsed), and a sort, with the insertions and
+/// their bounds checks, costs more in the component than the whole scan.
+fn next_field<'a>(fields: &'a [(String, Json)], after: Option<&str>) -> Option<&'a (String, Json)> {
+    let mut next: Option<&(String, Json)> = None;
     for field in fields {
-        // After every key that is not greater: that keeps it stable.
-        let mut at = sorted.len();
-        while at > 0 && sorted[at - 1].0 > field.0 {
-            at -= 1;
+        let later = after.is_none_or(|a| field.0.as_str() > a);
+        // `<=`, so that of equal keys the last one stays.
+        if later && next.is_none_or(|n| field.0 <= n.0) {
+            next = Some(field);
         }
-        sorted.insert(at, field);
     }
-    sorted
+    next
 }
 
 fn write_str(s: &str, out: &mut String) {
@@ -256,6 +253,19 @@ impl Parser<'_> {
         text::cat(&[what, " at byte ", &text::unsigned(self.i as u64)])
     }
 
+    /// The bytes after the cursor. `get`, not indexing, here and in
+    /// [`Parser::since`]: the cursor only moves forward within the text, so
+    /// the range is always there, and a range that cannot fail needs no
+    /// panic path, whose message formatting costs the component more.
+    fn rest(&self) -> &[u8] {
+        self.s.get(self.i..).unwrap_or_default()
+    }
+
+    /// The bytes from `start` to the cursor.
+    fn since(&self, start: usize) -> &[u8] {
+        self.s.get(start..self.i).unwrap_or_default()
+    }
+
     fn ws(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.s.get(self.i) {
             self.i += 1;
@@ -263,7 +273,7 @@ impl Parser<'_> {
     }
 
     fn eat(&mut self, lit: &str) -> Result<(), String> {
-        if self.s[self.i..].starts_with(lit.as_bytes()) {
+        if self.rest().starts_with(lit.as_bytes()) {
             self.i += lit.len();
             Ok(())
         } else {
@@ -356,7 +366,7 @@ impl Parser<'_> {
         }
         let int_start = self.i;
         let n = self.digits();
-        if n == 0 || (n > 1 && self.s[int_start] == b'0') {
+        if n == 0 || (n > 1 && self.s.get(int_start) == Some(&b'0')) {
             return Err(self.error("invalid number"));
         }
         if self.s.get(self.i) == Some(&b'.') {
@@ -375,7 +385,7 @@ impl Parser<'_> {
             }
         }
         // The text is ASCII digits and signs: valid UTF-8.
-        let text = core::str::from_utf8(&self.s[start..self.i]).map_err(|_| self.error("invalid number"))?;
+        let text = core::str::from_utf8(self.since(start)).map_err(|_| self.error("invalid number"))?;
         Ok(Json::Num(text.to_string()))
     }
 
@@ -404,7 +414,7 @@ impl Parser<'_> {
                 }
                 self.i += 1;
             }
-            let chunk = core::str::from_utf8(&self.s[start..self.i]).map_err(|_| self.error("invalid UTF-8"))?;
+            let chunk = core::str::from_utf8(self.since(start)).map_err(|_| self.error("invalid UTF-8"))?;
             out.push_str(chunk);
             match self.s.get(self.i) {
                 None => return Err(self.error("EOF while parsing a string")),
@@ -428,7 +438,7 @@ impl Parser<'_> {
                         b'u' => {
                             let hi = self.hex4()?;
                             let code = if (0xD800..0xDC00).contains(&hi) {
-                                if !self.s[self.i..].starts_with(b"\\u") {
+                                if !self.rest().starts_with(b"\\u") {
                                     return Err(self.error("lone leading surrogate"));
                                 }
                                 self.i += 2;

@@ -15,6 +15,8 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+use core::num::NonZeroU64;
+
 /// Backoff and patience, all in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPlan {
@@ -49,7 +51,10 @@ impl RetryPlan {
         let exp = (attempt - 1).min(32);
         let ceiling = self.base_ms.saturating_mul(1u64 << exp).min(self.cap_ms).max(1);
         let half = ceiling / 2;
-        let jitter = mix(seed ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15)) % (ceiling - half + 1);
+        // The jitter is drawn from [0, ceiling - half]. The span is at least
+        // 1 by its type, so the remainder has no division-by-zero path.
+        let span = NonZeroU64::MIN.saturating_add(ceiling - half);
+        let jitter = mix(seed ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15)) % span;
         let delay = half + jitter;
         Some(delay.min(self.patience_ms - elapsed_ms).max(1))
     }

@@ -20,20 +20,22 @@ pub(crate) fn cat(parts: &[&str]) -> String {
 
 /// Decimal digits of `n`, as `n.to_string()` writes them.
 pub(crate) fn unsigned(n: u64) -> String {
-    // u64::MAX has 20 digits; they are made last-first.
+    // u64::MAX has 20 digits; they are made last-first, at the buffer's end.
     let mut digits = [0u8; 20];
-    let mut i = digits.len();
+    let mut len = 0;
     let mut rest = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (rest % 10) as u8;
+    for slot in digits.iter_mut().rev() {
+        *slot = b'0' + (rest % 10) as u8;
+        len += 1;
         rest /= 10;
         if rest == 0 {
             break;
         }
     }
-    let mut out = String::with_capacity(digits.len() - i);
-    for d in &digits[i..] {
+    // `get`, not indexing: no panic path for a range that cannot fail.
+    let used: &[u8] = digits.get(digits.len() - len..).unwrap_or_default();
+    let mut out = String::with_capacity(len);
+    for d in used {
         out.push(char::from(*d));
     }
     out
