@@ -173,53 +173,46 @@ fn write_str(s: &str, out: &mut String) {
 }
 
 /// The integer a number's text denotes, if it is integral; saturated.
+///
+/// The value is digits x 10^(exp - fraction length): integral when every
+/// digit at or past the point is zero. One pass over the digits, with no
+/// copy of them.
 fn integral(text: &str) -> Option<i64> {
     let (negative, body) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, text),
     };
-    let (mantissa, exp) = match body.split_once(['e', 'E']) {
-        Some((mantissa, exp)) => (mantissa, crate::text::parse_i64(exp)?),
+    // Byte searches, not `split_once` with a `char`, which brings `memchr`.
+    let (mantissa, exp) = match body.bytes().position(|b| b == b'e' || b == b'E') {
+        Some(i) => (body.get(..i)?, text::parse_i64(body.get(i + 1..)?)?),
         None => (body, 0),
     };
-    // A byte search, not `split_once('.')`, which brings `memchr` along.
     let (int_part, frac_part) = match mantissa.bytes().position(|b| b == b'.') {
         Some(i) => (mantissa.get(..i)?, mantissa.get(i + 1..)?),
         None => (mantissa, ""),
     };
-    let digits = text::cat(&[int_part, frac_part]);
-    // The value is digits * 10^(exp - frac_len): integral when every digit
-    // past the point is zero.
-    let point = int_part.len() as i64 + exp;
-    let whole: &str = if point <= 0 {
-        ""
-    } else if point as usize >= digits.len() {
-        &digits
-    } else {
-        // The digits are ASCII, so every split point is a char boundary.
-        let (w, rest) = digits.split_at_checked(point as usize)?;
-        if rest.bytes().any(|b| b != b'0') {
+    // How many digits stand before the point. Wrapping, as the build
+    // without overflow checks always computed it.
+    let point = (int_part.len() as i64).wrapping_add(exp);
+    let saturated = if negative { i64::MIN } else { i64::MAX };
+    // In u64; past its range the value saturates.
+    let mut n: Option<u64> = Some(0);
+    let mut at: i64 = 0;
+    for b in int_part.bytes().chain(frac_part.bytes()) {
+        if at < point {
+            n = n.and_then(|n| text::push_digit(n, b - b'0'));
+        } else if b != b'0' {
             return None;
         }
-        w
+        at += 1;
+    }
+    // The zeros the exponent adds; 20 of them overflow any value but 0.
+    for _ in 0..point.saturating_sub(at).clamp(0, 20) {
+        n = n.and_then(|n| text::push_digit(n, 0));
+    }
+    let Some(n) = n else {
+        return Some(saturated);
     };
-    if point <= 0 && digits.bytes().any(|b| b != b'0') {
-        return None;
-    }
-    let zeros = (point - digits.len() as i64).max(0);
-    let significant = whole.trim_start_matches('0');
-    let saturated = if negative { i64::MIN } else { i64::MAX };
-    // Digits then zeros, in u64; past the i64 range it saturates.
-    let mut n: u64 = 0;
-    for b in significant
-        .bytes()
-        .chain(core::iter::repeat_n(b'0', zeros.min(20) as usize))
-    {
-        match n.checked_mul(10).and_then(|n| n.checked_add(u64::from(b - b'0'))) {
-            Some(next) => n = next,
-            None => return Some(saturated),
-        }
-    }
     Some(match (negative, i64::try_from(n)) {
         (false, Ok(n)) => n,
         (true, Ok(n)) => -n,
@@ -496,6 +489,12 @@ mod tests {
         assert_eq!(n("100e-2"), Some(1));
         assert_eq!(n("1e40"), Some(i64::MAX));
         assert_eq!(n("-1e40"), Some(i64::MIN));
+        assert_eq!(n("0e99"), Some(0));
+        assert_eq!(n("1.20e1"), Some(12));
+        assert_eq!(n("1.25e1"), None);
+        assert_eq!(n("1e9223372036854775806"), Some(i64::MAX));
+        // An exponent past i64 is read as no integer, not a guess.
+        assert_eq!(n("1e9223372036854775808"), None);
         assert_eq!(n("9223372036854775807"), Some(i64::MAX));
         assert_eq!(n("18446744073709551615"), Some(i64::MAX));
         assert_eq!(parse("18446744073709551615").unwrap().as_u64(), Some(u64::MAX));

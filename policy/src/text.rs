@@ -59,9 +59,18 @@ pub(crate) fn parse_u64(s: &str) -> Option<u64> {
         if !b.is_ascii_digit() {
             return None;
         }
-        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+        n = push_digit(n, b - b'0')?;
     }
     Some(n)
+}
+
+/// `n * 10 + digit`, or `None` past u64's range. A compare, not
+/// `checked_mul`, whose overflow check needs a 128-bit multiply on wasm32.
+pub(crate) fn push_digit(n: u64, digit: u8) -> Option<u64> {
+    if n > u64::MAX / 10 {
+        return None;
+    }
+    (n * 10).checked_add(u64::from(digit))
 }
 
 /// `s.parse::<i64>().ok()`: an optional sign, then what [`parse_u64`] reads.
