@@ -15,7 +15,6 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use crate::collect::map;
 use crate::copy::{explain, parse_capture_failure, parse_divert_failure};
 use crate::decide::{decide, outcome_for};
 use crate::fields::Fields;
@@ -121,43 +120,41 @@ fn seed_field(f: &mut Fields<'_>) -> u64 {
 }
 
 /// The object `turnsafe classify` prints for one decision.
-fn decision_json(d: &Decision) -> Vec<(&'static str, Json)> {
-    let mut m = vec![
-        ("cause", v::s(d.classification.cause.label())),
-        ("basis", v::s(d.classification.basis.label())),
-        ("action", v::s(d.action.label())),
-    ];
+fn decision_json(d: &Decision) -> v::Obj {
+    let mut o = v::Obj::new();
+    o.str("cause", d.classification.cause.label());
+    o.str("basis", d.classification.basis.label());
+    o.str("action", d.action.label());
     if let Some(delay) = d.delay_ms {
-        m.push(("delay_ms", Json::uint(delay)));
+        o.uint("delay_ms", delay);
     }
-    m.push(("sticky", Json::Bool(d.sticky)));
-    m.push(("capture", Json::Bool(d.capture)));
-    m.push(("failure", Json::Str(d.classification.cause.failure_label())));
-    m
+    o.bool("sticky", d.sticky);
+    o.bool("capture", d.capture);
+    o.field("failure", Json::Str(d.classification.cause.failure_label()));
+    o
 }
 
 /// The copy object every JSON entry point and `turnsafe append` print.
 pub(crate) fn copy_json(c: &Copy) -> Json {
-    let details = Json::Obj(map(&c.details, |(k, val)| (k.clone(), v::s(val))));
-    v::obj(vec![
-        ("code", v::s(&c.code)),
-        ("cause", v::s(c.cause.label())),
-        ("outcome", v::s(c.outcome.label())),
-        ("title", v::s(&c.title)),
-        ("body", v::s(&c.body)),
-        ("remediation", v::strs(&c.remediation)),
-        ("details", details),
-    ])
+    let mut details = v::Obj::new();
+    for (k, val) in &c.details {
+        details.str(k, val);
+    }
+    let mut o = v::Obj::new();
+    o.str("code", &c.code);
+    o.str("cause", c.cause.label());
+    o.str("outcome", c.outcome.label());
+    o.str("title", &c.title);
+    o.str("body", &c.body);
+    o.strs("remediation", &c.remediation);
+    o.field("details", details.done());
+    o.done()
 }
 
 /// The copy object as a `serde_json::Value`, for native hosts.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn copy_to_value(c: &Copy) -> serde_json::Value {
     serde_json::from_str(&copy_json(c).to_text()).unwrap_or(serde_json::Value::Null)
-}
-
-fn error_json(msg: impl Into<String>) -> Json {
-    v::obj(vec![("error", Json::Str(msg.into()))])
 }
 
 fn parse_request(text: &str) -> Result<Json, String> {
@@ -168,10 +165,10 @@ fn parse_request(text: &str) -> Result<Json, String> {
 pub fn classify_json(observation: &str) -> String {
     let out = match parse_request(observation) {
         Ok(v) => match observation_from_json(&v) {
-            Ok(obs) => v::obj(decision_json(&decide(&obs))),
-            Err(e) => error_json(e),
+            Ok(obs) => decision_json(&decide(&obs)).done(),
+            Err(e) => v::error(e),
         },
-        Err(e) => error_json(e),
+        Err(e) => v::error(e),
     };
     out.to_text()
 }
@@ -311,7 +308,7 @@ pub fn explain_json(request: &str) -> String {
             .map(|c| copy_json(&c))
             .map_err(|e| e.message())
     };
-    run().unwrap_or_else(error_json).to_text()
+    run().unwrap_or_else(v::error).to_text()
 }
 
 /// `evaluate-json`: `{observation, context?}` in; the classify object plus
@@ -344,15 +341,15 @@ pub fn evaluate_json(request: &str) -> String {
         let mut out = decision_json(&d);
         match copy {
             Some(c) => {
-                out.push(("outcome", v::s(c.outcome.label())));
-                out.push(("copy", copy_json(&c)));
+                out.str("outcome", c.outcome.label());
+                out.field("copy", copy_json(&c));
             }
             None => {
-                out.push(("outcome", Json::Null));
-                out.push(("copy", Json::Null));
+                out.field("outcome", Json::Null);
+                out.field("copy", Json::Null);
             }
         }
-        Ok(v::obj(out))
+        Ok(out.done())
     };
-    run().unwrap_or_else(error_json).to_text()
+    run().unwrap_or_else(v::error).to_text()
 }

@@ -37,7 +37,6 @@ extern crate alloc;
 mod prelude {
     pub use alloc::boxed::Box;
     pub use alloc::string::{String, ToString};
-    pub use alloc::vec;
     pub use alloc::vec::Vec;
 }
 

@@ -31,11 +31,13 @@ impl CaptureReport {
     fn to_json(&self) -> Json {
         match self {
             CaptureReport::Captured(r) => v::capture_receipt(r),
-            CaptureReport::Failed { failure, error } => v::obj(vec![
-                ("error", v::s(error)),
-                ("operation", v::s(&failure.operation)),
-                ("errno", v::opt_i(failure.errno)),
-            ]),
+            CaptureReport::Failed { failure, error } => {
+                let mut o = v::Obj::new();
+                o.str("error", error);
+                o.str("operation", &failure.operation);
+                o.opt_int("errno", failure.errno);
+                o.done()
+            }
         }
     }
 
@@ -115,34 +117,54 @@ pub struct FlushReport {
 impl FlushReport {
     /// The outcome object `turnsafe append` prints.
     pub(crate) fn json(&self) -> Json {
-        let divert_error = self.divert_error.as_ref().map_or(Json::Null, |e| {
-            v::obj(vec![
-                ("operation", v::s(&e.operation)),
-                ("errno", v::opt_i(e.errno)),
-                ("error", v::s(&e.error)),
-            ])
-        });
-        v::obj(vec![
-            ("persisted", Json::Bool(self.persisted)),
-            ("operation", v::opt_s(self.operation.map(|o| o.label()))),
-            ("cause", v::opt_s(self.cause.map(|c| c.label()))),
-            ("action", v::opt_s(self.action.map(|a| a.label()))),
-            ("attempts", Json::uint(u64::from(self.attempts))),
-            ("committed", Json::uint(self.committed as u64)),
-            ("diverted", Json::uint(self.diverted as u64)),
-            ("handed_back", Json::uint(self.handed_back as u64)),
-            ("receipt", self.receipt.as_ref().map_or(Json::Null, v::divert_receipt)),
-            ("divert_error", divert_error),
-            ("copy", self.copy.as_ref().map_or(Json::Null, crate::json::copy_json)),
-            ("error", v::opt_s(self.error.as_deref())),
-            ("uids", v::strs(&self.uids)),
-            ("minted_uids", v::strs(&self.minted_uids)),
-            (
-                "capture",
-                self.capture.as_ref().map_or(Json::Null, CaptureReport::to_json),
-            ),
-            ("divert_residue", v::residue(self.divert_residue.as_ref())),
-        ])
+        let mut o = v::Obj::new();
+        o.bool("persisted", self.persisted);
+        o.opt_str("operation", self.operation.map(Operation::label));
+        o.opt_str("cause", self.cause.map(Cause::label));
+        o.opt_str("action", self.action.map(ActionKind::label));
+        o.uint("attempts", u64::from(self.attempts));
+        o.uint("committed", self.committed as u64);
+        o.uint("diverted", self.diverted as u64);
+        o.uint("handed_back", self.handed_back as u64);
+        o.field(
+            "receipt",
+            match &self.receipt {
+                Some(r) => v::divert_receipt(r),
+                None => Json::Null,
+            },
+        );
+        o.field(
+            "divert_error",
+            match &self.divert_error {
+                Some(e) => {
+                    let mut d = v::Obj::new();
+                    d.str("operation", &e.operation);
+                    d.opt_int("errno", e.errno);
+                    d.str("error", &e.error);
+                    d.done()
+                }
+                None => Json::Null,
+            },
+        );
+        o.field(
+            "copy",
+            match &self.copy {
+                Some(c) => crate::json::copy_json(c),
+                None => Json::Null,
+            },
+        );
+        o.opt_str("error", self.error.as_deref());
+        o.strs("uids", &self.uids);
+        o.strs("minted_uids", &self.minted_uids);
+        o.field(
+            "capture",
+            match &self.capture {
+                Some(c) => c.to_json(),
+                None => Json::Null,
+            },
+        );
+        o.field("divert_residue", v::residue(self.divert_residue.as_ref()));
+        o.done()
     }
 
     /// The outcome object as one line of JSON: what `turnsafe append`

@@ -70,12 +70,12 @@ fn start_from_value(v: &Value) -> Result<FlushStart, String> {
 }
 
 fn start_to_value(s: &FlushStart) -> Value {
-    v::obj(vec![
-        ("session", v::s(&s.session)),
-        ("uids", v::strs(&s.uids)),
-        ("minted_uids", v::strs(&s.minted_uids)),
-        ("seed", Json::uint(s.seed)),
-    ])
+    let mut o = v::Obj::new();
+    o.str("session", &s.session);
+    o.strs("uids", &s.uids);
+    o.strs("minted_uids", &s.minted_uids);
+    o.uint("seed", s.seed);
+    o.done()
 }
 
 fn capture_receipt_from(o: &Obj) -> Result<CaptureReceipt, String> {
@@ -209,24 +209,25 @@ fn receipt<'a>(o: &'a Obj, what: &str) -> Result<&'a Obj, String> {
     }
 }
 
-fn typed(kind: &str, mut rest: Vec<(&str, Value)>) -> Value {
-    rest.push(("type", v::s(kind)));
-    v::obj(rest)
+/// A wire object of type `kind`, for its other fields to be added.
+fn typed(kind: &str) -> v::Obj {
+    let mut o = v::Obj::new();
+    o.str("type", kind);
+    o
 }
 
 fn captured_value(r: &CaptureReceipt) -> Value {
-    typed("captured", vec![("receipt", v::capture_receipt(r))])
+    let mut o = typed("captured");
+    o.field("receipt", v::capture_receipt(r));
+    o.done()
 }
 
 fn capture_failed_value(failure: &CaptureFailure, error: &str) -> Value {
-    typed(
-        "capture_failed",
-        vec![
-            ("operation", v::s(&failure.operation)),
-            ("errno", v::opt_i(failure.errno)),
-            ("error", v::s(error)),
-        ],
-    )
+    let mut o = typed("capture_failed");
+    o.str("operation", &failure.operation);
+    o.opt_int("errno", failure.errno);
+    o.str("error", error);
+    o.done()
 }
 
 /// A capture the handle keeps, as the event that reported it.
@@ -239,69 +240,64 @@ fn capture_to_value(c: &CaptureReport) -> Value {
 
 /// An event as its wire object.
 pub(crate) fn event_to_value(e: &Event) -> Value {
+    let mut o = typed(e.label());
     match e {
-        Event::Opened => typed("opened", Vec::new()),
-        Event::Committed => typed("committed", Vec::new()),
+        Event::Opened | Event::Committed => {}
         Event::Failed(f) => {
-            let mut fields = vec![
-                ("code", v::opt_i(f.code)),
-                ("extended_code", v::opt_i(f.extended_code)),
-                ("message", v::s(&f.message)),
-                ("errno", v::opt_i(f.errno)),
-                ("evidence", Json::Arr(map(&f.evidence, |e| v::s(e.label())))),
-                ("elapsed_ms", Json::uint(f.elapsed_ms)),
-            ];
+            o.opt_int("code", f.code);
+            o.opt_int("extended_code", f.extended_code);
+            o.str("message", &f.message);
+            o.opt_int("errno", f.errno);
+            o.field("evidence", Json::Arr(map(&f.evidence, |e| v::s(e.label()))));
+            o.uint("elapsed_ms", f.elapsed_ms);
             // Only what is not the default, so a SQLite host's state reads
             // exactly as before these fields existed.
             if f.engine != crate::model::Engine::Sqlite {
-                fields.push(("engine", v::s(f.engine.label())));
+                o.str("engine", f.engine.label());
             }
             if let Some(s) = &f.sqlstate {
-                fields.push(("sqlstate", v::s(s)));
+                o.str("sqlstate", s);
             }
-            typed("failed", fields)
         }
-        Event::Resolved { all_stored } => typed("resolved", vec![("all_stored", Json::Bool(*all_stored))]),
-        Event::Waited { elapsed_ms } => typed("waited", vec![("elapsed_ms", Json::uint(*elapsed_ms))]),
-        Event::Captured(r) => captured_value(r),
-        Event::CaptureFailed { failure, error } => capture_failed_value(failure, error),
-        Event::Diverted(r) => typed("diverted", vec![("receipt", v::divert_receipt(r))]),
+        Event::Resolved { all_stored } => o.bool("all_stored", *all_stored),
+        Event::Waited { elapsed_ms } => o.uint("elapsed_ms", *elapsed_ms),
+        Event::Captured(r) => o.field("receipt", v::capture_receipt(r)),
+        Event::CaptureFailed { failure, error } => {
+            o.str("operation", &failure.operation);
+            o.opt_int("errno", failure.errno);
+            o.str("error", error);
+        }
+        Event::Diverted(r) => o.field("receipt", v::divert_receipt(r)),
         Event::DivertFailed {
             failure,
             message,
             residue,
-        } => typed(
-            "divert_failed",
-            vec![
-                ("operation", v::s(&failure.operation)),
-                ("errno", v::opt_i(failure.errno)),
-                ("message", v::s(message)),
-                ("residue", v::residue(residue.as_ref())),
-            ],
-        ),
+        } => {
+            o.str("operation", &failure.operation);
+            o.opt_int("errno", failure.errno);
+            o.str("message", message);
+            o.field("residue", v::residue(residue.as_ref()));
+        }
     }
+    o.done()
 }
 
 /// A step as its wire object.
 pub(crate) fn step_to_value(step: &Step) -> Value {
+    let mut o = typed(step.label());
     match step {
-        Step::Open => typed("open", Vec::new()),
-        Step::Write(p) => typed(
-            "write",
-            vec![(
-                "plan",
-                v::obj(vec![
-                    ("degrade_fts", Json::Bool(p.degrade_fts)),
-                    ("recreate_session", Json::Bool(p.recreate_session)),
-                ]),
-            )],
-        ),
-        Step::Wait { ms } => typed("wait", vec![("ms", Json::uint(*ms))]),
-        Step::Capture => typed("capture", Vec::new()),
-        Step::Resolve => typed("resolve", Vec::new()),
-        Step::Divert { cause } => typed("divert", vec![("cause", v::s(cause.label()))]),
-        Step::Done(report) => typed("done", vec![("outcome", report.json())]),
+        Step::Open | Step::Capture | Step::Resolve => {}
+        Step::Write(p) => {
+            let mut plan = v::Obj::new();
+            plan.bool("degrade_fts", p.degrade_fts);
+            plan.bool("recreate_session", p.recreate_session);
+            o.field("plan", plan.done());
+        }
+        Step::Wait { ms } => o.uint("ms", *ms),
+        Step::Divert { cause } => o.str("cause", cause.label()),
+        Step::Done(report) => o.field("outcome", report.json()),
     }
+    o.done()
 }
 
 /// The opaque state as read: what the handle knew when the running flush
@@ -313,13 +309,19 @@ struct Read {
 
 /// The state's fields for what a handle knows across batches, with the
 /// format version; the caller adds `flush`.
-fn handle_fields(s: &HandleState) -> Vec<(&'static str, Value)> {
-    vec![
-        ("v", Json::uint(STATE_FORMAT)),
-        ("open", Json::Bool(s.open)),
-        ("sticky", v::opt_s(s.sticky.map(Cause::label))),
-        ("capture", s.capture.as_ref().map_or(Json::Null, capture_to_value)),
-    ]
+fn handle_fields(s: &HandleState) -> v::Obj {
+    let mut o = v::Obj::new();
+    o.uint("v", STATE_FORMAT);
+    o.bool("open", s.open);
+    o.opt_str("sticky", s.sticky.map(Cause::label));
+    o.field(
+        "capture",
+        match &s.capture {
+            Some(c) => capture_to_value(c),
+            None => Json::Null,
+        },
+    );
+    o
 }
 
 fn refuse(why: &str) -> String {
@@ -397,7 +399,7 @@ fn saved_from_value(v: Option<&Value>) -> Result<Read, String> {
 /// running flush, by replaying that flush's inputs. Also the fields of the
 /// state that flush started from, and its events as wire values, which is
 /// what the state keeps while the flush runs.
-type Restored = (Handle, Vec<(&'static str, Value)>, Vec<Value>);
+type Restored = (Handle, v::Obj, Vec<Value>);
 
 fn restore(read: Read) -> Result<Restored, String> {
     // The flush's effects on the handle are replayed too, so the replay
@@ -439,27 +441,31 @@ pub fn flush_step_json(request: &str) -> String {
         // base for the next one.
         let state = match handle.running() {
             Some(start) => {
-                let mut fields = base;
-                fields.push((
-                    "flush",
-                    v::obj(vec![("start", start_to_value(start)), ("events", Json::Arr(events))]),
-                ));
-                fields
+                let mut flush = v::Obj::new();
+                flush.field("start", start_to_value(start));
+                flush.field("events", Json::Arr(events));
+                let mut state = base;
+                state.field("flush", flush.done());
+                state
             }
             None => {
-                let mut fields = handle_fields(handle.state());
-                fields.push(("flush", Json::Null));
-                fields
+                let mut state = handle_fields(handle.state());
+                state.field("flush", Json::Null);
+                state
             }
         };
-        Ok(v::obj(vec![
-            ("state", v::obj(state)),
-            ("step", step.as_ref().map_or(Json::Null, step_to_value)),
-        ]))
+        let mut answer = v::Obj::new();
+        answer.field("state", state.done());
+        answer.field(
+            "step",
+            match &step {
+                Some(step) => step_to_value(step),
+                None => Json::Null,
+            },
+        );
+        Ok(answer.done())
     };
-    run()
-        .unwrap_or_else(|e| v::obj(vec![("error", Json::Str(e))]))
-        .to_text()
+    run().unwrap_or_else(v::error).to_text()
 }
 
 /// An event from its wire text (for hosts and tests that speak the wire).
