@@ -333,58 +333,60 @@ fn refuse(why: &str) -> String {
 }
 
 fn saved_from_value(v: Option<&Value>) -> Result<Read, String> {
-    let Some(v) = v.filter(|v| !v.is_null()) else {
-        return Ok(Read {
+    match v.filter(|v| !v.is_null()) {
+        None => Ok(Read {
             state: HandleState::default(),
             flush: None,
-        });
-    };
-    let o = v;
+        }),
+        // Every reason to refuse is worded once, here.
+        Some(o) => read_state(o).map_err(|why| refuse(&why)),
+    }
+}
+
+/// The state as read, or why it is refused.
+fn read_state(o: &Value) -> Result<Read, String> {
     if !o.is_object() {
-        return Err(refuse("not an object"));
+        return Err("not an object".into());
     }
     match o.get("v").and_then(Json::as_u64) {
         Some(STATE_FORMAT) => {}
         Some(n) => {
-            return Err(refuse(&cat(&[
+            return Err(cat(&[
                 "format ",
                 &unsigned(n),
                 "; this build reads format ",
                 &unsigned(STATE_FORMAT),
-            ])));
+            ]));
         }
-        None => return Err(refuse("no format version")),
+        None => return Err("no format version".into()),
     }
-    let open = o
-        .get("open")
-        .and_then(Json::as_bool)
-        .ok_or_else(|| refuse("`open` is missing"))?;
+    let open = o.get("open").and_then(Json::as_bool).ok_or("`open` is missing")?;
     let sticky = match field(o, "sticky") {
         None => None,
         Some(s) => Some(
             s.as_str()
                 .and_then(Cause::from_label)
-                .ok_or_else(|| refuse("`sticky` is not a cause"))?,
+                .ok_or("`sticky` is not a cause")?,
         ),
     };
     let capture = match field(o, "capture") {
         None => None,
-        Some(c) => Some(match event_from_value(c).map_err(|e| refuse(&e))? {
+        Some(c) => Some(match event_from_value(c)? {
             Event::Captured(r) => CaptureReport::Captured(r),
             Event::CaptureFailed { failure, error } => CaptureReport::Failed { failure, error },
-            _ => return Err(refuse("`capture` is not a capture")),
+            _ => return Err("`capture` is not a capture".into()),
         }),
     };
     let flush = match field(o, "flush") {
         None => None,
         Some(f) => {
             if !f.is_object() {
-                return Err(refuse("`flush` is not an object"));
+                return Err("`flush` is not an object".into());
             }
-            let start = start_from_value(f.get("start").unwrap_or(&Json::Null)).map_err(|e| refuse(&e))?;
+            let start = start_from_value(f.get("start").unwrap_or(&Json::Null))?;
             let events = match f.get("events") {
-                Some(Json::Arr(items)) => try_map(items, |e| event_from_value(e).map_err(|e| refuse(&e)))?,
-                _ => return Err(refuse("`events` is not a list")),
+                Some(Json::Arr(items)) => try_map(items, event_from_value)?,
+                _ => return Err("`events` is not a list".into()),
             };
             Some((start, events))
         }
