@@ -405,7 +405,7 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
     };
     let (title, body) = match outcome {
         Outcome::Persisted => (
-            "Messages saved after a retry".to_string(),
+            "Messages saved after a retry",
             cat(&[
                 &why,
                 "; turnsafe ",
@@ -417,9 +417,9 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
             let path = ctx.receipt_path.ok_or(CopyError::MissingReceipt)?;
             (
                 if unknown {
-                    "Messages possibly not saved; a copy was kept".to_string()
+                    "Messages possibly not saved; a copy was kept"
                 } else {
-                    "Messages not saved to the database; a copy was kept".to_string()
+                    "Messages not saved to the database; a copy was kept"
                 },
                 cat(&[&why, not_saved, " A copy was kept at ", path, "."]),
             )
@@ -439,9 +439,9 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
             };
             (
                 if unknown {
-                    "Messages possibly not saved, and no copy could be kept".to_string()
+                    "Messages possibly not saved, and no copy could be kept"
                 } else {
-                    "Messages not saved, and no copy could be kept".to_string()
+                    "Messages not saved, and no copy could be kept"
                 },
                 cat(&[
                     &why,
@@ -454,7 +454,7 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
             )
         }
         Outcome::HandedBack => (
-            "Messages not saved".to_string(),
+            "Messages not saved",
             cat(&[
                 &why,
                 ", so this turn's messages were not saved and no copy was made. They were handed back to the \
@@ -477,7 +477,7 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
         code: cat(&[cause.label(), ".", outcome.label()]),
         cause,
         outcome,
-        title,
+        title: String::from(title),
         body,
         remediation: remediation(cause, outcome, ctx),
         details: details(outcome, ctx),
