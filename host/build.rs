@@ -141,8 +141,9 @@ fn strip_custom_sections(module: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// Drop the custom sections wit-component adds at the component's own
-/// level (`component-name`, `producers`): names for debuggers, which no
-/// runtime reads. Nested modules and components are copied whole.
+/// level (`component-name`, `producers`) and in the core modules it nests
+/// (`producers`): notes for debuggers and tools, which no runtime reads.
+/// Nested components are copied whole.
 fn strip_component_custom_sections(component: &[u8]) -> Result<Vec<u8>, String> {
     use wasmparser::Payload;
     let mut out = wasm_encoder::Component::new();
@@ -163,9 +164,16 @@ fn strip_component_custom_sections(component: &[u8]) -> Result<Vec<u8>, String> 
             && !matches!(payload, Payload::CustomSection(_))
             && let Some((id, range)) = payload.as_section()
         {
+            let data = &component[range.start as usize..range.end as usize];
+            // A nested core module (the policy's, and the small shims
+            // wit-component adds) loses its own `producers` section too.
+            let module = match payload {
+                Payload::ModuleSection { .. } => Some(strip_custom_sections(data)?),
+                _ => None,
+            };
             out.section(&wasm_encoder::RawSection {
                 id,
-                data: &component[range.start as usize..range.end as usize],
+                data: module.as_deref().unwrap_or(data),
             });
         }
         if nested {

@@ -52,6 +52,48 @@ impl core::fmt::Display for CopyError {
 
 impl core::error::Error for CopyError {}
 
+/// A failed file operation, as the copy names it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FailedOp<'a> {
+    pub(crate) operation: &'a str,
+    pub(crate) errno: Option<i64>,
+}
+
+/// What a copy may mention: a [`CopyContext`] borrowed. The flush machine
+/// builds one from the outcome it owns, so the copy costs no copies of
+/// paths, ids or failures (only a capture's path shapes the copy, so that
+/// is all it keeps of a capture receipt).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Facts<'a> {
+    pub(crate) session: Option<&'a str>,
+    pub(crate) receipt_path: Option<&'a str>,
+    pub(crate) divert_failure: Option<FailedOp<'a>>,
+    pub(crate) errno: Option<i64>,
+    pub(crate) capture_path: Option<&'a str>,
+    pub(crate) capture_failure: Option<FailedOp<'a>>,
+    pub(crate) divert_residue: bool,
+}
+
+impl<'a> Facts<'a> {
+    fn of(ctx: &'a CopyContext) -> Facts<'a> {
+        Facts {
+            session: ctx.session.as_deref(),
+            receipt_path: ctx.receipt_path.as_deref(),
+            divert_failure: ctx.divert_failure.as_ref().map(|f| FailedOp {
+                operation: &f.operation,
+                errno: f.errno,
+            }),
+            errno: ctx.errno,
+            capture_path: ctx.capture_receipt.as_ref().map(|r| r.path.as_str()),
+            capture_failure: ctx.capture_failure.as_ref().map(|f| FailedOp {
+                operation: &f.operation,
+                errno: f.errno,
+            }),
+            divert_residue: ctx.divert_residue.is_some(),
+        }
+    }
+}
+
 /// What happened, in words a user of an agent runtime understands.
 fn reason(cause: Cause) -> &'static str {
     match cause {
@@ -135,19 +177,19 @@ fn cause_steps(cause: Cause) -> &'static [&'static str] {
     }
 }
 
-fn remediation(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Vec<String> {
+fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
     if outcome == Outcome::Persisted {
         return Vec::new();
     }
     let mut steps = cause_remediation(cause);
     // What the operator does about the retired generation depends on what
     // is really on disk: a receipt, a failed capture, or nothing known.
-    match (&ctx.capture_receipt, &ctx.capture_failure) {
-        (Some(r), _) => steps.push(cat(&[
+    match (ctx.capture_path, ctx.capture_failure) {
+        (Some(path), _) => steps.push(cat(&[
             "The retired generation was captured at ",
-            &r.path,
+            path,
             "; inspect it with `turnsafe recover --source ",
-            &r.path,
+            path,
             " --inspect-only`.",
         ])),
         (None, Some(_)) => steps.push(
@@ -165,10 +207,10 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Vec<String>
         Outcome::Persisted | Outcome::HandedBack => {}
         // Replay refuses while a capture is unsettled: the capture's rows
         // come first, or the diverted ones would leave a hole before them.
-        Outcome::Diverted => steps.push(match &ctx.capture_receipt {
-            Some(r) => cat(&[
+        Outcome::Diverted => steps.push(match ctx.capture_path {
+            Some(path) => cat(&[
                 "Settle the capture first with `turnsafe recover --source ",
-                &r.path,
+                path,
                 " --install` (or `--dismiss` if its frames do not matter), then run `turnsafe replay` to import \
                  the kept copy.",
             ]),
@@ -177,7 +219,7 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Vec<String>
                 .into(),
             None => "When storage is fixed, run `turnsafe replay` to import the kept copy.".into(),
         }),
-        Outcome::DivertFailed if ctx.divert_residue.is_some() => steps.push(
+        Outcome::DivertFailed if ctx.divert_residue => steps.push(
             "Some lines of this turn may remain in the session's divert file: when you send the messages again, \
              send them with the uids this outcome lists, so that a later `turnsafe replay` cannot store them twice."
                 .into(),
@@ -302,33 +344,33 @@ fn capitalise(s: &str) -> String {
 }
 
 /// The copy's details, in a fixed order: only what this outcome may name.
-fn details(outcome: Outcome, ctx: &CopyContext) -> Vec<(String, String)> {
+fn details(outcome: Outcome, ctx: &Facts<'_>) -> Vec<(String, String)> {
     let mut details = Vec::new();
     let mut add = |key: &str, value: &str| details.push((String::from(key), String::from(value)));
-    if let Some(s) = &ctx.session {
+    if let Some(s) = ctx.session {
         add("session", s);
     }
     if outcome == Outcome::Diverted
-        && let Some(p) = &ctx.receipt_path
+        && let Some(p) = ctx.receipt_path
     {
         add("receipt_path", p);
     }
     if outcome == Outcome::DivertFailed
-        && let Some(f) = &ctx.divert_failure
+        && let Some(f) = ctx.divert_failure
     {
-        add("divert_operation", safe_operation(&f.operation));
+        add("divert_operation", safe_operation(f.operation));
         if let Some(e) = f.errno {
             add("divert_errno", &errno::human(e));
         }
     }
-    if outcome == Outcome::DivertFailed && ctx.divert_residue.is_some() {
+    if outcome == Outcome::DivertFailed && ctx.divert_residue {
         add("divert_residue", "possible");
     }
     if outcome != Outcome::Persisted {
-        if let Some(r) = &ctx.capture_receipt {
-            add("capture_path", &r.path);
-        } else if let Some(f) = &ctx.capture_failure {
-            add("capture_operation", safe_operation(&f.operation));
+        if let Some(path) = ctx.capture_path {
+            add("capture_path", path);
+        } else if let Some(f) = ctx.capture_failure {
+            add("capture_operation", safe_operation(f.operation));
             if let Some(e) = f.errno {
                 add("capture_errno", &errno::human(e));
             }
@@ -344,6 +386,11 @@ fn details(outcome: Outcome, ctx: &CopyContext) -> Vec<(String, String)> {
 
 /// Build the copy for an outcome.
 pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy, CopyError> {
+    explain_facts(cause, outcome, &Facts::of(ctx))
+}
+
+/// [`explain`] from borrowed facts.
+pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Result<Copy, CopyError> {
     if !is_producible(cause, outcome) {
         return Err(CopyError::NotProducible { cause, outcome });
     }
@@ -358,7 +405,7 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
     };
     let (title, body) = match outcome {
         Outcome::Persisted => (
-            "Messages saved after a retry".to_string(),
+            "Messages saved after a retry",
             cat(&[
                 &why,
                 "; turnsafe ",
@@ -367,22 +414,22 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
             ]),
         ),
         Outcome::Diverted => {
-            let path = ctx.receipt_path.as_deref().ok_or(CopyError::MissingReceipt)?;
+            let path = ctx.receipt_path.ok_or(CopyError::MissingReceipt)?;
             (
                 if unknown {
-                    "Messages possibly not saved; a copy was kept".to_string()
+                    "Messages possibly not saved; a copy was kept"
                 } else {
-                    "Messages not saved to the database; a copy was kept".to_string()
+                    "Messages not saved to the database; a copy was kept"
                 },
                 cat(&[&why, not_saved, " A copy was kept at ", path, "."]),
             )
         }
         Outcome::DivertFailed => {
-            let failure = match &ctx.divert_failure {
-                Some(f) => cat(&[" (", &failed_step(&f.operation, f.errno), ")"]),
+            let failure = match ctx.divert_failure {
+                Some(f) => cat(&[" (", &failed_step(f.operation, f.errno), ")"]),
                 None => String::new(),
             };
-            let whereabouts = if ctx.divert_residue.is_some() {
+            let whereabouts = if ctx.divert_residue {
                 "Some lines of this turn may remain in the session's divert file, but that copy is \
                  incomplete and has no receipt. The messages were handed back to the caller."
             } else if unknown {
@@ -392,9 +439,9 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
             };
             (
                 if unknown {
-                    "Messages possibly not saved, and no copy could be kept".to_string()
+                    "Messages possibly not saved, and no copy could be kept"
                 } else {
-                    "Messages not saved, and no copy could be kept".to_string()
+                    "Messages not saved, and no copy could be kept"
                 },
                 cat(&[
                     &why,
@@ -407,7 +454,7 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
             )
         }
         Outcome::HandedBack => (
-            "Messages not saved".to_string(),
+            "Messages not saved",
             cat(&[
                 &why,
                 ", so this turn's messages were not saved and no copy was made. They were handed back to the \
@@ -415,13 +462,13 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
             ]),
         ),
     };
-    let body = match (&ctx.capture_receipt, &ctx.capture_failure, outcome) {
+    let body = match (ctx.capture_path, ctx.capture_failure, outcome) {
         (_, _, Outcome::Persisted) => body,
-        (Some(r), _, _) => cat(&[&body, " The retired database generation was captured at ", &r.path, "."]),
+        (Some(path), _, _) => cat(&[&body, " The retired database generation was captured at ", path, "."]),
         (None, Some(f), _) => cat(&[
             &body,
             " Capturing the retired database generation failed (",
-            &failed_step(&f.operation, f.errno),
+            &failed_step(f.operation, f.errno),
             "), so it exists only in the files still open in the writing process.",
         ]),
         (None, None, _) => body,
@@ -430,7 +477,7 @@ pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy
         code: cat(&[cause.label(), ".", outcome.label()]),
         cause,
         outcome,
-        title,
+        title: String::from(title),
         body,
         remediation: remediation(cause, outcome, ctx),
         details: details(outcome, ctx),

@@ -15,9 +15,9 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use crate::collect::map;
 use crate::copy::{explain, parse_capture_failure, parse_divert_failure};
 use crate::decide::{decide, outcome_for};
+use crate::fields::Fields;
 use crate::jsontext::{Json, parse};
 use crate::model::{
     CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, Decision, DivertFailure, DivertResidue, Engine, Evidence,
@@ -26,52 +26,52 @@ use crate::model::{
 use crate::text::cat;
 use crate::value as v;
 
-/// A present field: missing and `null` are both absent.
-fn present<'a>(obj: &'a Json, key: &str) -> Option<&'a Json> {
-    obj.get(key).filter(|v| !v.is_null())
-}
-
 /// Parse an observation from a JSON object.
 pub(crate) fn observation_from_json(obj: &Json) -> Result<Observation, String> {
     if !obj.is_object() {
         return Err("observation must be a JSON object".into());
     }
-    let operation = match present(obj, "operation") {
+    let mut f = Fields::new(obj, "");
+    let operation = match f.get("operation") {
         None => Operation::AppendBatch,
-        Some(Json::Str(s)) => Operation::from_label(s).ok_or_else(|| {
-            cat(&[
+        Some(Json::Str(s)) => Operation::from_label(s).unwrap_or_else(|| {
+            f.fail(cat(&[
                 "unknown operation `",
                 clip(s),
                 "`: expected open, append_batch, checkpoint, divert or replay",
-            ])
-        })?,
-        Some(_) => return Err("field `operation` must be a string".into()),
+            ]));
+            Operation::AppendBatch
+        }),
+        Some(_) => {
+            f.fail_field("operation", "must be a string");
+            Operation::AppendBatch
+        }
     };
-    let evidence = match present(obj, "evidence") {
+    let evidence = match f.get("evidence") {
         None => Vec::new(),
         Some(Json::Arr(items)) => evidence_labels(items),
-        Some(_) => return Err("field `evidence` must be a list of strings".into()),
+        Some(_) => {
+            f.fail_field("evidence", "must be a list of strings");
+            Vec::new()
+        }
     };
-    let message = match present(obj, "message") {
-        None => String::new(),
-        Some(Json::Str(s)) => s.clone(),
-        Some(_) => return Err("field `message` must be a string".into()),
-    };
-    let sqlstate = sqlstate_value(present(obj, "sqlstate"))?;
-    let engine = engine_value(present(obj, "engine"), sqlstate.is_some())?;
-    Ok(Observation {
+    let message = f.opt_string("message").unwrap_or_default();
+    let sqlstate = f.check(sqlstate_value(f.get("sqlstate")));
+    let engine = f.check(engine_value(f.get("engine"), sqlstate.is_some()));
+    let obs = Observation {
         operation,
         engine,
         sqlstate,
-        code: int_field(obj, "code")?,
-        extended_code: int_field(obj, "extended_code")?,
+        code: f.int("code"),
+        extended_code: f.int("extended_code"),
         message,
-        errno: int_field(obj, "errno")?,
+        errno: f.int("errno"),
         evidence,
-        attempt: int_field(obj, "attempt")?.map_or(1, |a| a.clamp(1, i64::from(u32::MAX)) as u32),
-        elapsed_ms: int_field(obj, "elapsed_ms")?.map_or(0, |e| e.max(0) as u64),
-        seed: seed_field(obj)?,
-    })
+        attempt: f.int("attempt").map_or(1, |a| a.clamp(1, i64::from(u32::MAX)) as u32),
+        elapsed_ms: f.int("elapsed_ms").map_or(0, |e| e.max(0) as u64),
+        seed: seed_field(&mut f),
+    };
+    f.done(obs)
 }
 
 /// A present `sqlstate`: five digits or capitals.
@@ -111,65 +111,50 @@ fn clip(s: &str) -> &str {
     }
 }
 
-/// Any JSON integer (an integral float too), saturated to i64; `null` or
-/// missing is `None`.
-fn int_field(obj: &Json, key: &str) -> Result<Option<i64>, String> {
-    match present(obj, key) {
-        None => Ok(None),
-        Some(n @ Json::Num(_)) => n
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| cat(&["field `", key, "` must be an integer"])),
-        Some(_) => Err(cat(&["field `", key, "` must be an integer or null"])),
-    }
-}
-
 /// The seed is a u64; negative values are taken modulo 2^64.
-fn seed_field(obj: &Json) -> Result<u64, String> {
-    match present(obj, "seed").and_then(Json::as_u64) {
-        Some(n) => Ok(n),
-        None => Ok(int_field(obj, "seed")?.map_or(0, |s| s as u64)),
+fn seed_field(f: &mut Fields<'_>) -> u64 {
+    match f.get("seed").and_then(Json::as_u64) {
+        Some(n) => n,
+        None => f.int("seed").map_or(0, |s| s as u64),
     }
 }
 
 /// The object `turnsafe classify` prints for one decision.
-fn decision_json(d: &Decision) -> Vec<(&'static str, Json)> {
-    let mut m = vec![
-        ("cause", v::s(d.classification.cause.label())),
-        ("basis", v::s(d.classification.basis.label())),
-        ("action", v::s(d.action.label())),
-    ];
+fn decision_json(d: &Decision) -> v::Obj {
+    let mut o = v::Obj::new();
+    o.str("cause", d.classification.cause.label());
+    o.str("basis", d.classification.basis.label());
+    o.str("action", d.action.label());
     if let Some(delay) = d.delay_ms {
-        m.push(("delay_ms", Json::uint(delay)));
+        o.uint("delay_ms", delay);
     }
-    m.push(("sticky", Json::Bool(d.sticky)));
-    m.push(("capture", Json::Bool(d.capture)));
-    m.push(("failure", Json::Str(d.classification.cause.failure_label())));
-    m
+    o.bool("sticky", d.sticky);
+    o.bool("capture", d.capture);
+    o.field("failure", Json::Str(d.classification.cause.failure_label()));
+    o
 }
 
 /// The copy object every JSON entry point and `turnsafe append` print.
 pub(crate) fn copy_json(c: &Copy) -> Json {
-    let details = Json::Obj(map(&c.details, |(k, val)| (k.clone(), v::s(val))));
-    v::obj(vec![
-        ("code", v::s(&c.code)),
-        ("cause", v::s(c.cause.label())),
-        ("outcome", v::s(c.outcome.label())),
-        ("title", v::s(&c.title)),
-        ("body", v::s(&c.body)),
-        ("remediation", v::strs(&c.remediation)),
-        ("details", details),
-    ])
+    let mut details = v::Obj::new();
+    for (k, val) in &c.details {
+        details.str(k, val);
+    }
+    let mut o = v::Obj::new();
+    o.str("code", &c.code);
+    o.str("cause", c.cause.label());
+    o.str("outcome", c.outcome.label());
+    o.str("title", &c.title);
+    o.str("body", &c.body);
+    o.strs("remediation", &c.remediation);
+    o.field("details", details.done());
+    o.done()
 }
 
 /// The copy object as a `serde_json::Value`, for native hosts.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn copy_to_value(c: &Copy) -> serde_json::Value {
     serde_json::from_str(&copy_json(c).to_text()).unwrap_or(serde_json::Value::Null)
-}
-
-fn error_json(msg: impl Into<String>) -> Json {
-    v::obj(vec![("error", Json::Str(msg.into()))])
 }
 
 fn parse_request(text: &str) -> Result<Json, String> {
@@ -180,10 +165,10 @@ fn parse_request(text: &str) -> Result<Json, String> {
 pub fn classify_json(observation: &str) -> String {
     let out = match parse_request(observation) {
         Ok(v) => match observation_from_json(&v) {
-            Ok(obs) => v::obj(decision_json(&decide(&obs))),
-            Err(e) => error_json(e),
+            Ok(obs) => decision_json(&decide(&obs)).done(),
+            Err(e) => v::error(e),
         },
-        Err(e) => error_json(e),
+        Err(e) => v::error(e),
     };
     out.to_text()
 }
@@ -201,36 +186,53 @@ fn context_from_json(v: Option<&Json>) -> Result<CopyContext, String> {
     if !obj.is_object() {
         return Err("context must be a JSON object".into());
     }
-    let string = |key: &str| -> Result<Option<String>, String> {
-        match present(obj, key) {
-            None => Ok(None),
-            Some(Json::Str(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(cat(&["field `", key, "` must be a string"])),
-        }
+    let mut f = Fields::new(obj, "");
+    let divert_failure = divert_failure(&mut f, obj.get("divert_failed").or_else(|| obj.get("divert_error")));
+    let ctx = CopyContext {
+        session: f.opt_string("session"),
+        receipt_path: f.opt_string("receipt_path"),
+        divert_failure,
+        errno: f.int("errno"),
+        capture_receipt: f.check(capture_receipt(obj.get("capture_receipt"))),
+        capture_failure: capture_failure(&mut f, obj.get("capture_failure").or_else(|| obj.get("capture_error"))),
+        divert_residue: f.check(divert_residue(obj.get("divert_residue"))),
     };
-    let failure_value = obj.get("divert_failed").or_else(|| obj.get("divert_error"));
-    let divert_failure = match failure_value {
-        None | Some(Json::Null) | Some(Json::Bool(false)) => None,
-        Some(Json::Bool(true)) => Some(DivertFailure {
+    f.done(ctx)
+}
+
+/// The `errno` of a failure object.
+fn errno_of(f: &mut Fields<'_>, failure: &Json) -> Option<i64> {
+    let mut inner = Fields::new(failure, "");
+    let errno = inner.int("errno");
+    f.check(inner.done(errno))
+}
+
+/// The operation of a failure object; `write` when it names none.
+fn operation_of(failure: &Json) -> String {
+    failure
+        .get("operation")
+        .and_then(Json::as_str)
+        .unwrap_or("write")
+        .to_string()
+}
+
+fn divert_failure(f: &mut Fields<'_>, v: Option<&Json>) -> Option<DivertFailure> {
+    match v? {
+        Json::Null | Json::Bool(false) => None,
+        Json::Bool(true) => Some(DivertFailure {
             operation: "write".into(),
             errno: None,
         }),
-        Some(Json::Str(s)) => Some(parse_divert_failure(s)),
-        Some(f @ Json::Obj(_)) => Some(DivertFailure {
-            operation: f.get("operation").and_then(Json::as_str).unwrap_or("write").to_string(),
-            errno: int_field(f, "errno")?,
+        Json::Str(s) => Some(parse_divert_failure(s)),
+        o @ Json::Obj(_) => Some(DivertFailure {
+            operation: operation_of(o),
+            errno: errno_of(f, o),
         }),
-        Some(_) => return Err("field `divert_failed` must be true, a string or an object".into()),
-    };
-    Ok(CopyContext {
-        session: string("session")?,
-        receipt_path: string("receipt_path")?,
-        divert_failure,
-        errno: int_field(obj, "errno")?,
-        capture_receipt: capture_receipt(obj.get("capture_receipt"))?,
-        capture_failure: capture_failure(obj.get("capture_failure").or_else(|| obj.get("capture_error")))?,
-        divert_residue: divert_residue(obj.get("divert_residue"))?,
-    })
+        _ => {
+            f.fail("field `divert_failed` must be true, a string or an object".into());
+            None
+        }
+    }
 }
 
 /// Only the folder's path shapes the copy; the rest of a receipt object
@@ -251,19 +253,22 @@ fn capture_receipt(v: Option<&Json>) -> Result<Option<CaptureReceipt>, String> {
 
 const BAD_RECEIPT: &str = "field `capture_receipt` must be the capture folder's path or {path, ...}";
 
-fn capture_failure(v: Option<&Json>) -> Result<Option<CaptureFailure>, String> {
-    match v {
-        None | Some(Json::Null) | Some(Json::Bool(false)) => Ok(None),
-        Some(Json::Bool(true)) => Ok(Some(CaptureFailure {
+fn capture_failure(f: &mut Fields<'_>, v: Option<&Json>) -> Option<CaptureFailure> {
+    match v? {
+        Json::Null | Json::Bool(false) => None,
+        Json::Bool(true) => Some(CaptureFailure {
             operation: "write".into(),
             errno: None,
-        })),
-        Some(Json::Str(s)) => Ok(Some(parse_capture_failure(s))),
-        Some(f @ Json::Obj(_)) => Ok(Some(CaptureFailure {
-            operation: f.get("operation").and_then(Json::as_str).unwrap_or("write").to_string(),
-            errno: int_field(f, "errno")?,
-        })),
-        Some(_) => Err("field `capture_failure` must be true, a string or an object".into()),
+        }),
+        Json::Str(s) => Some(parse_capture_failure(s)),
+        o @ Json::Obj(_) => Some(CaptureFailure {
+            operation: operation_of(o),
+            errno: errno_of(f, o),
+        }),
+        _ => {
+            f.fail("field `capture_failure` must be true, a string or an object".into());
+            None
+        }
     }
 }
 
@@ -303,7 +308,7 @@ pub fn explain_json(request: &str) -> String {
             .map(|c| copy_json(&c))
             .map_err(|e| e.message())
     };
-    run().unwrap_or_else(error_json).to_text()
+    run().unwrap_or_else(v::error).to_text()
 }
 
 /// `evaluate-json`: `{observation, context?}` in; the classify object plus
@@ -336,15 +341,15 @@ pub fn evaluate_json(request: &str) -> String {
         let mut out = decision_json(&d);
         match copy {
             Some(c) => {
-                out.push(("outcome", v::s(c.outcome.label())));
-                out.push(("copy", copy_json(&c)));
+                out.str("outcome", c.outcome.label());
+                out.field("copy", copy_json(&c));
             }
             None => {
-                out.push(("outcome", Json::Null));
-                out.push(("copy", Json::Null));
+                out.field("outcome", Json::Null);
+                out.field("copy", Json::Null);
             }
         }
-        Ok(v::obj(out))
+        Ok(out.done())
     };
-    run().unwrap_or_else(error_json).to_text()
+    run().unwrap_or_else(v::error).to_text()
 }

@@ -113,20 +113,16 @@ impl Json {
                 out.push(']');
             }
             Json::Obj(fields) => {
-                let sorted = sorted_by_key(fields);
                 out.push('{');
-                let mut first = true;
-                for (i, (k, v)) in sorted.iter().enumerate() {
-                    if sorted.get(i + 1).is_some_and(|next| next.0 == *k) {
-                        continue;
-                    }
-                    if !first {
+                let mut last: Option<&str> = None;
+                while let Some((k, v)) = next_field(fields, last) {
+                    if last.is_some() {
                         out.push(',');
                     }
-                    first = false;
                     write_str(k, out);
                     out.push(':');
                     v.write(out);
+                    last = Some(k);
                 }
                 out.push('}');
             }
@@ -134,21 +130,22 @@ impl Json {
     }
 }
 
-/// The fields in key order; stable, so of repeated keys the last one stays
-/// last. An insertion sort: the objects the policy writes have a handful
-/// of keys (it never writes back an object it parsed), and the std sort
-/// costs kilobytes in the component.
-fn sorted_by_key(fields: &[(String, Json)]) -> Vec<&(String, Json)> {
-    let mut sorted: Vec<&(String, Json)> = Vec::with_capacity(fields.len());
+/// The field with the least key greater than `after` (any key when
+/// `after` is `None`), and of repeated keys the last one: writing fields
+/// in this order is serde_json's key order. A scan per field rather than a
+/// sort: the objects the policy writes have a handful of keys (it never
+/// writes back an object it parsed), and a sort, with the insertions and
+/// their bounds checks, costs more in the component than the whole scan.
+fn next_field<'a>(fields: &'a [(String, Json)], after: Option<&str>) -> Option<&'a (String, Json)> {
+    let mut next: Option<&(String, Json)> = None;
     for field in fields {
-        // After every key that is not greater: that keeps it stable.
-        let mut at = sorted.len();
-        while at > 0 && sorted[at - 1].0 > field.0 {
-            at -= 1;
+        let later = after.is_none_or(|a| field.0.as_str() > a);
+        // `<=`, so that of equal keys the last one stays.
+        if later && next.is_none_or(|n| field.0 <= n.0) {
+            next = Some(field);
         }
-        sorted.insert(at, field);
     }
-    sorted
+    next
 }
 
 fn write_str(s: &str, out: &mut String) {
@@ -176,53 +173,46 @@ fn write_str(s: &str, out: &mut String) {
 }
 
 /// The integer a number's text denotes, if it is integral; saturated.
+///
+/// The value is digits x 10^(exp - fraction length): integral when every
+/// digit at or past the point is zero. One pass over the digits, with no
+/// copy of them.
 fn integral(text: &str) -> Option<i64> {
     let (negative, body) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, text),
     };
-    let (mantissa, exp) = match body.split_once(['e', 'E']) {
-        Some((mantissa, exp)) => (mantissa, crate::text::parse_i64(exp)?),
+    // Byte searches, not `split_once` with a `char`, which brings `memchr`.
+    let (mantissa, exp) = match body.bytes().position(|b| b == b'e' || b == b'E') {
+        Some(i) => (body.get(..i)?, text::parse_i64(body.get(i + 1..)?)?),
         None => (body, 0),
     };
-    // A byte search, not `split_once('.')`, which brings `memchr` along.
     let (int_part, frac_part) = match mantissa.bytes().position(|b| b == b'.') {
         Some(i) => (mantissa.get(..i)?, mantissa.get(i + 1..)?),
         None => (mantissa, ""),
     };
-    let digits = text::cat(&[int_part, frac_part]);
-    // The value is digits * 10^(exp - frac_len): integral when every digit
-    // past the point is zero.
-    let point = int_part.len() as i64 + exp;
-    let whole: &str = if point <= 0 {
-        ""
-    } else if point as usize >= digits.len() {
-        &digits
-    } else {
-        // The digits are ASCII, so every split point is a char boundary.
-        let (w, rest) = digits.split_at_checked(point as usize)?;
-        if rest.bytes().any(|b| b != b'0') {
+    // How many digits stand before the point. Wrapping, as the build
+    // without overflow checks always computed it.
+    let point = (int_part.len() as i64).wrapping_add(exp);
+    let saturated = if negative { i64::MIN } else { i64::MAX };
+    // In u64; past its range the value saturates.
+    let mut n: Option<u64> = Some(0);
+    let mut at: i64 = 0;
+    for b in int_part.bytes().chain(frac_part.bytes()) {
+        if at < point {
+            n = n.and_then(|n| text::push_digit(n, b - b'0'));
+        } else if b != b'0' {
             return None;
         }
-        w
+        at += 1;
+    }
+    // The zeros the exponent adds; 20 of them overflow any value but 0.
+    for _ in 0..point.saturating_sub(at).clamp(0, 20) {
+        n = n.and_then(|n| text::push_digit(n, 0));
+    }
+    let Some(n) = n else {
+        return Some(saturated);
     };
-    if point <= 0 && digits.bytes().any(|b| b != b'0') {
-        return None;
-    }
-    let zeros = (point - digits.len() as i64).max(0);
-    let significant = whole.trim_start_matches('0');
-    let saturated = if negative { i64::MIN } else { i64::MAX };
-    // Digits then zeros, in u64; past the i64 range it saturates.
-    let mut n: u64 = 0;
-    for b in significant
-        .bytes()
-        .chain(core::iter::repeat_n(b'0', zeros.min(20) as usize))
-    {
-        match n.checked_mul(10).and_then(|n| n.checked_add(u64::from(b - b'0'))) {
-            Some(next) => n = next,
-            None => return Some(saturated),
-        }
-    }
     Some(match (negative, i64::try_from(n)) {
         (false, Ok(n)) => n,
         (true, Ok(n)) => -n,
@@ -256,6 +246,19 @@ impl Parser<'_> {
         text::cat(&[what, " at byte ", &text::unsigned(self.i as u64)])
     }
 
+    /// The bytes after the cursor. `get`, not indexing, here and in
+    /// [`Parser::since`]: the cursor only moves forward within the text, so
+    /// the range is always there, and a range that cannot fail needs no
+    /// panic path, whose message formatting costs the component more.
+    fn rest(&self) -> &[u8] {
+        self.s.get(self.i..).unwrap_or_default()
+    }
+
+    /// The bytes from `start` to the cursor.
+    fn since(&self, start: usize) -> &[u8] {
+        self.s.get(start..self.i).unwrap_or_default()
+    }
+
     fn ws(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.s.get(self.i) {
             self.i += 1;
@@ -263,7 +266,7 @@ impl Parser<'_> {
     }
 
     fn eat(&mut self, lit: &str) -> Result<(), String> {
-        if self.s[self.i..].starts_with(lit.as_bytes()) {
+        if self.rest().starts_with(lit.as_bytes()) {
             self.i += lit.len();
             Ok(())
         } else {
@@ -356,7 +359,7 @@ impl Parser<'_> {
         }
         let int_start = self.i;
         let n = self.digits();
-        if n == 0 || (n > 1 && self.s[int_start] == b'0') {
+        if n == 0 || (n > 1 && self.s.get(int_start) == Some(&b'0')) {
             return Err(self.error("invalid number"));
         }
         if self.s.get(self.i) == Some(&b'.') {
@@ -375,7 +378,7 @@ impl Parser<'_> {
             }
         }
         // The text is ASCII digits and signs: valid UTF-8.
-        let text = core::str::from_utf8(&self.s[start..self.i]).map_err(|_| self.error("invalid number"))?;
+        let text = core::str::from_utf8(self.since(start)).map_err(|_| self.error("invalid number"))?;
         Ok(Json::Num(text.to_string()))
     }
 
@@ -404,7 +407,7 @@ impl Parser<'_> {
                 }
                 self.i += 1;
             }
-            let chunk = core::str::from_utf8(&self.s[start..self.i]).map_err(|_| self.error("invalid UTF-8"))?;
+            let chunk = core::str::from_utf8(self.since(start)).map_err(|_| self.error("invalid UTF-8"))?;
             out.push_str(chunk);
             match self.s.get(self.i) {
                 None => return Err(self.error("EOF while parsing a string")),
@@ -428,7 +431,7 @@ impl Parser<'_> {
                         b'u' => {
                             let hi = self.hex4()?;
                             let code = if (0xD800..0xDC00).contains(&hi) {
-                                if !self.s[self.i..].starts_with(b"\\u") {
+                                if !self.rest().starts_with(b"\\u") {
                                     return Err(self.error("lone leading surrogate"));
                                 }
                                 self.i += 2;
@@ -486,6 +489,12 @@ mod tests {
         assert_eq!(n("100e-2"), Some(1));
         assert_eq!(n("1e40"), Some(i64::MAX));
         assert_eq!(n("-1e40"), Some(i64::MIN));
+        assert_eq!(n("0e99"), Some(0));
+        assert_eq!(n("1.20e1"), Some(12));
+        assert_eq!(n("1.25e1"), None);
+        assert_eq!(n("1e9223372036854775806"), Some(i64::MAX));
+        // An exponent past i64 is read as no integer, not a guess.
+        assert_eq!(n("1e9223372036854775808"), None);
         assert_eq!(n("9223372036854775807"), Some(i64::MAX));
         assert_eq!(n("18446744073709551615"), Some(i64::MAX));
         assert_eq!(parse("18446744073709551615").unwrap().as_u64(), Some(u64::MAX));

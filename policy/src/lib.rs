@@ -37,7 +37,6 @@ extern crate alloc;
 mod prelude {
     pub use alloc::boxed::Box;
     pub use alloc::string::{String, ToString};
-    pub use alloc::vec;
     pub use alloc::vec::Vec;
 }
 
@@ -47,6 +46,7 @@ mod collect;
 mod copy;
 mod decide;
 pub mod errno;
+mod fields;
 pub mod json;
 mod jsontext;
 pub mod machine;

@@ -6,6 +6,13 @@
 use crate::prelude::*;
 use serde::{Deserialize, Serialize};
 
+/// Where `label` is in `labels`. Every `from_label` is this one search
+/// over its enum's table of labels, which is in the order of its `ALL`, so
+/// the component carries one search instead of one per enum.
+fn position(labels: &[&str], label: &str) -> Option<usize> {
+    labels.iter().position(|l| *l == label)
+}
+
 /// The storage operation that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -31,18 +38,15 @@ impl Operation {
         Operation::Replay,
     ];
 
+    /// The labels, in the order of [`Operation::ALL`].
+    const LABELS: [&'static str; 5] = ["open", "append_batch", "checkpoint", "divert", "replay"];
+
     pub fn label(self) -> &'static str {
-        match self {
-            Operation::Open => "open",
-            Operation::AppendBatch => "append_batch",
-            Operation::Checkpoint => "checkpoint",
-            Operation::Divert => "divert",
-            Operation::Replay => "replay",
-        }
+        Self::LABELS[self as usize]
     }
 
     pub fn from_label(s: &str) -> Option<Operation> {
-        Operation::ALL.into_iter().find(|o| o.label() == s)
+        Self::ALL.get(position(&Self::LABELS, s)?).copied()
     }
 }
 
@@ -79,20 +83,23 @@ impl Evidence {
         Evidence::CommitSent,
     ];
 
+    /// The labels, in the order of [`Evidence::ALL`].
+    const LABELS: [&'static str; 7] = [
+        "deleted_wal_generation",
+        "db_replaced",
+        "turn_lease_lost",
+        "compression_in_progress",
+        "compression_closed",
+        "fts_scope",
+        "commit_sent",
+    ];
+
     pub fn label(self) -> &'static str {
-        match self {
-            Evidence::DeletedWalGeneration => "deleted_wal_generation",
-            Evidence::DbReplaced => "db_replaced",
-            Evidence::TurnLeaseLost => "turn_lease_lost",
-            Evidence::CompressionInProgress => "compression_in_progress",
-            Evidence::CompressionClosed => "compression_closed",
-            Evidence::FtsScope => "fts_scope",
-            Evidence::CommitSent => "commit_sent",
-        }
+        Self::LABELS[self as usize]
     }
 
     pub fn from_label(s: &str) -> Option<Evidence> {
-        Evidence::ALL.into_iter().find(|e| e.label() == s)
+        Self::ALL.get(position(&Self::LABELS, s)?).copied()
     }
 
     /// The distinct items, in the enum's order: what sorting and
@@ -125,15 +132,15 @@ pub enum Engine {
 impl Engine {
     pub const ALL: [Engine; 2] = [Engine::Sqlite, Engine::Postgres];
 
+    /// The labels, in the order of [`Engine::ALL`].
+    const LABELS: [&'static str; 2] = ["sqlite", "postgres"];
+
     pub fn label(self) -> &'static str {
-        match self {
-            Engine::Sqlite => "sqlite",
-            Engine::Postgres => "postgres",
-        }
+        Self::LABELS[self as usize]
     }
 
     pub fn from_label(s: &str) -> Option<Engine> {
-        Engine::ALL.into_iter().find(|e| e.label() == s)
+        Self::ALL.get(position(&Self::LABELS, s)?).copied()
     }
 }
 
@@ -244,29 +251,32 @@ impl Cause {
         Cause::Unknown,
     ];
 
+    /// The labels, in the order of [`Cause::ALL`].
+    const LABELS: [&'static str; 16] = [
+        "locked",
+        "disk",
+        "disk_full",
+        "replaced",
+        "deleted_wal",
+        "corrupt",
+        "fts_index",
+        "turn_lease",
+        "compression",
+        "compression_closed",
+        "session_row_missing",
+        "uid_conflict",
+        "unavailable",
+        "read_only",
+        "outcome_unknown",
+        "unknown",
+    ];
+
     pub fn label(self) -> &'static str {
-        match self {
-            Cause::Locked => "locked",
-            Cause::Disk => "disk",
-            Cause::DiskFull => "disk_full",
-            Cause::Replaced => "replaced",
-            Cause::DeletedWal => "deleted_wal",
-            Cause::Corrupt => "corrupt",
-            Cause::FtsIndex => "fts_index",
-            Cause::TurnLease => "turn_lease",
-            Cause::Compression => "compression",
-            Cause::CompressionClosed => "compression_closed",
-            Cause::SessionRowMissing => "session_row_missing",
-            Cause::UidConflict => "uid_conflict",
-            Cause::Unavailable => "unavailable",
-            Cause::ReadOnly => "read_only",
-            Cause::OutcomeUnknown => "outcome_unknown",
-            Cause::Unknown => "unknown",
-        }
+        Self::LABELS[self as usize]
     }
 
     pub fn from_label(s: &str) -> Option<Cause> {
-        Cause::ALL.into_iter().find(|c| c.label() == s)
+        Self::ALL.get(position(&Self::LABELS, s)?).copied()
     }
 
     /// The error string a failed flush returns: `session_persistence_failed:<cause>`.
@@ -382,17 +392,15 @@ impl Outcome {
         Outcome::HandedBack,
     ];
 
+    /// The labels, in the order of [`Outcome::ALL`].
+    const LABELS: [&'static str; 4] = ["persisted", "diverted", "divert_failed", "handed_back"];
+
     pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Persisted => "persisted",
-            Outcome::Diverted => "diverted",
-            Outcome::DivertFailed => "divert_failed",
-            Outcome::HandedBack => "handed_back",
-        }
+        Self::LABELS[self as usize]
     }
 
     pub fn from_label(s: &str) -> Option<Outcome> {
-        Outcome::ALL.into_iter().find(|o| o.label() == s)
+        Self::ALL.get(position(&Self::LABELS, s)?).copied()
     }
 }
 
@@ -474,6 +482,30 @@ pub struct Copy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `label` indexes `LABELS` by discriminant and `from_label` indexes
+    /// `ALL` by position: both hold only while `ALL` is in enum order.
+    #[test]
+    fn labels_read_back_to_their_variants() {
+        fn check<T: core::marker::Copy + PartialEq + core::fmt::Debug>(
+            all: &[T],
+            index: fn(T) -> usize,
+            label: fn(T) -> &'static str,
+            from_label: fn(&str) -> Option<T>,
+        ) {
+            for (i, x) in all.iter().enumerate() {
+                assert_eq!(index(*x), i, "{x:?} is not at its discriminant in ALL");
+                assert_eq!(from_label(label(*x)), Some(*x));
+            }
+            assert_eq!(from_label("no_such_label"), None);
+            assert_eq!(from_label(""), None);
+        }
+        check(&Operation::ALL, |x| x as usize, Operation::label, Operation::from_label);
+        check(&Evidence::ALL, |x| x as usize, Evidence::label, Evidence::from_label);
+        check(&Engine::ALL, |x| x as usize, Engine::label, Engine::from_label);
+        check(&Cause::ALL, |x| x as usize, Cause::label, Cause::from_label);
+        check(&Outcome::ALL, |x| x as usize, Outcome::label, Outcome::from_label);
+    }
 
     #[test]
     fn an_evidence_set_is_the_sorted_distinct_list() {

@@ -15,6 +15,8 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+use core::num::NonZeroU64;
+
 /// Backoff and patience, all in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPlan {
@@ -47,9 +49,12 @@ impl RetryPlan {
             return None;
         }
         let exp = (attempt - 1).min(32);
-        let ceiling = self.base_ms.saturating_mul(1u64 << exp).min(self.cap_ms).max(1);
+        let ceiling = saturating_shl(self.base_ms, exp).min(self.cap_ms).max(1);
         let half = ceiling / 2;
-        let jitter = mix(seed ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15)) % (ceiling - half + 1);
+        // The jitter is drawn from [0, ceiling - half]. The span is at least
+        // 1 by its type, so the remainder has no division-by-zero path.
+        let span = NonZeroU64::MIN.saturating_add(ceiling - half);
+        let jitter = mix(seed ^ u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15)) % span;
         let delay = half + jitter;
         Some(delay.min(self.patience_ms - elapsed_ms).max(1))
     }
@@ -59,6 +64,12 @@ impl Default for RetryPlan {
     fn default() -> Self {
         Self::DEFAULT
     }
+}
+
+/// `x * 2^n`, saturated: `x.saturating_mul(1 << n)` without the 128-bit
+/// multiply its overflow check needs on wasm32. `n` is at most 32.
+fn saturating_shl(x: u64, n: u32) -> u64 {
+    if x > u64::MAX >> n { u64::MAX } else { x << n }
 }
 
 /// splitmix64 finaliser: a well-spread, dependency-free hash of the seed.
@@ -72,6 +83,25 @@ fn mix(mut z: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_saturating_shift_is_a_saturating_multiply() {
+        for x in [
+            0u64,
+            1,
+            2,
+            20,
+            500,
+            u64::MAX >> 32,
+            (u64::MAX >> 32) + 1,
+            u64::MAX / 3,
+            u64::MAX,
+        ] {
+            for n in 0..=32 {
+                assert_eq!(saturating_shl(x, n), x.saturating_mul(1u64 << n), "{x} << {n}");
+            }
+        }
+    }
 
     #[test]
     fn delays_stay_within_backoff_bounds() {

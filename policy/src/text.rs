@@ -20,20 +20,22 @@ pub(crate) fn cat(parts: &[&str]) -> String {
 
 /// Decimal digits of `n`, as `n.to_string()` writes them.
 pub(crate) fn unsigned(n: u64) -> String {
-    // u64::MAX has 20 digits; they are made last-first.
+    // u64::MAX has 20 digits; they are made last-first, at the buffer's end.
     let mut digits = [0u8; 20];
-    let mut i = digits.len();
+    let mut len = 0;
     let mut rest = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (rest % 10) as u8;
+    for slot in digits.iter_mut().rev() {
+        *slot = b'0' + (rest % 10) as u8;
+        len += 1;
         rest /= 10;
         if rest == 0 {
             break;
         }
     }
-    let mut out = String::with_capacity(digits.len() - i);
-    for d in &digits[i..] {
+    // `get`, not indexing: no panic path for a range that cannot fail.
+    let used: &[u8] = digits.get(digits.len() - len..).unwrap_or_default();
+    let mut out = String::with_capacity(len);
+    for d in used {
         out.push(char::from(*d));
     }
     out
@@ -57,9 +59,18 @@ pub(crate) fn parse_u64(s: &str) -> Option<u64> {
         if !b.is_ascii_digit() {
             return None;
         }
-        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+        n = push_digit(n, b - b'0')?;
     }
     Some(n)
+}
+
+/// `n * 10 + digit`, or `None` past u64's range. A compare, not
+/// `checked_mul`, whose overflow check needs a 128-bit multiply on wasm32.
+pub(crate) fn push_digit(n: u64, digit: u8) -> Option<u64> {
+    if n > u64::MAX / 10 {
+        return None;
+    }
+    (n * 10).checked_add(u64::from(digit))
 }
 
 /// `s.parse::<i64>().ok()`: an optional sign, then what [`parse_u64`] reads.

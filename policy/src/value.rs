@@ -8,12 +8,51 @@ use crate::jsontext::Json;
 use crate::machine::DivertReceipt;
 use crate::model::{CaptureReceipt, DivertResidue};
 
-pub(crate) fn obj(pairs: Vec<(&str, Json)>) -> Json {
-    let mut fields = Vec::with_capacity(pairs.len());
-    for (k, v) in pairs {
-        fields.push((String::from(k), v));
+/// An object built one field at a call. Why not a `vec![(key, value), ..]`
+/// literal: there every value is built on the stack and copied into the
+/// list, which in the component costs more code than a call that builds
+/// the value in place. The writer sorts the keys, so the order of the
+/// calls does not matter.
+pub(crate) struct Obj(Vec<(String, Json)>);
+
+impl Obj {
+    pub(crate) fn new() -> Obj {
+        Obj(Vec::new())
     }
-    Json::Obj(fields)
+
+    pub(crate) fn field(&mut self, key: &str, value: Json) {
+        self.0.push((String::from(key), value));
+    }
+
+    pub(crate) fn str(&mut self, key: &str, value: &str) {
+        self.field(key, s(value));
+    }
+
+    /// A string, or `null`.
+    pub(crate) fn opt_str(&mut self, key: &str, value: Option<&str>) {
+        self.field(key, opt_s(value));
+    }
+
+    pub(crate) fn uint(&mut self, key: &str, value: u64) {
+        self.field(key, Json::uint(value));
+    }
+
+    /// An integer, or `null`.
+    pub(crate) fn opt_int(&mut self, key: &str, value: Option<i64>) {
+        self.field(key, opt_i(value));
+    }
+
+    pub(crate) fn bool(&mut self, key: &str, value: bool) {
+        self.field(key, Json::Bool(value));
+    }
+
+    pub(crate) fn strs(&mut self, key: &str, value: &[String]) {
+        self.field(key, strs(value));
+    }
+
+    pub(crate) fn done(self) -> Json {
+        Json::Obj(self.0)
+    }
 }
 
 pub(crate) fn s(x: &str) -> Json {
@@ -21,11 +60,17 @@ pub(crate) fn s(x: &str) -> Json {
 }
 
 pub(crate) fn opt_s(x: Option<&str>) -> Json {
-    x.map_or(Json::Null, s)
+    match x {
+        Some(x) => s(x),
+        None => Json::Null,
+    }
 }
 
 pub(crate) fn opt_i(x: Option<i64>) -> Json {
-    x.map_or(Json::Null, Json::int)
+    match x {
+        Some(x) => Json::int(x),
+        None => Json::Null,
+    }
 }
 
 pub(crate) fn strs(xs: &[String]) -> Json {
@@ -33,30 +78,42 @@ pub(crate) fn strs(xs: &[String]) -> Json {
 }
 
 pub(crate) fn capture_receipt(r: &CaptureReceipt) -> Json {
-    obj(vec![
-        ("path", s(&r.path)),
-        (
-            "files",
-            Json::Arr(map(&r.files, |f| {
-                obj(vec![("name", s(&f.name)), ("size", Json::uint(f.size))])
-            })),
-        ),
-        ("manifest_sha256", s(&r.manifest_sha256)),
-    ])
+    let mut o = Obj::new();
+    o.str("path", &r.path);
+    let files = map(&r.files, |f| {
+        let mut file = Obj::new();
+        file.str("name", &f.name);
+        file.uint("size", f.size);
+        file.done()
+    });
+    o.field("files", Json::Arr(files));
+    o.str("manifest_sha256", &r.manifest_sha256);
+    o.done()
 }
 
 pub(crate) fn divert_receipt(r: &DivertReceipt) -> Json {
-    obj(vec![
-        ("path", s(&r.path)),
-        ("offset", Json::uint(r.offset)),
-        ("length", Json::uint(r.length)),
-        ("count", Json::uint(r.count)),
-        ("sha256", s(&r.sha256)),
-    ])
+    let mut o = Obj::new();
+    o.str("path", &r.path);
+    o.uint("offset", r.offset);
+    o.uint("length", r.length);
+    o.uint("count", r.count);
+    o.str("sha256", &r.sha256);
+    o.done()
 }
 
 pub(crate) fn residue(r: Option<&DivertResidue>) -> Json {
-    r.map_or(Json::Null, |r| {
-        obj(vec![("path", s(&r.path)), ("offset", Json::uint(r.offset))])
-    })
+    let Some(r) = r else {
+        return Json::Null;
+    };
+    let mut o = Obj::new();
+    o.str("path", &r.path);
+    o.uint("offset", r.offset);
+    o.done()
+}
+
+/// `{"error": message}`: what every JSON entry point answers on failure.
+pub(crate) fn error(message: String) -> Json {
+    let mut o = Obj::new();
+    o.field("error", Json::Str(message));
+    o.done()
 }

@@ -78,6 +78,10 @@ pub enum BackendError {
 }
 
 /// The effects a session store performs for the flush machine.
+// A `Failure` is the flush machine's own event, handed to it as it is; a
+// failed open or write is rare, so its size on the error path costs
+// nothing worth a box (and an allocation) per failure.
+#[allow(clippy::result_large_err)]
 pub trait Backend {
     /// Where the data lives, as it may be shown.
     fn location(&self) -> String;

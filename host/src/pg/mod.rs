@@ -124,6 +124,8 @@ impl Postgres {
     /// still be there. It is after a failover with synchronous replication;
     /// it is not after a restore from an older backup, and then the store
     /// is `replaced`: every later batch is diverted.
+    // A `Failure`, as `Backend::open` returns it: see there.
+    #[allow(clippy::result_large_err)]
     fn check_server(&mut self, client: &mut Client) -> Result<(), Failure> {
         let now = ServerMark::read(client);
         let changed = match &self.server {

@@ -58,7 +58,7 @@ enum Terminal {
 
 /// How the flush ended.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-enum Ending {
+pub(super) enum Ending {
     Committed,
     Diverted(DivertReceipt),
     DivertFailed {
@@ -114,6 +114,11 @@ impl FlushMachine {
     }
 
     /// The batch this flush was started with.
+    pub(super) fn batch(&self) -> &FlushStart {
+        &self.start
+    }
+
+    /// The batch this flush was started with.
     pub fn into_start(self) -> FlushStart {
         self.start
     }
@@ -126,15 +131,23 @@ impl FlushMachine {
 
     /// The step this flush waits on.
     pub fn poll(&self, handle: &HandleState) -> Step {
-        match &self.phase {
+        match self.effect() {
+            Some(step) => step,
+            None => Step::Done(Box::new(self.clone().into_report(handle))),
+        }
+    }
+
+    /// The effect this flush waits on; `None` once it is done.
+    pub(super) fn effect(&self) -> Option<Step> {
+        Some(match &self.phase {
             Phase::Opening => Step::Open,
             Phase::Writing => Step::Write(self.plan),
             Phase::Resolving => Step::Resolve,
             Phase::Waiting { ms, .. } => Step::Wait { ms: *ms },
             Phase::Capturing { .. } => Step::Capture,
             Phase::Diverting { cause } => Step::Divert { cause: *cause },
-            Phase::Done(ending) => Step::Done(Box::new(self.report(ending, handle))),
-        }
+            Phase::Done(_) => return None,
+        })
     }
 
     /// Take the result of the step this flush waits on.
@@ -289,7 +302,13 @@ impl FlushMachine {
         phase_after(terminal)
     }
 
-    fn report(&self, ending: &Ending, handle: &HandleState) -> FlushReport {
+    /// The outcome of this flush, which takes the flush's own data. A
+    /// flush that is not done yet ends here as abandoned (see
+    /// [`super::Handle::abandon`]).
+    pub(super) fn into_report(self, handle: &HandleState) -> FlushReport {
+        let Phase::Done(ending) = self.phase else {
+            return super::abandoned(self.start);
+        };
         let (cause, operation) = match self.last {
             Some((c, op)) => (Some(c), Some(op)),
             None => (None, None),
@@ -302,23 +321,15 @@ impl FlushMachine {
             (None, None) => None,
         };
         report::build(report::Parts {
-            start: &self.start,
+            start: self.start,
             attempts: self.attempts,
             operation,
             cause,
             action: self.action,
             errno: self.errno,
-            capture_now: self.capture.as_ref(),
+            capture_now: self.capture,
             capture_known: handle.capture.as_ref(),
-            ending: match ending {
-                Ending::Committed => report::End::Committed,
-                Ending::Diverted(r) => report::End::Diverted(r),
-                Ending::DivertFailed { error, residue } => report::End::DivertFailed {
-                    error,
-                    residue: residue.as_ref(),
-                },
-                Ending::HandedBack => report::End::HandedBack,
-            },
+            ending,
         })
     }
 }

@@ -265,6 +265,11 @@ impl Handle {
         self.flush.is_some()
     }
 
+    /// The start of the running flush.
+    pub(crate) fn running(&self) -> Option<&FlushStart> {
+        self.flush.as_ref().map(FlushMachine::batch)
+    }
+
     /// Begin the flush of one batch.
     pub fn start(&mut self, start: FlushStart) -> Result<(), ProtocolError> {
         if self.flush.is_some() {
@@ -277,11 +282,12 @@ impl Handle {
     /// The step the running flush waits on; `None` when no flush runs.
     /// [`Step::Done`] ends the flush.
     pub fn poll(&mut self) -> Option<Step> {
-        let step = self.flush.as_ref()?.poll(&self.state);
-        if matches!(step, Step::Done(_)) {
-            self.flush = None;
+        if let Some(step) = self.flush.as_ref()?.effect() {
+            return Some(step);
         }
-        Some(step)
+        // Done: the handle forgets the flush, whose data moves into its outcome.
+        let flush = self.flush.take()?;
+        Some(Step::Done(Box::new(flush.into_report(&self.state))))
     }
 
     /// Feed back the result of the step just performed.

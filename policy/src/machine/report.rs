@@ -8,10 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::jsontext::Json;
 
-use super::{DivertReceipt, FlushStart};
+use super::DivertReceipt;
+use super::flush::{Ending, FlushStart};
+use crate::copy::{Facts, FailedOp, explain_facts};
 use crate::model::{
-    ActionKind, CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, DivertFailure, DivertResidue, Operation,
-    Outcome,
+    ActionKind, CaptureFailure, CaptureReceipt, Cause, Copy, DivertFailure, DivertResidue, Operation, Outcome,
 };
 use crate::value as v;
 
@@ -30,24 +31,29 @@ impl CaptureReport {
     fn to_json(&self) -> Json {
         match self {
             CaptureReport::Captured(r) => v::capture_receipt(r),
-            CaptureReport::Failed { failure, error } => v::obj(vec![
-                ("error", v::s(error)),
-                ("operation", v::s(&failure.operation)),
-                ("errno", v::opt_i(failure.errno)),
-            ]),
+            CaptureReport::Failed { failure, error } => {
+                let mut o = v::Obj::new();
+                o.str("error", error);
+                o.str("operation", &failure.operation);
+                o.opt_int("errno", failure.errno);
+                o.done()
+            }
         }
     }
 
-    /// The copy context this capture allows: a receipt, or a failure.
-    fn context(&self) -> CopyContext {
+    /// What the copy may say of this capture: where it is, or how it failed.
+    fn facts(&self) -> Facts<'_> {
         match self {
-            CaptureReport::Captured(r) => CopyContext {
-                capture_receipt: Some(r.clone()),
-                ..CopyContext::default()
+            CaptureReport::Captured(r) => Facts {
+                capture_path: Some(&r.path),
+                ..Facts::default()
             },
-            CaptureReport::Failed { failure, .. } => CopyContext {
-                capture_failure: Some(failure.clone()),
-                ..CopyContext::default()
+            CaptureReport::Failed { failure, .. } => Facts {
+                capture_failure: Some(FailedOp {
+                    operation: &failure.operation,
+                    errno: failure.errno,
+                }),
+                ..Facts::default()
             },
         }
     }
@@ -72,9 +78,9 @@ impl DivertErrorReport {
         }
     }
 
-    fn failure(&self) -> DivertFailure {
-        DivertFailure {
-            operation: self.operation.clone(),
+    fn failed_op(&self) -> FailedOp<'_> {
+        FailedOp {
+            operation: &self.operation,
             errno: self.errno,
         }
     }
@@ -111,34 +117,54 @@ pub struct FlushReport {
 impl FlushReport {
     /// The outcome object `turnsafe append` prints.
     pub(crate) fn json(&self) -> Json {
-        let divert_error = self.divert_error.as_ref().map_or(Json::Null, |e| {
-            v::obj(vec![
-                ("operation", v::s(&e.operation)),
-                ("errno", v::opt_i(e.errno)),
-                ("error", v::s(&e.error)),
-            ])
-        });
-        v::obj(vec![
-            ("persisted", Json::Bool(self.persisted)),
-            ("operation", v::opt_s(self.operation.map(|o| o.label()))),
-            ("cause", v::opt_s(self.cause.map(|c| c.label()))),
-            ("action", v::opt_s(self.action.map(|a| a.label()))),
-            ("attempts", Json::uint(u64::from(self.attempts))),
-            ("committed", Json::uint(self.committed as u64)),
-            ("diverted", Json::uint(self.diverted as u64)),
-            ("handed_back", Json::uint(self.handed_back as u64)),
-            ("receipt", self.receipt.as_ref().map_or(Json::Null, v::divert_receipt)),
-            ("divert_error", divert_error),
-            ("copy", self.copy.as_ref().map_or(Json::Null, crate::json::copy_json)),
-            ("error", v::opt_s(self.error.as_deref())),
-            ("uids", v::strs(&self.uids)),
-            ("minted_uids", v::strs(&self.minted_uids)),
-            (
-                "capture",
-                self.capture.as_ref().map_or(Json::Null, CaptureReport::to_json),
-            ),
-            ("divert_residue", v::residue(self.divert_residue.as_ref())),
-        ])
+        let mut o = v::Obj::new();
+        o.bool("persisted", self.persisted);
+        o.opt_str("operation", self.operation.map(Operation::label));
+        o.opt_str("cause", self.cause.map(Cause::label));
+        o.opt_str("action", self.action.map(ActionKind::label));
+        o.uint("attempts", u64::from(self.attempts));
+        o.uint("committed", self.committed as u64);
+        o.uint("diverted", self.diverted as u64);
+        o.uint("handed_back", self.handed_back as u64);
+        o.field(
+            "receipt",
+            match &self.receipt {
+                Some(r) => v::divert_receipt(r),
+                None => Json::Null,
+            },
+        );
+        o.field(
+            "divert_error",
+            match &self.divert_error {
+                Some(e) => {
+                    let mut d = v::Obj::new();
+                    d.str("operation", &e.operation);
+                    d.opt_int("errno", e.errno);
+                    d.str("error", &e.error);
+                    d.done()
+                }
+                None => Json::Null,
+            },
+        );
+        o.field(
+            "copy",
+            match &self.copy {
+                Some(c) => crate::json::copy_json(c),
+                None => Json::Null,
+            },
+        );
+        o.opt_str("error", self.error.as_deref());
+        o.strs("uids", &self.uids);
+        o.strs("minted_uids", &self.minted_uids);
+        o.field(
+            "capture",
+            match &self.capture {
+                Some(c) => c.to_json(),
+                None => Json::Null,
+            },
+        );
+        o.field("divert_residue", v::residue(self.divert_residue.as_ref()));
+        o.done()
     }
 
     /// The outcome object as one line of JSON: what `turnsafe append`
@@ -154,31 +180,57 @@ impl FlushReport {
     }
 }
 
-pub(super) enum End<'a> {
-    Committed,
-    Diverted(&'a DivertReceipt),
-    DivertFailed {
-        error: &'a DivertErrorReport,
-        residue: Option<&'a DivertResidue>,
-    },
-    HandedBack,
-}
-
 pub(super) struct Parts<'a> {
-    pub start: &'a FlushStart,
+    pub start: FlushStart,
     pub attempts: u32,
     pub operation: Option<Operation>,
     pub cause: Option<Cause>,
     pub action: Option<ActionKind>,
     pub errno: Option<i64>,
-    pub capture_now: Option<&'a CaptureReport>,
+    pub capture_now: Option<CaptureReport>,
     pub capture_known: Option<&'a CaptureReport>,
-    pub ending: End<'a>,
+    pub ending: Ending,
 }
 
+/// The outcome, built from what the flush owns: the copy first, from
+/// borrowed facts, then the report takes the batch's uids, the receipt and
+/// the failures without copying them.
 pub(super) fn build(p: Parts<'_>) -> FlushReport {
+    // Only the artifacts that exist shape the copy.
+    let known = p.capture_known.map(CaptureReport::facts).unwrap_or_default();
+    let session = Some(p.start.session.as_str());
+    let failed = Facts {
+        session,
+        errno: p.errno,
+        ..known
+    };
+    let (outcome, facts) = match &p.ending {
+        Ending::Committed => (
+            Outcome::Persisted,
+            Facts {
+                session,
+                ..Facts::default()
+            },
+        ),
+        Ending::Diverted(receipt) => (
+            Outcome::Diverted,
+            Facts {
+                receipt_path: Some(&receipt.path),
+                ..failed
+            },
+        ),
+        Ending::DivertFailed { error, residue } => (
+            Outcome::DivertFailed,
+            Facts {
+                divert_failure: Some(error.failed_op()),
+                divert_residue: residue.is_some(),
+                ..failed
+            },
+        ),
+        Ending::HandedBack => (Outcome::HandedBack, failed),
+    };
+    let copy = p.cause.and_then(|c| explain_facts(c, outcome, &facts).ok());
     let n = p.start.uids.len();
-    let session = Some(p.start.session.clone());
     let mut report = FlushReport {
         persisted: false,
         operation: p.operation,
@@ -191,55 +243,30 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
         receipt: None,
         divert_error: None,
         divert_residue: None,
-        capture: p.capture_now.cloned(),
-        copy: None,
-        error: p.cause.map(Cause::failure_label),
-        uids: p.start.uids.clone(),
-        minted_uids: p.start.minted_uids.clone(),
+        capture: p.capture_now,
+        copy,
+        error: None,
+        uids: p.start.uids,
+        minted_uids: p.start.minted_uids,
     };
-    // Only the artifacts that exist shape the copy.
-    let known = p.capture_known.map(CaptureReport::context).unwrap_or_default();
-    let failed_ctx = CopyContext {
-        session: session.clone(),
-        errno: p.errno,
-        ..known
-    };
-    let (outcome, ctx) = match p.ending {
-        End::Committed => {
+    match p.ending {
+        Ending::Committed => {
             report.persisted = true;
             report.committed = n;
-            report.error = None;
-            let ctx = CopyContext {
-                session,
-                ..CopyContext::default()
-            };
-            (Outcome::Persisted, ctx)
         }
-        End::Diverted(receipt) => {
+        Ending::Diverted(receipt) => {
             report.diverted = n;
-            report.receipt = Some(receipt.clone());
-            let ctx = CopyContext {
-                receipt_path: Some(receipt.path.clone()),
-                ..failed_ctx
-            };
-            (Outcome::Diverted, ctx)
+            report.receipt = Some(receipt);
         }
-        End::DivertFailed { error, residue } => {
+        Ending::DivertFailed { error, residue } => {
             report.handed_back = n;
-            report.divert_error = Some(error.clone());
-            report.divert_residue = residue.cloned();
-            let ctx = CopyContext {
-                divert_failure: Some(error.failure()),
-                divert_residue: residue.cloned(),
-                ..failed_ctx
-            };
-            (Outcome::DivertFailed, ctx)
+            report.divert_error = Some(error);
+            report.divert_residue = residue;
         }
-        End::HandedBack => {
-            report.handed_back = n;
-            (Outcome::HandedBack, failed_ctx)
-        }
-    };
-    report.copy = p.cause.and_then(|c| crate::explain(c, outcome, &ctx).ok());
+        Ending::HandedBack => report.handed_back = n,
+    }
+    if !report.persisted {
+        report.error = p.cause.map(Cause::failure_label);
+    }
     report
 }

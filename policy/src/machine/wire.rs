@@ -35,6 +35,7 @@ use crate::jsontext::{Json, parse};
 
 use super::{CaptureReport, DivertReceipt, Event, Failure, FlushStart, Handle, HandleState, Step};
 use crate::collect::{map, try_map};
+use crate::fields::Fields;
 use crate::model::{CaptureFailure, CaptureReceipt, CapturedFile, Cause, DivertFailure, DivertResidue};
 use crate::text::{cat, unsigned};
 use crate::value as v;
@@ -49,52 +50,6 @@ fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
     o.get(key).filter(|v| !v.is_null())
 }
 
-fn string(o: &Obj, key: &str, what: &str) -> Result<String, String> {
-    match field(o, key) {
-        Some(Json::Str(s)) => Ok(s.clone()),
-        None => Ok(String::new()),
-        Some(_) => Err(cat(&[what, ": field `", key, "` must be a string"])),
-    }
-}
-
-fn required_string(o: &Obj, key: &str, what: &str) -> Result<String, String> {
-    match field(o, key) {
-        Some(Json::Str(s)) => Ok(s.clone()),
-        _ => Err(cat(&[what, ": field `", key, "` must be a string"])),
-    }
-}
-
-fn u64_field(o: &Obj, key: &str, what: &str) -> Result<u64, String> {
-    match field(o, key) {
-        None => Ok(0),
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| cat(&[what, ": field `", key, "` must be a non-negative integer"])),
-    }
-}
-
-fn i64_opt(o: &Obj, key: &str, what: &str) -> Result<Option<i64>, String> {
-    match field(o, key) {
-        None => Ok(None),
-        Some(v) => v
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| cat(&[what, ": field `", key, "` must be an integer or null"])),
-    }
-}
-
-fn strings(o: &Obj, key: &str, what: &str) -> Result<Vec<String>, String> {
-    match field(o, key) {
-        None => Ok(Vec::new()),
-        Some(Json::Arr(items)) => try_map(items, |i| {
-            i.as_str()
-                .map(String::from)
-                .ok_or_else(|| cat(&[what, ": `", key, "` must be a list of strings"]))
-        }),
-        Some(_) => Err(cat(&[what, ": `", key, "` must be a list of strings"])),
-    }
-}
-
 fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Obj, String> {
     if v.is_object() {
         Ok(v)
@@ -104,120 +59,135 @@ fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Obj, String> {
 }
 
 fn start_from_value(v: &Value) -> Result<FlushStart, String> {
-    let o = object(v, "`start`")?;
-    Ok(FlushStart {
-        session: string(o, "session", "start")?,
-        uids: strings(o, "uids", "start")?,
-        minted_uids: strings(o, "minted_uids", "start")?,
-        seed: u64_field(o, "seed", "start")?,
-    })
+    let mut f = Fields::new(object(v, "`start`")?, "start");
+    let start = FlushStart {
+        session: f.string("session"),
+        uids: f.strings("uids"),
+        minted_uids: f.strings("minted_uids"),
+        seed: f.u64("seed"),
+    };
+    f.done(start)
 }
 
 fn start_to_value(s: &FlushStart) -> Value {
-    v::obj(vec![
-        ("session", v::s(&s.session)),
-        ("uids", v::strs(&s.uids)),
-        ("minted_uids", v::strs(&s.minted_uids)),
-        ("seed", Json::uint(s.seed)),
-    ])
+    let mut o = v::Obj::new();
+    o.str("session", &s.session);
+    o.strs("uids", &s.uids);
+    o.strs("minted_uids", &s.minted_uids);
+    o.uint("seed", s.seed);
+    o.done()
 }
 
 fn capture_receipt_from(o: &Obj) -> Result<CaptureReceipt, String> {
     let what = "capture receipt";
     let files = match field(o, "files") {
         None => Vec::new(),
-        Some(Json::Arr(items)) => try_map(items, |f| {
-            let f = object(f, "a captured file")?;
-            Ok(CapturedFile {
-                name: required_string(f, "name", what)?,
-                size: u64_field(f, "size", what)?,
-            })
+        Some(Json::Arr(items)) => try_map(items, |file| {
+            let mut f = Fields::new(object(file, "a captured file")?, what);
+            let file = CapturedFile {
+                name: f.required_string("name"),
+                size: f.u64("size"),
+            };
+            f.done(file)
         })?,
         Some(_) => return Err(cat(&[what, ": `files` must be a list"])),
     };
-    Ok(CaptureReceipt {
-        path: required_string(o, "path", what)?,
+    let mut f = Fields::new(o, what);
+    let receipt = CaptureReceipt {
+        path: f.required_string("path"),
         files,
-        manifest_sha256: string(o, "manifest_sha256", what)?,
-    })
+        manifest_sha256: f.string("manifest_sha256"),
+    };
+    f.done(receipt)
 }
 
 fn divert_receipt_from(o: &Obj) -> Result<DivertReceipt, String> {
-    let what = "divert receipt";
-    Ok(DivertReceipt {
-        path: required_string(o, "path", what)?,
-        offset: u64_field(o, "offset", what)?,
-        length: u64_field(o, "length", what)?,
-        count: u64_field(o, "count", what)?,
-        sha256: string(o, "sha256", what)?,
-    })
+    let mut f = Fields::new(o, "divert receipt");
+    let receipt = DivertReceipt {
+        path: f.required_string("path"),
+        offset: f.u64("offset"),
+        length: f.u64("length"),
+        count: f.u64("count"),
+        sha256: f.string("sha256"),
+    };
+    f.done(receipt)
+}
+
+/// The `residue` of a failed divert: `{path, offset}`, or absent.
+fn residue_from(f: &mut Fields<'_>) -> Option<DivertResidue> {
+    let r = f.get("residue")?;
+    let residue = object(r, "`residue`").and_then(|r| {
+        let mut rf = Fields::new(r, "residue");
+        let residue = DivertResidue {
+            path: rf.required_string("path"),
+            offset: rf.u64("offset"),
+        };
+        rf.done(residue)
+    });
+    f.check(residue.map(Some))
 }
 
 /// An event from its wire object.
 pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
     let o = object(v, "`event`")?;
-    let kind = required_string(o, "type", "event")?;
-    let what = cat(&["event `", &kind, "`"]);
-    let receipt = || -> Result<&Obj, String> {
-        field(o, "receipt")
-            .filter(|r| r.is_object())
-            .ok_or_else(|| cat(&[&what, ": field `receipt` must be an object"]))
+    let Some(Json::Str(kind)) = field(o, "type") else {
+        return Err("event: field `type` must be a string".into());
     };
-    Ok(match kind.as_str() {
+    let what = cat(&["event `", kind, "`"]);
+    let mut f = Fields::new(o, &what);
+    let event = match kind.as_str() {
         "opened" => Event::Opened,
         "committed" => Event::Committed,
         "failed" => {
-            let evidence = match field(o, "evidence") {
+            let evidence = match f.get("evidence") {
                 None => Vec::new(),
                 Some(Json::Arr(items)) => crate::json::evidence_labels(items),
-                Some(_) => return Err(cat(&[&what, ": `evidence` must be a list of labels"])),
+                Some(_) => {
+                    f.fail(cat(&[&what, ": `evidence` must be a list of labels"]));
+                    Vec::new()
+                }
             };
-            let sqlstate = crate::json::sqlstate_value(field(o, "sqlstate"))?;
+            let sqlstate = f.check(crate::json::sqlstate_value(f.get("sqlstate")));
+            let engine = f.check(crate::json::engine_value(f.get("engine"), sqlstate.is_some()));
             Event::Failed(Failure {
-                engine: crate::json::engine_value(field(o, "engine"), sqlstate.is_some())?,
+                engine,
                 sqlstate,
-                code: i64_opt(o, "code", &what)?,
-                extended_code: i64_opt(o, "extended_code", &what)?,
-                message: string(o, "message", &what)?,
-                errno: i64_opt(o, "errno", &what)?,
+                code: f.i64_opt("code"),
+                extended_code: f.i64_opt("extended_code"),
+                message: f.string("message"),
+                errno: f.i64_opt("errno"),
                 evidence,
-                elapsed_ms: u64_field(o, "elapsed_ms", &what)?,
+                elapsed_ms: f.u64("elapsed_ms"),
             })
         }
         "waited" => Event::Waited {
-            elapsed_ms: u64_field(o, "elapsed_ms", &what)?,
+            elapsed_ms: f.u64("elapsed_ms"),
         },
         "resolved" => Event::Resolved {
-            all_stored: match field(o, "all_stored") {
+            all_stored: match f.get("all_stored") {
                 Some(Json::Bool(b)) => *b,
-                _ => return Err(cat(&[&what, ": field `all_stored` must be true or false"])),
-            },
-        },
-        "captured" => Event::Captured(capture_receipt_from(receipt()?)?),
-        "capture_failed" => Event::CaptureFailed {
-            failure: CaptureFailure {
-                operation: required_string(o, "operation", &what)?,
-                errno: i64_opt(o, "errno", &what)?,
-            },
-            error: string(o, "error", &what)?,
-        },
-        "diverted" => Event::Diverted(divert_receipt_from(receipt()?)?),
-        "divert_failed" => Event::DivertFailed {
-            failure: DivertFailure {
-                operation: required_string(o, "operation", &what)?,
-                errno: i64_opt(o, "errno", &what)?,
-            },
-            message: string(o, "message", &what)?,
-            residue: match field(o, "residue") {
-                None => None,
-                Some(r) => {
-                    let r = object(r, "`residue`")?;
-                    Some(DivertResidue {
-                        path: required_string(r, "path", "residue")?,
-                        offset: u64_field(r, "offset", "residue")?,
-                    })
+                _ => {
+                    f.fail_field("all_stored", "must be true or false");
+                    false
                 }
             },
+        },
+        "captured" => Event::Captured(capture_receipt_from(receipt(o, &what)?)?),
+        "capture_failed" => Event::CaptureFailed {
+            failure: CaptureFailure {
+                operation: f.required_string("operation"),
+                errno: f.i64_opt("errno"),
+            },
+            error: f.string("error"),
+        },
+        "diverted" => Event::Diverted(divert_receipt_from(receipt(o, &what)?)?),
+        "divert_failed" => Event::DivertFailed {
+            failure: DivertFailure {
+                operation: f.required_string("operation"),
+                errno: f.i64_opt("errno"),
+            },
+            message: f.string("message"),
+            residue: residue_from(&mut f),
         },
         other => {
             return Err(cat(&[
@@ -227,27 +197,37 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
                  or divert_failed",
             ]));
         }
-    })
+    };
+    f.done(event)
 }
 
-fn typed(kind: &str, mut rest: Vec<(&str, Value)>) -> Value {
-    rest.push(("type", v::s(kind)));
-    v::obj(rest)
+/// The `receipt` object of a `captured` or `diverted` event.
+fn receipt<'a>(o: &'a Obj, what: &str) -> Result<&'a Obj, String> {
+    match field(o, "receipt") {
+        Some(r) if r.is_object() => Ok(r),
+        _ => Err(cat(&[what, ": field `receipt` must be an object"])),
+    }
+}
+
+/// A wire object of type `kind`, for its other fields to be added.
+fn typed(kind: &str) -> v::Obj {
+    let mut o = v::Obj::new();
+    o.str("type", kind);
+    o
 }
 
 fn captured_value(r: &CaptureReceipt) -> Value {
-    typed("captured", vec![("receipt", v::capture_receipt(r))])
+    let mut o = typed("captured");
+    o.field("receipt", v::capture_receipt(r));
+    o.done()
 }
 
 fn capture_failed_value(failure: &CaptureFailure, error: &str) -> Value {
-    typed(
-        "capture_failed",
-        vec![
-            ("operation", v::s(&failure.operation)),
-            ("errno", v::opt_i(failure.errno)),
-            ("error", v::s(error)),
-        ],
-    )
+    let mut o = typed("capture_failed");
+    o.str("operation", &failure.operation);
+    o.opt_int("errno", failure.errno);
+    o.str("error", error);
+    o.done()
 }
 
 /// A capture the handle keeps, as the event that reported it.
@@ -260,69 +240,64 @@ fn capture_to_value(c: &CaptureReport) -> Value {
 
 /// An event as its wire object.
 pub(crate) fn event_to_value(e: &Event) -> Value {
+    let mut o = typed(e.label());
     match e {
-        Event::Opened => typed("opened", Vec::new()),
-        Event::Committed => typed("committed", Vec::new()),
+        Event::Opened | Event::Committed => {}
         Event::Failed(f) => {
-            let mut fields = vec![
-                ("code", v::opt_i(f.code)),
-                ("extended_code", v::opt_i(f.extended_code)),
-                ("message", v::s(&f.message)),
-                ("errno", v::opt_i(f.errno)),
-                ("evidence", Json::Arr(map(&f.evidence, |e| v::s(e.label())))),
-                ("elapsed_ms", Json::uint(f.elapsed_ms)),
-            ];
+            o.opt_int("code", f.code);
+            o.opt_int("extended_code", f.extended_code);
+            o.str("message", &f.message);
+            o.opt_int("errno", f.errno);
+            o.field("evidence", Json::Arr(map(&f.evidence, |e| v::s(e.label()))));
+            o.uint("elapsed_ms", f.elapsed_ms);
             // Only what is not the default, so a SQLite host's state reads
             // exactly as before these fields existed.
             if f.engine != crate::model::Engine::Sqlite {
-                fields.push(("engine", v::s(f.engine.label())));
+                o.str("engine", f.engine.label());
             }
             if let Some(s) = &f.sqlstate {
-                fields.push(("sqlstate", v::s(s)));
+                o.str("sqlstate", s);
             }
-            typed("failed", fields)
         }
-        Event::Resolved { all_stored } => typed("resolved", vec![("all_stored", Json::Bool(*all_stored))]),
-        Event::Waited { elapsed_ms } => typed("waited", vec![("elapsed_ms", Json::uint(*elapsed_ms))]),
-        Event::Captured(r) => captured_value(r),
-        Event::CaptureFailed { failure, error } => capture_failed_value(failure, error),
-        Event::Diverted(r) => typed("diverted", vec![("receipt", v::divert_receipt(r))]),
+        Event::Resolved { all_stored } => o.bool("all_stored", *all_stored),
+        Event::Waited { elapsed_ms } => o.uint("elapsed_ms", *elapsed_ms),
+        Event::Captured(r) => o.field("receipt", v::capture_receipt(r)),
+        Event::CaptureFailed { failure, error } => {
+            o.str("operation", &failure.operation);
+            o.opt_int("errno", failure.errno);
+            o.str("error", error);
+        }
+        Event::Diverted(r) => o.field("receipt", v::divert_receipt(r)),
         Event::DivertFailed {
             failure,
             message,
             residue,
-        } => typed(
-            "divert_failed",
-            vec![
-                ("operation", v::s(&failure.operation)),
-                ("errno", v::opt_i(failure.errno)),
-                ("message", v::s(message)),
-                ("residue", v::residue(residue.as_ref())),
-            ],
-        ),
+        } => {
+            o.str("operation", &failure.operation);
+            o.opt_int("errno", failure.errno);
+            o.str("message", message);
+            o.field("residue", v::residue(residue.as_ref()));
+        }
     }
+    o.done()
 }
 
 /// A step as its wire object.
 pub(crate) fn step_to_value(step: &Step) -> Value {
+    let mut o = typed(step.label());
     match step {
-        Step::Open => typed("open", Vec::new()),
-        Step::Write(p) => typed(
-            "write",
-            vec![(
-                "plan",
-                v::obj(vec![
-                    ("degrade_fts", Json::Bool(p.degrade_fts)),
-                    ("recreate_session", Json::Bool(p.recreate_session)),
-                ]),
-            )],
-        ),
-        Step::Wait { ms } => typed("wait", vec![("ms", Json::uint(*ms))]),
-        Step::Capture => typed("capture", Vec::new()),
-        Step::Resolve => typed("resolve", Vec::new()),
-        Step::Divert { cause } => typed("divert", vec![("cause", v::s(cause.label()))]),
-        Step::Done(report) => typed("done", vec![("outcome", report.json())]),
+        Step::Open | Step::Capture | Step::Resolve => {}
+        Step::Write(p) => {
+            let mut plan = v::Obj::new();
+            plan.bool("degrade_fts", p.degrade_fts);
+            plan.bool("recreate_session", p.recreate_session);
+            o.field("plan", plan.done());
+        }
+        Step::Wait { ms } => o.uint("ms", *ms),
+        Step::Divert { cause } => o.str("cause", cause.label()),
+        Step::Done(report) => o.field("outcome", report.json()),
     }
+    o.done()
 }
 
 /// The opaque state as read: what the handle knew when the running flush
@@ -332,25 +307,21 @@ struct Read {
     flush: Option<(FlushStart, Vec<Event>)>,
 }
 
-/// The opaque state to write back. The events are kept as their wire
-/// values, which is what the state holds, so the replay can hand each
-/// event to the machine without a copy.
-struct Saved {
-    state: HandleState,
-    flush: Option<(FlushStart, Vec<Value>)>,
-}
-
-fn saved_to_value(s: Saved) -> Value {
-    let flush = s.flush.map_or(Json::Null, |(start, events)| {
-        v::obj(vec![("start", start_to_value(&start)), ("events", Json::Arr(events))])
-    });
-    v::obj(vec![
-        ("v", Json::uint(STATE_FORMAT)),
-        ("open", Json::Bool(s.state.open)),
-        ("sticky", v::opt_s(s.state.sticky.map(Cause::label))),
-        ("capture", s.state.capture.as_ref().map_or(Json::Null, capture_to_value)),
-        ("flush", flush),
-    ])
+/// The state's fields for what a handle knows across batches, with the
+/// format version; the caller adds `flush`.
+fn handle_fields(s: &HandleState) -> v::Obj {
+    let mut o = v::Obj::new();
+    o.uint("v", STATE_FORMAT);
+    o.bool("open", s.open);
+    o.opt_str("sticky", s.sticky.map(Cause::label));
+    o.field(
+        "capture",
+        match &s.capture {
+            Some(c) => capture_to_value(c),
+            None => Json::Null,
+        },
+    );
+    o
 }
 
 fn refuse(why: &str) -> String {
@@ -362,58 +333,60 @@ fn refuse(why: &str) -> String {
 }
 
 fn saved_from_value(v: Option<&Value>) -> Result<Read, String> {
-    let Some(v) = v.filter(|v| !v.is_null()) else {
-        return Ok(Read {
+    match v.filter(|v| !v.is_null()) {
+        None => Ok(Read {
             state: HandleState::default(),
             flush: None,
-        });
-    };
-    let o = v;
+        }),
+        // Every reason to refuse is worded once, here.
+        Some(o) => read_state(o).map_err(|why| refuse(&why)),
+    }
+}
+
+/// The state as read, or why it is refused.
+fn read_state(o: &Value) -> Result<Read, String> {
     if !o.is_object() {
-        return Err(refuse("not an object"));
+        return Err("not an object".into());
     }
     match o.get("v").and_then(Json::as_u64) {
         Some(STATE_FORMAT) => {}
         Some(n) => {
-            return Err(refuse(&cat(&[
+            return Err(cat(&[
                 "format ",
                 &unsigned(n),
                 "; this build reads format ",
                 &unsigned(STATE_FORMAT),
-            ])));
+            ]));
         }
-        None => return Err(refuse("no format version")),
+        None => return Err("no format version".into()),
     }
-    let open = o
-        .get("open")
-        .and_then(Json::as_bool)
-        .ok_or_else(|| refuse("`open` is missing"))?;
+    let open = o.get("open").and_then(Json::as_bool).ok_or("`open` is missing")?;
     let sticky = match field(o, "sticky") {
         None => None,
         Some(s) => Some(
             s.as_str()
                 .and_then(Cause::from_label)
-                .ok_or_else(|| refuse("`sticky` is not a cause"))?,
+                .ok_or("`sticky` is not a cause")?,
         ),
     };
     let capture = match field(o, "capture") {
         None => None,
-        Some(c) => Some(match event_from_value(c).map_err(|e| refuse(&e))? {
+        Some(c) => Some(match event_from_value(c)? {
             Event::Captured(r) => CaptureReport::Captured(r),
             Event::CaptureFailed { failure, error } => CaptureReport::Failed { failure, error },
-            _ => return Err(refuse("`capture` is not a capture")),
+            _ => return Err("`capture` is not a capture".into()),
         }),
     };
     let flush = match field(o, "flush") {
         None => None,
         Some(f) => {
             if !f.is_object() {
-                return Err(refuse("`flush` is not an object"));
+                return Err("`flush` is not an object".into());
             }
-            let start = start_from_value(f.get("start").unwrap_or(&Json::Null)).map_err(|e| refuse(&e))?;
+            let start = start_from_value(f.get("start").unwrap_or(&Json::Null))?;
             let events = match f.get("events") {
-                Some(Json::Arr(items)) => try_map(items, |e| event_from_value(e).map_err(|e| refuse(&e)))?,
-                _ => return Err(refuse("`events` is not a list")),
+                Some(Json::Arr(items)) => try_map(items, event_from_value)?,
+                _ => return Err("`events` is not a list".into()),
             };
             Some((start, events))
         }
@@ -424,31 +397,26 @@ fn saved_from_value(v: Option<&Value>) -> Result<Read, String> {
     })
 }
 
-/// Rebuild the handle: its state across batches, then the running flush,
-/// by replaying that flush's inputs; and the state to write back.
-fn restore(read: Read) -> Result<(Handle, Saved), String> {
+/// The handle rebuilt from the state: its state across batches, then the
+/// running flush, by replaying that flush's inputs. Also the fields of the
+/// state that flush started from, and its events as wire values, which is
+/// what the state keeps while the flush runs.
+type Restored = (Handle, v::Obj, Vec<Value>);
+
+fn restore(read: Read) -> Result<Restored, String> {
     // The flush's effects on the handle are replayed too, so the replay
     // starts from the state the flush started from.
-    let mut handle = Handle::with_state(read.state.clone());
-    let flush = match read.flush {
-        None => None,
-        Some((start, events)) => {
-            handle.start(start.clone()).map_err(|e| refuse(&e.message()))?;
-            let mut values = Vec::with_capacity(events.len());
-            for e in events {
-                values.push(event_to_value(&e));
-                handle.handle(e).map_err(|e| refuse(&e.message()))?;
-            }
-            Some((start, values))
+    let base = handle_fields(&read.state);
+    let mut handle = Handle::with_state(read.state);
+    let mut values = Vec::new();
+    if let Some((start, events)) = read.flush {
+        handle.start(start).map_err(|e| refuse(&e.message()))?;
+        for e in events {
+            values.push(event_to_value(&e));
+            handle.handle(e).map_err(|e| refuse(&e.message()))?;
         }
-    };
-    Ok((
-        handle,
-        Saved {
-            state: read.state,
-            flush,
-        },
-    ))
+    }
+    Ok((handle, base, values))
 }
 
 /// `flush-step-json`: one step of the flush protocol, string in, string out.
@@ -456,38 +424,50 @@ pub fn flush_step_json(request: &str) -> String {
     let run = || -> Result<Value, String> {
         let v = parse(request).map_err(|e| cat(&["invalid JSON: ", &e]))?;
         let obj = object(&v, "the request")?;
-        let (mut handle, mut saved) = restore(saved_from_value(obj.get("state"))?)?;
+        let (mut handle, base, mut events) = restore(saved_from_value(obj.get("state"))?)?;
         if let Some(start) = field(obj, "start") {
-            let start = start_from_value(start)?;
-            handle.start(start.clone()).map_err(|e| e.message())?;
-            saved.flush = Some((start, Vec::new()));
+            // A start is refused while a flush runs, so the new flush has
+            // no events yet.
+            handle.start(start_from_value(start)?).map_err(|e| e.message())?;
         }
         if let Some(event) = field(obj, "event") {
             let event = event_from_value(event)?;
             let value = event_to_value(&event);
+            // Refused when no flush runs: only a running flush keeps events.
             handle.handle(event).map_err(|e| e.message())?;
-            match saved.flush.as_mut() {
-                Some((_, events)) => events.push(value),
-                None => return Err("an event, but no flush was started".into()),
-            }
+            events.push(value);
         }
         let step = handle.poll();
-        // Once a flush is done, the handle's new state is the base for the
-        // next one; while it runs, the base stays and its inputs are kept.
-        if !handle.in_flush() {
-            saved = Saved {
-                state: handle.state().clone(),
-                flush: None,
-            };
-        }
-        Ok(v::obj(vec![
-            ("state", saved_to_value(saved)),
-            ("step", step.as_ref().map_or(Json::Null, step_to_value)),
-        ]))
+        // While a flush runs, the state it started from stays and its
+        // inputs are kept; once it is done, the handle's new state is the
+        // base for the next one.
+        let state = match handle.running() {
+            Some(start) => {
+                let mut flush = v::Obj::new();
+                flush.field("start", start_to_value(start));
+                flush.field("events", Json::Arr(events));
+                let mut state = base;
+                state.field("flush", flush.done());
+                state
+            }
+            None => {
+                let mut state = handle_fields(handle.state());
+                state.field("flush", Json::Null);
+                state
+            }
+        };
+        let mut answer = v::Obj::new();
+        answer.field("state", state.done());
+        answer.field(
+            "step",
+            match &step {
+                Some(step) => step_to_value(step),
+                None => Json::Null,
+            },
+        );
+        Ok(answer.done())
     };
-    run()
-        .unwrap_or_else(|e| v::obj(vec![("error", Json::Str(e))]))
-        .to_text()
+    run().unwrap_or_else(v::error).to_text()
 }
 
 /// An event from its wire text (for hosts and tests that speak the wire).
