@@ -172,11 +172,13 @@ fn an_injected_open_failure_diverts_as_disk() {
 
 #[test]
 fn negative_controls_do_not_divert() {
-    // locked, briefly: retried and persisted.
+    // locked, briefly (past the stall window, under which a lock is waited
+    // out below the policy): retried and persisted.
     let home = Home::new();
     let mut store = home.store();
     assert!(store.append_batch(&sid("s1"), &batch("a", 1)).persisted);
-    let t = hold_write_lock(&home, std::time::Duration::from_millis(300));
+    let stall = StoreOptions::default().lock_stall;
+    let t = hold_write_lock(&home, stall + std::time::Duration::from_millis(300));
     let out = store.append_batch(&sid("s1"), &batch("b", 1));
     t.join().unwrap();
     assert_eq!((out.persisted, out.cause), (true, Some(Cause::Locked)));

@@ -296,7 +296,9 @@ impl SessionStore {
             .iter()
             .zip(&result.each)
             .map(|(&(i, _), local)| {
-                let elapsed_ms = members[i].flush.elapsed_ms();
+                // The policy's patience counts time without progress: a lock
+                // that passed between other writers meanwhile does not spend it.
+                let elapsed_ms = self.lock_watch.stalled_ms(members[i].flush.started);
                 let failure = match (local, &result.group) {
                     (Some(own), _) => failure_of_write(own, elapsed_ms),
                     (None, Some(all)) => failure_of_write(all, elapsed_ms),

@@ -19,6 +19,7 @@ mod backend;
 mod edit;
 mod group;
 pub mod index;
+mod lockwait;
 pub(crate) mod rows;
 pub mod schema;
 mod shared;
@@ -61,6 +62,10 @@ pub struct StoreOptions {
     pub synchronous: Synchronous,
     /// Kept small: the policy's retry plan, not SQLite's busy handler, decides how long to wait.
     pub busy_timeout: Duration,
+    /// How long the write lock may stay taken with no other writer
+    /// committing before a flush's attempt fails as busy. While other
+    /// writers commit, the flush waits for its turn (`lockwait`).
+    pub lock_stall: Duration,
     /// Name of this writer in the turn lease.
     pub holder: String,
     pub lease_ttl: Duration,
@@ -78,6 +83,7 @@ impl Default for StoreOptions {
         StoreOptions {
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_millis(10),
+            lock_stall: Duration::from_millis(1000),
             holder: format!("pid-{}", std::process::id()),
             lease_ttl: Duration::from_secs(30),
             read_only: false,
@@ -153,6 +159,8 @@ pub struct SessionStore {
     quarantined: Option<Connection>,
     counters: Counters,
     sessions: HashMap<String, SessionState>,
+    /// What the flushes saw of the write lock while they waited for it.
+    lock_watch: lockwait::LockWatch,
 }
 
 /// Wall-clock milliseconds (leases and row times cross processes).
@@ -189,6 +197,7 @@ impl SessionStore {
             quarantined: None,
             counters: Counters::default(),
             sessions: HashMap::new(),
+            lock_watch: lockwait::LockWatch::new(),
         };
         if let Err(failure) = s.ensure_open() {
             s.open_failure = Some(failure);
@@ -515,7 +524,21 @@ pub fn open_read_only(db: &Path) -> rusqlite::Result<Connection> {
 /// Configure a connection the way every turnsafe writer does: busy timeout,
 /// foreign keys, schema (which stamps the generation before WAL), WAL, and
 /// `synchronous`.
+///
+/// Writers that open a new home together meet each other's schema
+/// creation and switch to WAL: a step refused for the lock is tried again,
+/// spaced out, while other writers commit, and for a quarter of
+/// `opts.lock_stall` without (every open attempt waits anew), before the
+/// open fails and the policy decides.
 pub fn configure(conn: &Connection, opts: &StoreOptions) -> rusqlite::Result<()> {
+    let mut watch = lockwait::LockWatch::new();
+    let (since, pace) = (Instant::now(), lockwait::Pace::Backoff);
+    lockwait::wait_while_busy(conn, &mut watch, since, opts.lock_stall / 4, pace, || {
+        configure_once(conn, opts)
+    })
+}
+
+fn configure_once(conn: &Connection, opts: &StoreOptions) -> rusqlite::Result<()> {
     conn.busy_timeout(opts.busy_timeout)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     // One plan per statement, whatever the bound values: otherwise the

@@ -92,10 +92,20 @@ impl SessionStore {
         let ttl_ms = self.opts.lease_ttl.as_millis() as i64;
         let holder = self.opts.holder.as_str();
         let savepoints = batches.len() > 1;
+        let watch = &mut self.lock_watch;
+        let (stall, busy_timeout) = (self.opts.lock_stall, self.opts.busy_timeout);
+        // The lock wait gives up when no other writer has committed for the
+        // stall window since the longest-waiting batch started.
+        let since = batches
+            .iter()
+            .map(|(flush, _)| flush.started)
+            .min()
+            .unwrap_or_else(std::time::Instant::now);
 
         let result = (|| -> Result<(), Stop> {
             // Every statement of the hot path is prepared once per connection.
-            conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+            // The lock is waited for while other writers commit (`lockwait`).
+            super::lockwait::begin_immediate(conn, watch, since, stall, busy_timeout)?;
             // Under the write lock: is this still the generation we opened?
             if let Some(g) = guard.as_mut() {
                 match g.check(conn) {
