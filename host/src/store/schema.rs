@@ -235,8 +235,12 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
         )?;
         conn.execute_batch(&format!("PRAGMA user_version = {VERSION}"))
     })();
-    match result {
-        Ok(()) => conn.execute_batch("COMMIT"),
+    // A COMMIT refused for the lock (a new file is still in rollback mode,
+    // where committing waits for every reader to finish) leaves the
+    // transaction open, holding a lock that keeps every other writer out:
+    // roll back whatever is still open, so the open can be tried again.
+    match result.and_then(|()| conn.execute_batch("COMMIT")) {
+        Ok(()) => Ok(()),
         Err(e) => {
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
