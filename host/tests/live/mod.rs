@@ -18,10 +18,15 @@ pub struct Live {
 
 impl Live {
     pub fn start(home: &std::path::Path, session: &str) -> Live {
+        Live::start_with(home, session, &[])
+    }
+    /// With more `turnsafe append` arguments (`--holder`, `--lease-ttl`, ...).
+    pub fn start_with(home: &std::path::Path, session: &str, args: &[&str]) -> Live {
         let mut child = Command::new(bin())
             .args(["append", "--home"])
             .arg(home)
             .args(["--session", session])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -37,6 +42,15 @@ impl Live {
         let mut out = String::new();
         self.stdout.read_line(&mut out).unwrap();
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    }
+    /// The process id, to kill it.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    /// SIGKILL, and reap.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
     }
     pub fn finish(self) -> i32 {
         drop(self.stdin);
