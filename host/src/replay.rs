@@ -222,9 +222,18 @@ impl Target for Sqlite {
     }
     fn insert(&mut self, session: &str, uid: &str, seq: Option<i64>, row: &Row<'_>) -> Result<bool, ReplayError> {
         let conn = &self.conn;
+        // A line goes back to its place unless another message holds it
+        // (a writer that diverted it while another writer of the session
+        // committed there): then, as a line without a place, at the end.
+        let taken = |s: i64| {
+            conn.prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND seq = ?2 LIMIT 1")?
+                .query_row(params![session, s], |_| Ok(()))
+                .optional()
+                .map(|found| found.is_some())
+        };
         let seq = match seq {
-            Some(s) => s,
-            None => conn
+            Some(s) if !taken(s)? => s,
+            _ => conn
                 .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = ?1")?
                 .query_row([session], |r| r.get(0))?,
         };

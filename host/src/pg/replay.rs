@@ -94,8 +94,13 @@ impl Target for PgTarget {
         let inserted = self
             .client
             .query_opt(
+                // Back to its place unless another message holds it; then at the end.
                 "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
-                 VALUES ($1, $2, COALESCE($3, (SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = $1)), \
+                 VALUES ($1, $2, \
+                         CASE WHEN $3::bigint IS NOT NULL \
+                               AND NOT EXISTS (SELECT 1 FROM messages WHERE session_id = $1 AND seq = $3::bigint) \
+                              THEN $3::bigint \
+                              ELSE (SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = $1) END, \
                          $4, $5, $6, $7) \
                  ON CONFLICT (session_id, uid) DO NOTHING RETURNING uid",
                 &[

@@ -69,13 +69,20 @@ impl SessionStore {
                 each,
             };
         };
-        // A handle's first write to a session learns which seqs diverted
-        // lines already hold, so replay can put them back in place.
+        // Transcript positions belong to the session's lease holder. A
+        // writer about to take the lease (its first batch, or a takeover)
+        // learns which seqs diverted lines already hold, other writers'
+        // included, so it never commits over them and replay can put them
+        // back in place.
+        let mut promised: HashMap<String, i64> = HashMap::new();
         for (flush, _) in batches {
             let session = flush.session.as_str();
-            if self.sessions.get(session).is_none_or(|s| s.next_seq.is_none()) {
-                let promised = self.divert_max_seq(session).map(|m| m + 1);
-                self.sessions.entry(session.to_string()).or_default().next_seq = promised;
+            let holds_lease = self.sessions.get(session).is_some_and(|s| s.lease_token.is_some());
+            if !holds_lease
+                && !promised.contains_key(session)
+                && let Some(max) = self.divert_max_seq(session)
+            {
+                promised.insert(session.to_string(), max + 1);
             }
         }
         // What each session will know once the COMMIT succeeds; thrown away if it does not.
@@ -86,8 +93,10 @@ impl SessionStore {
                 (id.to_string(), self.sessions.get(id).cloned().unwrap_or_default())
             })
             .collect();
-        // The first seq read for each session, for diverts after a failure.
+        // The first seq read for each session, for diverts after a failure;
+        // and the sessions whose lease another writer holds.
         let mut first_seqs: HashMap<String, i64> = HashMap::new();
+        let mut fenced: Vec<String> = Vec::new();
         let guard = &mut self.guard;
         let ttl_ms = self.opts.lease_ttl.as_millis() as i64;
         let holder = self.opts.holder.as_str();
@@ -125,7 +134,8 @@ impl SessionStore {
                 }
                 let state = pending.entry(flush.session.as_str().to_string()).or_default();
                 let mut first_seq = None;
-                let written = write_batch(conn, flush, plan, state, holder, ttl_ms, &mut first_seq);
+                let known = promised.get(flush.session.as_str()).copied();
+                let written = write_batch(conn, flush, plan, state, known, holder, ttl_ms, &mut first_seq);
                 if let Some(seq) = first_seq {
                     first_seqs.entry(flush.session.as_str().to_string()).or_insert(seq);
                 }
@@ -134,6 +144,17 @@ impl SessionStore {
                         conn.prepare_cached("RELEASE batch")?.execute([])?;
                     }
                     Ok(()) => {}
+                    // Fenced: the writer has no claim on any position of
+                    // the session (a batch it diverts later, say after the
+                    // guard tripped, carries no seq: replay appends it).
+                    Err(Stop::LeaseLost) if savepoints => {
+                        conn.prepare_cached("ROLLBACK TO batch")?.execute([])?;
+                        conn.prepare_cached("RELEASE batch")?.execute([])?;
+                        state.next_seq = None;
+                        first_seqs.remove(flush.session.as_str());
+                        fenced.push(flush.session.as_str().to_string());
+                        each[k] = Some(WriteFailure::LeaseLost);
+                    }
                     Err(stop) if savepoints && !ends_transaction(conn, &stop) => {
                         conn.prepare_cached("ROLLBACK TO batch")?.execute([])?;
                         conn.prepare_cached("RELEASE batch")?.execute([])?;
@@ -144,7 +165,13 @@ impl SessionStore {
                         }
                         each[k] = Some(stop.into_failure(None));
                     }
-                    Err(stop) => return Err(stop),
+                    Err(stop) => {
+                        if matches!(stop, Stop::LeaseLost) {
+                            first_seqs.remove(flush.session.as_str());
+                            fenced.push(flush.session.as_str().to_string());
+                        }
+                        return Err(stop);
+                    }
                 }
             }
             crate::failpoint::hit("flush.before_commit");
@@ -169,12 +196,16 @@ impl SessionStore {
                     let _ = conn.execute_batch("ROLLBACK");
                 }
                 // The transcript positions read under the lock still tell
-                // the diverts where these messages belong.
+                // the diverts where these messages belong; a fenced writer
+                // has none.
                 for (session, seq) in first_seqs {
                     let state = self.sessions.entry(session).or_default();
                     if state.next_seq.is_none() {
                         state.next_seq = Some(seq);
                     }
+                }
+                for session in fenced {
+                    self.sessions.entry(session).or_default().next_seq = None;
                 }
                 GroupWrite {
                     group: Some(stop.into_failure(errno)),
@@ -234,19 +265,22 @@ fn ends_transaction(conn: &Connection, stop: &Stop) -> bool {
     }
 }
 
-/// One batch's statements, inside the group's transaction: its seqs, the
-/// session's lease, and its rows. `state` learns the lease and the next
-/// seq only when every statement succeeded.
+/// One batch's statements, inside the group's transaction: its seqs (after
+/// any `promised` to diverted lines), the session's lease, and its rows.
+/// `state` learns the lease and the next seq only when every statement
+/// succeeded.
+#[allow(clippy::too_many_arguments)]
 fn write_batch(
     conn: &Connection,
     flush: &Flush<'_>,
     plan: &WritePlan,
     state: &mut SessionState,
+    promised: Option<i64>,
     holder: &str,
     ttl_ms: i64,
     first_seq: &mut Option<i64>,
 ) -> Result<(), Stop> {
-    let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq)?;
+    let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq.max(promised))?;
     *first_seq = Some(seq);
     // Between this transaction's first read and its first write:
     // under BEGIN IMMEDIATE no other writer can commit here.
