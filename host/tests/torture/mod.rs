@@ -1,5 +1,5 @@
-//! The crash torture driver, shared by the test (200 iterations) and the
-//! bench (10,000). Each iteration runs real `turnsafe` processes in a fresh
+//! The crash torture driver, shared by the tests and the bench. Each
+//! iteration runs real `turnsafe` processes in a fresh
 //! home and kills one of them with SIGKILL at an effect boundary
 //! (`TURNSAFE_CRASH_AT=<point>:<n>`), with random delays at every boundary
 //! and, at random, injected WAL write faults so that batches get diverted
@@ -12,6 +12,9 @@
 //! exactly once; any other message at most once. The crash points are
 //! taken in turn, so a run of at least `POINTS.len()` iterations tries
 //! every one.
+//!
+//! One writer here (`crash_torture.rs`, 200 iterations; the `torture`
+//! bench, 10,000); four at once, two of them on one session, in [`multi`].
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,7 +38,21 @@ pub struct Stats {
     pub unacknowledged_stored: u64,
     pub by_point: BTreeMap<&'static str, u64>,
     pub failures: Vec<String>,
+    /// With several writers ([`multi`]): messages resent by the client
+    /// after their batch was handed back or never answered, and then
+    /// acknowledged.
+    pub resent: u64,
+    /// Batches a writer got back with `turn_lease` (fenced).
+    pub fenced: u64,
+    /// Outcomes whose cause was `locked`.
+    pub locked: u64,
+    /// Diverted lines replay settled, and how.
+    pub replayed: u64,
+    pub duplicate_lines: u64,
+    pub quarantined: u64,
 }
+
+pub mod multi;
 
 /// splitmix64: a seeded generator, so `TORTURE_SEED` replays a run.
 pub struct Rng(u64);
@@ -87,20 +104,9 @@ fn append(
     fault_every: Option<u64>,
     retire: bool,
 ) -> (Vec<Value>, bool) {
-    let mut cmd = Command::new(bin());
-    cmd.args(["append", "--session", "s1", "--home"])
-        .arg(home)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    cmd.env("TURNSAFE_JITTER_US", "200");
-    if let Some(k) = fault_every {
-        cmd.args(["--fault-wal-write-every", &k.to_string()]);
-    }
-    if let Some(c) = crash {
-        cmd.env("TURNSAFE_CRASH_AT", c);
-    }
-    let mut child = cmd.spawn().expect("spawn append");
+    let mut child = append_command(home, "s1", crash, fault_every)
+        .spawn()
+        .expect("spawn append");
     let mut stdin = child.stdin.take().expect("stdin");
     let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
     let mut outcomes = Vec::new();
@@ -139,6 +145,26 @@ fn append(
     (outcomes, status.signal() == Some(9))
 }
 
+/// `turnsafe append` on `session`, its stdin and stdout piped, with random
+/// delays at every effect boundary, a crash point (`point:n`) and a WAL
+/// write fault every `fault_every` writes when given.
+fn append_command(home: &Path, session: &str, crash: Option<String>, fault_every: Option<u64>) -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.args(["append", "--session", session, "--home"])
+        .arg(home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    cmd.env("TURNSAFE_JITTER_US", "200");
+    if let Some(k) = fault_every {
+        cmd.args(["--fault-wal-write-every", &k.to_string()]);
+    }
+    if let Some(c) = crash {
+        cmd.env("TURNSAFE_CRASH_AT", c);
+    }
+    cmd
+}
+
 /// Checkpoint what the writer committed into the main file, then delete
 /// the sidecars under it: the generation it holds is retired.
 fn retire_sidecars(home: &Path) {
@@ -166,15 +192,20 @@ fn replay(home: &Path, crash: Option<String>) -> bool {
 }
 
 fn stored_uids(home: &Path) -> Vec<String> {
+    stored(home, "s1").into_iter().map(|(uid, _)| uid).collect()
+}
+
+/// The uid and seq of every message `turnsafe show` reads back for `session`.
+fn stored(home: &Path, session: &str) -> Vec<(String, Option<i64>)> {
     let out = Command::new(bin())
-        .args(["show", "--session", "s1", "--json", "--home"])
+        .args(["show", "--session", session, "--json", "--home"])
         .arg(home)
         .output()
         .expect("show");
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|v| v["data"]["uid"].as_str().map(String::from))
+        .filter_map(|v| Some((v["data"]["uid"].as_str()?.to_string(), v["data"]["seq"].as_i64())))
         .collect()
 }
 

@@ -1,0 +1,453 @@
+//! The crash torture with four writers at once on one home: `s1` and `s2`
+//! have a writer each, `s3` has two, so one of them holds the session's
+//! turn lease and the other is fenced. Each iteration takes the next crash
+//! point, as the one-writer torture does, and arms most of the writers
+//! with it (each dies at its n-th hit of the point), with random delays at
+//! every boundary, WAL write faults for some, and now and then a retired
+//! generation while they run.
+//!
+//! Then the client does what the outcomes tell it to: every batch that was
+//! handed back (fenced) or never answered (killed) is resent with its
+//! uids, by a fresh writer per session that waits out a dead holder's lease
+//! (one second here). The store is reopened, `turnsafe replay` runs (and is
+//! killed first at the replay points), and everything is recounted from
+//! disk:
+//!
+//! - every acknowledged message (persisted, or diverted with a receipt, by
+//!   a writer or at its resend) is stored exactly once, and nothing is
+//!   stored that was not sent or stored twice;
+//! - every diverted line settled as `replayed` or `duplicate`, none
+//!   quarantined, none left pending;
+//! - every outcome adds up, and a fenced batch was handed back, never
+//!   diverted;
+//! - no session holds two messages at one `seq`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::{POINTS, Rng, Stats, append_command, replay, retire_sidecars, stored};
+
+/// The session of each writer.
+pub const WRITERS: [&str; 4] = ["s1", "s2", "s3", "s3"];
+const SESSIONS: [&str; 3] = ["s1", "s2", "s3"];
+/// Every writer's lease TTL (seconds): a killed holder's lease on `s3` is
+/// taken over by the client's resend within the iteration.
+const LEASE_TTL: &str = "1";
+/// How long a resend waits out a lease before it counts as a failure.
+const LEASE_PATIENCE: Duration = Duration::from_secs(5);
+
+struct Batch {
+    session: &'static str,
+    line: String,
+    uids: Vec<String>,
+}
+
+/// What one writer printed before it ended, and whether it was killed.
+struct Ran {
+    outcomes: Vec<Value>,
+    killed: bool,
+}
+
+fn writer_command(home: &Path, w: usize, crash: Option<String>, fault_every: Option<u64>) -> Command {
+    let mut cmd = append_command(home, WRITERS[w], crash, fault_every);
+    cmd.args(["--holder", &format!("w{w}"), "--lease-ttl", LEASE_TTL]);
+    cmd
+}
+
+fn read_outcome(reader: &mut BufReader<ChildStdout>) -> Option<Value> {
+    let mut line = String::new();
+    match reader.read_line(&mut line) {
+        Ok(n) if n > 0 => serde_json::from_str(&line).ok(),
+        _ => None,
+    }
+}
+
+/// Drive one writer: its first batch; then, once every writer has had its
+/// first answer (and the generation may have been retired), the rest,
+/// queued at once.
+fn drive(mut child: Child, lines: Vec<String>, first: mpsc::Sender<()>, go: mpsc::Receiver<()>) -> Ran {
+    let mut stdin: Option<ChildStdin> = child.stdin.take();
+    let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut outcomes = Vec::new();
+    if let (Some(s), Some(l)) = (stdin.as_mut(), lines.first()) {
+        let _ = writeln!(s, "{l}");
+        let _ = s.flush();
+        outcomes.extend(read_outcome(&mut reader));
+    }
+    let _ = first.send(());
+    drop(first);
+    let _ = go.recv();
+    let rest = lines.get(1..).unwrap_or_default().to_vec();
+    let feeder = stdin.take().map(|mut s| {
+        std::thread::spawn(move || {
+            for l in rest {
+                if writeln!(s, "{l}").is_err() {
+                    break;
+                }
+            }
+        })
+    });
+    while let Some(o) = read_outcome(&mut reader) {
+        outcomes.push(o);
+    }
+    if let Some(f) = feeder {
+        let _ = f.join();
+    }
+    let status = child.wait().expect("wait");
+    Ran {
+        outcomes,
+        killed: status.signal() == Some(9),
+    }
+}
+
+/// A writer with no crash point and no faults: the client resending.
+struct Client {
+    child: Child,
+    stdin: ChildStdin,
+    reader: BufReader<ChildStdout>,
+}
+
+impl Client {
+    fn start(home: &Path, session: &str) -> Client {
+        let mut cmd = append_command(home, session, None, None);
+        cmd.args(["--holder", "client", "--lease-ttl", LEASE_TTL]);
+        let mut child = cmd.spawn().expect("spawn append");
+        let stdin = child.stdin.take().expect("stdin");
+        let reader = BufReader::new(child.stdout.take().expect("stdout"));
+        Client { child, stdin, reader }
+    }
+    fn send(&mut self, line: &str) -> Option<Value> {
+        writeln!(self.stdin, "{line}").ok()?;
+        self.stdin.flush().ok()?;
+        read_outcome(&mut self.reader)
+    }
+    fn finish(self) {
+        drop(self.stdin);
+        let mut child = self.child;
+        let _ = child.wait();
+    }
+}
+
+fn acknowledged(o: &Value) -> bool {
+    o["persisted"] == true || o["receipt"].is_object()
+}
+
+/// What every outcome must say, whatever happened.
+fn check_outcome(what: &str, batch: &Batch, o: &Value, stats: &mut Stats) {
+    let n = batch.uids.len() as u64;
+    let count = |k: &str| o[k].as_u64().unwrap_or(u64::MAX);
+    let mut bad = |why: &str| stats.failures.push(format!("{what}: {why}: {o}"));
+    if o["uids"] != json!(batch.uids) {
+        bad("the outcome names other uids");
+    }
+    if count("committed")
+        .saturating_add(count("diverted"))
+        .saturating_add(count("handed_back"))
+        != n
+    {
+        bad("committed + diverted + handed_back is not the batch");
+    }
+    if o["persisted"] == true && count("committed") != n {
+        bad("persisted, but not all committed");
+    }
+    if o["receipt"].is_object() && count("diverted") != n {
+        bad("a receipt, but not all diverted");
+    }
+    if o["cause"] == "turn_lease" && (count("handed_back") != n || !o["receipt"].is_null()) {
+        bad("fenced, but not handed back whole");
+    }
+    if o["cause"] == "turn_lease" {
+        stats.fenced += 1;
+    }
+    if o["cause"] == "locked" {
+        stats.locked += 1;
+    }
+}
+
+/// One iteration of four writers.
+pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path();
+    // The points in turn, and the n-th hit going 1, 2, 3 from round to
+    // round, as in the one-writer torture.
+    let round = i / POINTS.len() as u64;
+    let point = POINTS[(i % POINTS.len() as u64) as usize];
+    let n = 1 + round % 3;
+    let crash = format!("{point}:{n}");
+    let replay_point = point.starts_with("replay.");
+    let needs_faults = point.starts_with("divert.") || replay_point;
+    let faulty = needs_faults || (n > 1 && rng.below(3) != 0);
+    let retire = point.starts_with("capture.") || rng.below(8) == 0;
+    // Most writers die at the point (at least one); at a replay point, the
+    // replay does.
+    let mut armed: Vec<bool> = (0..WRITERS.len()).map(|_| !replay_point && rng.below(4) != 0).collect();
+    if !replay_point && !armed.contains(&true) {
+        armed[rng.below(WRITERS.len() as u64) as usize] = true;
+    }
+    let faults: Vec<Option<u64>> = (0..WRITERS.len())
+        .map(|_| (faulty && (needs_faults || rng.below(2) == 0)).then(|| 5 + rng.below(10)))
+        .collect();
+    let batches: Vec<Vec<Batch>> = WRITERS
+        .iter()
+        .enumerate()
+        .map(|(w, session)| {
+            (0..2 + rng.below(4))
+                .map(|b| {
+                    let uids: Vec<String> = (0..1 + rng.below(3)).map(|m| format!("i{i}-w{w}-b{b}-m{m}")).collect();
+                    let msgs: Vec<Value> = uids
+                        .iter()
+                        .map(|u| json!({"role": "user", "content": format!("iteration {i} {u}"), "uid": u}))
+                        .collect();
+                    Batch {
+                        session,
+                        line: Value::Array(msgs).to_string(),
+                        uids,
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let sent: BTreeSet<&str> = batches
+        .iter()
+        .flatten()
+        .flat_map(|b| b.uids.iter().map(String::as_str))
+        .collect();
+    let label = format!("iteration {i} ({crash}, armed {armed:?}, faults {faults:?}, retire {retire})");
+
+    // All four at once.
+    let (first_tx, first_rx) = mpsc::channel();
+    let mut gos = Vec::new();
+    let mut drivers = Vec::new();
+    for (w, writer_batches) in batches.iter().enumerate() {
+        let child = writer_command(home, w, armed[w].then(|| crash.clone()), faults[w])
+            .spawn()
+            .expect("spawn append");
+        let (go_tx, go_rx) = mpsc::channel();
+        gos.push(go_tx);
+        let lines = writer_batches.iter().map(|b| b.line.clone()).collect();
+        let first = first_tx.clone();
+        drivers.push(std::thread::spawn(move || drive(child, lines, first, go_rx)));
+    }
+    drop(first_tx);
+    for _ in 0..WRITERS.len() {
+        let _ = first_rx.recv();
+    }
+    if retire {
+        retire_sidecars(home);
+    }
+    for go in gos {
+        let _ = go.send(());
+    }
+    let runs: Vec<Ran> = drivers.into_iter().map(|d| d.join().expect("writer driver")).collect();
+
+    let mut acked: BTreeSet<&str> = BTreeSet::new();
+    let mut pending: BTreeMap<&str, Vec<&Batch>> = BTreeMap::new();
+    for (w, run) in runs.iter().enumerate() {
+        if run.killed {
+            stats.kills += 1;
+            *stats.by_point.entry(point).or_default() += 1;
+        }
+        for (b, batch) in batches[w].iter().enumerate() {
+            match run.outcomes.get(b) {
+                Some(o) => {
+                    check_outcome(&format!("{label} writer {w} batch {b}"), batch, o, stats);
+                    if acknowledged(o) {
+                        acked.extend(batch.uids.iter().map(String::as_str));
+                    } else {
+                        pending.entry(batch.session).or_default().push(batch);
+                    }
+                }
+                None => pending.entry(batch.session).or_default().push(batch),
+            }
+        }
+    }
+
+    // The client resends what it got back or never heard of, with its uids.
+    let mut resent: BTreeSet<&str> = BTreeSet::new();
+    for (session, list) in &pending {
+        let mut client = Client::start(home, session);
+        for batch in list {
+            let since = Instant::now();
+            loop {
+                let Some(o) = client.send(&batch.line) else {
+                    stats
+                        .failures
+                        .push(format!("{label}: the resending writer of {session} died"));
+                    break;
+                };
+                check_outcome(&format!("{label} resend to {session}"), batch, &o, stats);
+                if acknowledged(&o) {
+                    resent.extend(batch.uids.iter().map(String::as_str));
+                    break;
+                }
+                if o["cause"] == "turn_lease" && since.elapsed() < LEASE_PATIENCE {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                stats
+                    .failures
+                    .push(format!("{label}: resend to {session} not persisted: {o}"));
+                break;
+            }
+        }
+        client.finish();
+    }
+
+    // Reopen the store (recovers the WAL), then replay; a replay crash
+    // point kills the first replay, and a second one finishes the job.
+    let _ = super::append(home, &[], None, None, false);
+    if replay_point && replay(home, Some(crash.clone())) {
+        stats.kills += 1;
+        *stats.by_point.entry(point).or_default() += 1;
+    }
+    replay(home, None);
+    check_settled(home, &label, stats);
+
+    // Recount from disk.
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for session in SESSIONS {
+        let rows = stored(home, session);
+        let mut seqs: BTreeMap<i64, u64> = BTreeMap::new();
+        for (uid, seq) in rows {
+            *counts.entry(uid).or_default() += 1;
+            if let Some(s) = seq {
+                *seqs.entry(s).or_default() += 1;
+            }
+        }
+        let shared: Vec<i64> = seqs.iter().filter(|(_, c)| **c > 1).map(|(s, _)| *s).collect();
+        if !shared.is_empty() {
+            stats
+                .failures
+                .push(format!("{label}: {session} holds two messages at seq {shared:?}"));
+        }
+    }
+    stats.iterations += 1;
+    stats.sent += sent.len() as u64;
+    stats.acknowledged += acked.len() as u64;
+    stats.resent += resent.difference(&acked).count() as u64;
+    for u in acked.union(&resent) {
+        match counts.get(*u).copied().unwrap_or(0) {
+            1 => {}
+            0 => {
+                stats.lost += 1;
+                stats.failures.push(format!("{label}: acknowledged {u} lost"));
+            }
+            c => {
+                stats.duplicated += 1;
+                stats
+                    .failures
+                    .push(format!("{label}: acknowledged {u} stored {c} times"));
+            }
+        }
+    }
+    for (u, c) in &counts {
+        if !sent.contains(u.as_str()) {
+            stats.failures.push(format!("{label}: stored {u} was never sent"));
+        } else if !acked.contains(u.as_str()) && !resent.contains(u.as_str()) {
+            stats.unacknowledged_stored += 1;
+            if *c > 1 {
+                stats.duplicated += 1;
+                stats
+                    .failures
+                    .push(format!("{label}: unacknowledged {u} stored {c} times"));
+            }
+        }
+    }
+}
+
+/// After the last replay: every diverted line settled as replayed or
+/// duplicate in the ledger, nothing quarantined, nothing left pending.
+fn check_settled(home: &Path, label: &str, stats: &mut Stats) {
+    let sessions = home.join("sessions");
+    if let Ok(text) = std::fs::read_to_string(sessions.join("ledger.jsonl")) {
+        for line in text.lines() {
+            let Ok(entry) = serde_json::from_str::<Value>(line) else {
+                stats
+                    .failures
+                    .push(format!("{label}: a ledger line is not JSON: {line}"));
+                continue;
+            };
+            match entry["state"].as_str() {
+                Some("replayed") => stats.replayed += 1,
+                Some("duplicate") => stats.duplicate_lines += 1,
+                _ => {
+                    stats.quarantined += 1;
+                    stats
+                        .failures
+                        .push(format!("{label}: a diverted line was not replayed: {entry}"));
+                }
+            }
+        }
+    }
+    // A writer killed after creating its divert file and before writing to
+    // it leaves the file empty: no line, nothing to replay (replay leaves
+    // a file without a divert line alone, as another runtime's).
+    let holds_a_line = |p: &Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v["uid"].is_string()))
+    };
+    let left: Vec<String> = std::fs::read_dir(&sessions)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| holds_a_line(&e.path()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".jsonl") && n != "ledger.jsonl")
+        .chain(
+            std::fs::read_dir(sessions.join("settling"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| format!("settling/{}", e.file_name().to_string_lossy())),
+        )
+        .collect();
+    if !left.is_empty() {
+        stats
+            .failures
+            .push(format!("{label}: divert files left pending: {left:?}"));
+    }
+}
+
+/// `iterations` iterations from `seed`, with a summary printed.
+pub fn run(iterations: u64, seed: u64) -> Stats {
+    println!(
+        "multi-writer torture: {} writers on sessions {WRITERS:?}, seed {seed} (replay with TORTURE_SEED={seed}), {iterations} iterations",
+        WRITERS.len()
+    );
+    let started = Instant::now();
+    let mut rng = Rng::new(seed);
+    let mut stats = Stats::default();
+    for i in 0..iterations {
+        iteration(i, &mut rng, &mut stats);
+    }
+    println!(
+        "multi-writer torture: iterations {}, kills {}, messages sent {}, acknowledged {}, resent and acknowledged {}, \
+         lost {}, duplicated {}, unacknowledged but stored {}; batches fenced {}, outcomes locked {}; \
+         diverted lines replayed {}, duplicate {}, quarantined {}; seed {seed}; {:.1} s",
+        stats.iterations,
+        stats.kills,
+        stats.sent,
+        stats.acknowledged,
+        stats.resent,
+        stats.lost,
+        stats.duplicated,
+        stats.unacknowledged_stored,
+        stats.fenced,
+        stats.locked,
+        stats.replayed,
+        stats.duplicate_lines,
+        stats.quarantined,
+        started.elapsed().as_secs_f64()
+    );
+    println!("kills by point: {:?}", stats.by_point);
+    stats
+}
