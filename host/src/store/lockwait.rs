@@ -158,9 +158,9 @@ impl Pace {
         match self {
             Pace::Sliced => Duration::ZERO,
             Pace::Backoff => {
-                let ceiling = 1u64 << tries.clamp(1, 6).saturating_sub(1);
-                let half = ceiling / 2;
-                Duration::from_micros(1000 * half + crate::ids::seed() % (1000 * (ceiling - half) + 1))
+                let ceiling_us = 1000u64 << tries.clamp(1, 6).saturating_sub(1);
+                let half_us = ceiling_us / 2;
+                Duration::from_micros(half_us + crate::ids::seed() % (ceiling_us - half_us + 1))
             }
         }
     }
@@ -220,6 +220,23 @@ mod tests {
             started.elapsed()
         );
         assert!(watch.stalled_ms(started) < 1000, "progress restarted the clock");
+    }
+
+    #[test]
+    fn an_open_backs_off_from_one_to_thirty_two_milliseconds_with_jitter() {
+        for tries in 1..10u32 {
+            let ceiling = 1u64 << (tries.min(6) - 1);
+            let pauses: std::collections::BTreeSet<u64> = (0..200)
+                .map(|_| Pace::Backoff.pause(tries).as_micros() as u64)
+                .collect();
+            let (lo, hi) = (*pauses.first().unwrap(), *pauses.last().unwrap());
+            assert!(
+                lo >= 1000 * ceiling / 2 && hi <= 1000 * ceiling,
+                "try {tries}: {lo}..{hi} µs"
+            );
+            assert!(pauses.len() > 1, "try {tries}: no jitter");
+        }
+        assert_eq!(Pace::Sliced.pause(3), Duration::ZERO);
     }
 
     #[test]
