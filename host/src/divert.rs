@@ -93,6 +93,60 @@ pub struct DivertLine<'a> {
     pub message: &'a Message,
 }
 
+/// The flush machine's divert step for one batch: its lines from
+/// `*next_seq` on (the seq advances past them once the receipt exists),
+/// appended under a fresh batch id. Returns the event to feed back, and
+/// the host's own error when the divert failed.
+pub(crate) fn divert_step(
+    dir: &Path,
+    session: &str,
+    messages: &[Message],
+    uids: &[String],
+    next_seq: &mut Option<i64>,
+    cause: Cause,
+) -> (turnsafe_policy::machine::Event, Option<DivertError>) {
+    use turnsafe_policy::machine::Event;
+    let first_seq = *next_seq;
+    let lines: Vec<DivertLine<'_>> = messages
+        .iter()
+        .zip(uids)
+        .enumerate()
+        .map(|(i, (message, uid))| DivertLine {
+            uid,
+            seq: first_seq.map(|s| s + i as i64),
+            message,
+        })
+        .collect();
+    let n = lines.len();
+    let batch_id = crate::ids::mint();
+    match divert(dir, session, &batch_id, cause, &lines) {
+        Ok(receipt) => {
+            if let Some(s) = first_seq {
+                *next_seq = Some(s + n as i64);
+            }
+            tracing::warn!(session, batch = %batch_id, count = n, cause = cause.label(), "batch diverted");
+            (Event::Diverted(receipt), None)
+        }
+        Err(e) => {
+            tracing::error!(
+                session,
+                path = ?e.path,
+                operation = e.operation,
+                errno = ?e.errno,
+                count = n,
+                cause = cause.label(),
+                "divert failed; batch handed back"
+            );
+            let event = Event::DivertFailed {
+                failure: e.to_failure(),
+                message: e.message.clone(),
+                residue: e.residue.clone(),
+            };
+            (event, Some(e))
+        }
+    }
+}
+
 /// Append `lines` for `session` under `dir`, fsync, and return the receipt.
 pub fn divert(
     dir: &Path,

@@ -10,7 +10,7 @@ use turnsafe_policy::machine::{Event, Failure, FlushReport, FlushStart, Handle, 
 
 use super::{Backend, Batch, Cursor, Lease};
 use crate::capture::CaptureError;
-use crate::divert::{self, DivertError, DivertLine};
+use crate::divert::{self, DivertError};
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 use crate::store::{Counters, SessionId, mint_id};
@@ -263,48 +263,18 @@ impl<B: Backend> Writer<B> {
     }
 
     fn perform_divert(&mut self, batch: &Batch<'_>, cause: Cause, made: &mut Made) -> Event {
-        let n = batch.messages.len();
         let cursor = self.sessions.entry(batch.session.as_str().to_string()).or_default();
-        let first_seq = cursor.next_seq;
-        let lines: Vec<DivertLine<'_>> = batch
-            .messages
-            .iter()
-            .zip(batch.uids)
-            .enumerate()
-            .map(|(i, (m, uid))| DivertLine {
-                uid,
-                seq: first_seq.map(|s| s + i as i64),
-                message: m,
-            })
-            .collect();
         self.counters.diverts += 1;
-        let batch_id = mint_id();
-        match divert::divert(&self.divert_dir, batch.session.as_str(), &batch_id, cause, &lines) {
-            Ok(receipt) => {
-                if let Some(s) = first_seq {
-                    cursor.next_seq = Some(s + n as i64);
-                }
-                tracing::warn!(session = batch.session.as_str(), batch = %batch_id, count = n, cause = cause.label(), "batch diverted");
-                Event::Diverted(receipt)
-            }
-            Err(e) => {
-                tracing::error!(
-                    session = batch.session.as_str(),
-                    operation = e.operation,
-                    errno = ?e.errno,
-                    count = n,
-                    cause = cause.label(),
-                    "divert failed; batch handed back"
-                );
-                let event = Event::DivertFailed {
-                    failure: e.to_failure(),
-                    message: e.message.clone(),
-                    residue: e.residue.clone(),
-                };
-                made.divert_error = Some(e);
-                event
-            }
-        }
+        let (event, error) = divert::divert_step(
+            &self.divert_dir,
+            batch.session.as_str(),
+            batch.messages,
+            batch.uids,
+            &mut cursor.next_seq,
+            cause,
+        );
+        made.divert_error = error;
+        event
     }
 
     /// Give back this writer's lease on `session`.

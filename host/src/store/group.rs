@@ -22,7 +22,7 @@ use turnsafe_policy::machine::{Event, FlushMachine, FlushReport, FlushStart, Han
 
 use super::{Artifacts, Flush, OpenFailure, SessionId, SessionStore, failure_of, failure_of_write, mint_id};
 use crate::capture::CaptureError;
-use crate::divert::{self, DivertLine};
+use crate::divert;
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 
@@ -341,48 +341,17 @@ impl SessionStore {
 
     /// Append one batch to its session's divert file.
     fn perform_divert(&mut self, flush: &Flush<'_>, cause: Cause, made: &mut Artifacts) -> Event {
-        let n = flush.messages.len();
         let state = self.sessions.entry(flush.session.as_str().to_string()).or_default();
-        let first_seq = state.next_seq;
-        let lines: Vec<DivertLine<'_>> = flush
-            .messages
-            .iter()
-            .zip(&flush.uids)
-            .enumerate()
-            .map(|(i, (m, uid))| DivertLine {
-                uid,
-                seq: first_seq.map(|s| s + i as i64),
-                message: m,
-            })
-            .collect();
         self.counters.diverts += 1;
-        let batch_id = mint_id();
-        match divert::divert(&self.divert_dir, flush.session.as_str(), &batch_id, cause, &lines) {
-            Ok(receipt) => {
-                if let Some(s) = first_seq {
-                    state.next_seq = Some(s + n as i64);
-                }
-                tracing::warn!(session = flush.session.as_str(), batch = %batch_id, count = n, cause = cause.label(), "batch diverted");
-                Event::Diverted(receipt)
-            }
-            Err(e) => {
-                tracing::error!(
-                    session = flush.session.as_str(),
-                    path = ?e.path,
-                    operation = e.operation,
-                    errno = ?e.errno,
-                    count = n,
-                    cause = cause.label(),
-                    "divert failed; batch handed back"
-                );
-                let event = Event::DivertFailed {
-                    failure: e.to_failure(),
-                    message: e.message.clone(),
-                    residue: e.residue.clone(),
-                };
-                made.divert_error = Some(e);
-                event
-            }
-        }
+        let (event, error) = divert::divert_step(
+            &self.divert_dir,
+            flush.session.as_str(),
+            flush.messages,
+            &flush.uids,
+            &mut state.next_seq,
+            cause,
+        );
+        made.divert_error = error;
+        event
     }
 }
