@@ -30,6 +30,23 @@ pub enum MessageError {
     Uids,
 }
 
+/// Every message's uid, in batch order, minting one for each message that
+/// came without; and the minted ones, which the outcome lists apart.
+pub fn uids_minting(messages: &[Message]) -> (Vec<String>, Vec<String>) {
+    let mut minted = Vec::new();
+    let uids = messages
+        .iter()
+        .map(|m| {
+            m.uid.clone().unwrap_or_else(|| {
+                let u = crate::ids::mint();
+                minted.push(u.clone());
+                u
+            })
+        })
+        .collect();
+    (uids, minted)
+}
+
 /// Whether `uid` is a usable uid: 1 to 256 bytes.
 pub fn valid_uid(uid: &str) -> bool {
     !uid.is_empty() && uid.len() <= MAX_UID

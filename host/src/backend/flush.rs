@@ -13,7 +13,7 @@ use crate::capture::CaptureError;
 use crate::divert::{self, DivertError};
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
-use crate::store::{Counters, SessionId, mint_id};
+use crate::store::{Counters, SessionId};
 
 /// How a writer takes leases.
 #[derive(Debug, Clone)]
@@ -88,17 +88,7 @@ impl<B: Backend> Writer<B> {
     /// decides every step; this loop performs them.
     pub fn append_batch(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
         let started = Instant::now();
-        let mut minted = Vec::new();
-        let uids: Vec<String> = messages
-            .iter()
-            .map(|m| {
-                m.uid.clone().unwrap_or_else(|| {
-                    let u = mint_id();
-                    minted.push(u.clone());
-                    u
-                })
-            })
-            .collect();
+        let (uids, minted) = crate::message::uids_minting(messages);
         let start = FlushStart {
             session: session.as_str().to_string(),
             uids: uids.clone(),

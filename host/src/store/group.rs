@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use turnsafe_policy::Cause;
 use turnsafe_policy::machine::{Event, FlushMachine, FlushReport, FlushStart, HandleState, Step, WritePlan};
 
-use super::{Artifacts, Flush, OpenFailure, SessionId, SessionStore, failure_of, failure_of_write, mint_id};
+use super::{Artifacts, Flush, OpenFailure, SessionId, SessionStore, failure_of, failure_of_write};
 use crate::capture::CaptureError;
 use crate::divert;
 use crate::message::Message;
@@ -43,17 +43,7 @@ pub(super) struct Member<'a> {
 impl<'a> Member<'a> {
     fn new(session: &'a SessionId, messages: &'a [Message], handle: &HandleState) -> Member<'a> {
         let started = Instant::now();
-        let mut minted = Vec::new();
-        let uids: Vec<String> = messages
-            .iter()
-            .map(|m| {
-                m.uid.clone().unwrap_or_else(|| {
-                    let u = mint_id();
-                    minted.push(u.clone());
-                    u
-                })
-            })
-            .collect();
+        let (uids, minted) = crate::message::uids_minting(messages);
         let start = FlushStart {
             session: session.as_str().to_string(),
             uids: uids.clone(),
