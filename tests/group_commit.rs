@@ -193,3 +193,40 @@ fn threads_on_one_shared_store_share_commits() {
         "the leader's batch alone, then everything that queued behind it"
     );
 }
+
+#[test]
+fn batches_handed_over_without_waiting_share_commits() {
+    let home = Home::new();
+    let counter = faultvfs::count(&home.path().to_string_lossy()).expect("counting VFS");
+    let store = SharedStore::open(home.path(), vfs_opts()).expect("open");
+    assert!(store.append_batch(&sid("warm"), &batch("warm", 1)).persisted);
+    let before = counter.counts().main.write_locks;
+
+    // One thread hands 16 batches over while the store is held: the
+    // committer thread takes what is queued when it starts (it then waits
+    // for the store), and everything else goes in the group after it.
+    const BATCHES: usize = 16;
+    let (tx, rx) = std::sync::mpsc::channel();
+    store.with_store(|_| {
+        for b in 0..BATCHES {
+            let tx = tx.clone();
+            let tag = format!("h{b}");
+            store.append_batch_then(&sid(&tag), batch(&tag, 2), move |out| {
+                let _ = tx.send((b, out));
+            });
+        }
+    });
+    drop(tx);
+    let mut outcomes: Vec<_> = rx.iter().collect();
+    outcomes.sort_by_key(|(b, _)| *b);
+    assert_eq!(outcomes.len(), BATCHES, "every batch called back once");
+    for (b, out) in &outcomes {
+        assert!(out.persisted, "h{b}: {}", out.to_value());
+        assert_eq!(home.rows(&format!("h{b}")).len(), 2);
+    }
+    let transactions = counter.counts().main.write_locks - before;
+    assert!(
+        (1..=2).contains(&transactions),
+        "16 batches handed over took {transactions} transactions"
+    );
+}

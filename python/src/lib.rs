@@ -6,10 +6,10 @@
 //! `turnsafe_store/_errors.py` so they can have two bases and attributes.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
@@ -350,6 +350,84 @@ impl Outcome {
     }
 }
 
+// ---------------------------------------------------------------- Completions
+
+/// Outcomes of batches handed over with `Store._append_then`, for one event
+/// loop: the committing thread queues each under its ticket and makes
+/// `fileno()` readable, and the loop takes them with `drain()`. No thread
+/// of Python's runs in between, so no GIL changes hands for a batch but
+/// the loop's own.
+#[pyclass(frozen, module = "turnsafe_store")]
+struct Completions {
+    lane: Arc<Lane>,
+}
+
+struct Lane {
+    reader: std::io::PipeReader,
+    writer: std::io::PipeWriter,
+    ready: Mutex<Ready>,
+}
+
+#[derive(Default)]
+struct Ready {
+    outcomes: Vec<(u64, Value)>,
+    /// A byte is in the pipe: set with the write, cleared with the read,
+    /// both under the lock, so there is never more than one and a drain
+    /// never waits for one.
+    signalled: bool,
+}
+
+impl Lane {
+    fn ready(&self) -> MutexGuard<'_, Ready> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, ticket: u64, value: Value) {
+        use std::io::Write;
+        let mut ready = self.ready();
+        ready.outcomes.push((ticket, value));
+        if !ready.signalled {
+            ready.signalled = (&self.writer).write_all(&[1]).is_ok();
+        }
+    }
+}
+
+#[pymethods]
+impl Completions {
+    #[new]
+    fn new() -> PyResult<Self> {
+        let (reader, writer) = std::io::pipe().map_err(|e| PyOSError::new_err(e.to_string()))?;
+        Ok(Completions {
+            lane: Arc::new(Lane {
+                reader,
+                writer,
+                ready: Mutex::new(Ready::default()),
+            }),
+        })
+    }
+
+    /// The descriptor that is readable while outcomes are ready.
+    fn fileno(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.lane.reader.as_raw_fd()
+    }
+
+    /// The ready outcomes, `(ticket, Outcome)`, oldest first.
+    fn drain(&self) -> Vec<(u64, Outcome)> {
+        use std::io::Read;
+        let mut ready = self.lane.ready();
+        if ready.signalled {
+            let mut byte = [0u8; 1];
+            let _ = (&self.lane.reader).read(&mut byte);
+            ready.signalled = false;
+        }
+        std::mem::take(&mut ready.outcomes)
+            .into_iter()
+            .map(|(ticket, value)| (ticket, Outcome { value }))
+            .collect()
+    }
+}
+
 // ---------------------------------------------------------------- Store
 
 /// The open store, and the process that opened it: a child of `fork`
@@ -490,6 +568,29 @@ impl Store {
         let store = self.shared(py)?;
         let value = py.detach(move || store.append_batch(&session, &batch).to_value());
         Ok(Outcome { value })
+    }
+
+    /// Hand one batch over without waiting (for an event loop): it joins
+    /// the next group commit, and its outcome reaches `completions` under
+    /// `ticket`. Bad input raises here, before anything is queued.
+    #[pyo3(name = "_append_then", signature = (completions, ticket, session_id, messages, *, uids = None))]
+    fn append_then(
+        &self,
+        py: Python<'_>,
+        completions: &Completions,
+        ticket: u64,
+        session_id: &str,
+        messages: &Bound<'_, PyAny>,
+        uids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let session = parse_session(py, session_id)?;
+        let batch = batch(py, messages, uids)?;
+        let store = self.shared(py)?;
+        let lane = Arc::clone(&completions.lane);
+        py.detach(move || {
+            store.append_batch_then(&session, batch, move |outcome| lane.push(ticket, outcome.to_value()));
+        });
+        Ok(())
     }
 
     /// The newest `limit` messages of the session (all with `None`), in
@@ -701,6 +802,7 @@ fn search<'py>(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<Outcome>()?;
+    m.add_class::<Completions>()?;
     m.add_function(wrap_pyfunction!(replay, m)?)?;
     m.add_function(wrap_pyfunction!(doctor, m)?)?;
     m.add_function(wrap_pyfunction!(search, m)?)?;

@@ -8,18 +8,28 @@
 //! runs wait for the next one. Each caller gets its outcome only after the
 //! commit that made its batch durable, or after its batch settled
 //! otherwise (diverted with its own receipt, or handed back).
+//!
+//! A caller that must not block (an event loop) hands its batch over with
+//! [`SharedStore::append_batch_then`] and is called back with the outcome.
+//! Nobody waits for such a batch, so the store keeps one committer thread
+//! of its own, started at the first such batch, that leads the groups no
+//! waiting caller leads. It never holds a handle: when the last
+//! [`SharedStore`] is dropped it commits what is queued, calls every
+//! callback, and ends before the drop returns, so the database is closed
+//! (and the leases given back) by then, as without it.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use super::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES, SessionId, SessionStore, StoreError, StoreOptions};
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 
 /// A handle on a turnsafe home that many threads share.
-#[derive(Clone)]
 pub struct SharedStore {
     home: PathBuf,
     inner: Arc<Inner>,
@@ -30,6 +40,13 @@ struct Inner {
     queue: Mutex<Queue>,
     /// Signalled whenever a group settles.
     settled: Condvar,
+    /// Signalled for the committer thread: a batch nobody waits for was
+    /// queued, a group ended with batches still waiting, or the last handle
+    /// is gone.
+    work: Condvar,
+    /// [`SharedStore`] values alive (the committer thread holds none).
+    handles: AtomicUsize,
+    committer: Mutex<Option<JoinHandle<()>>>,
 }
 
 #[derive(Default)]
@@ -40,12 +57,55 @@ struct Queue {
     /// A caller is committing a group.
     leading: bool,
     next_ticket: u64,
+    /// The committer thread was started (and has not ended).
+    committer: bool,
+    /// The last handle is gone: the committer ends once nothing waits.
+    closing: bool,
+}
+
+/// Who takes a batch's outcome.
+enum Reply {
+    /// A caller blocked in [`SharedStore::append_batch`], from `done`.
+    Waiting,
+    /// A caller that went on: called on the thread that committed the group.
+    Then(Box<dyn FnOnce(FlushOutcome) + Send>),
 }
 
 struct Queued {
     ticket: u64,
     session: SessionId,
     messages: Vec<Message>,
+    reply: Reply,
+}
+
+impl Clone for SharedStore {
+    fn clone(&self) -> SharedStore {
+        self.inner.handles.fetch_add(1, Ordering::Relaxed);
+        SharedStore {
+            home: self.home.clone(),
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl Drop for SharedStore {
+    /// The last handle ends the committer thread after it has committed
+    /// every batch handed over and called back, so nothing queued is lost
+    /// and the store closes here, not later on another thread.
+    fn drop(&mut self) {
+        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        self.inner.queue().closing = true;
+        self.inner.work.notify_all();
+        let committer = self.inner.committer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(thread) = committer
+            && thread.thread().id() != std::thread::current().id()
+        {
+            // A panic on that thread was already caught per group and per callback.
+            let _ = thread.join();
+        }
+    }
 }
 
 impl SharedStore {
@@ -58,6 +118,9 @@ impl SharedStore {
                 store: Mutex::new(store),
                 queue: Mutex::new(Queue::default()),
                 settled: Condvar::new(),
+                work: Condvar::new(),
+                handles: AtomicUsize::new(1),
+                committer: Mutex::new(None),
             }),
         })
     }
@@ -66,44 +129,158 @@ impl SharedStore {
         &self.home
     }
 
-    /// The store, even after a caller panicked while holding it: every
-    /// flush runs its own machines, so the handle stays sound.
-    fn lock(&self) -> MutexGuard<'_, SessionStore> {
-        self.inner.store.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.inner.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Flush one batch, committed together with the batches other threads
     /// send meanwhile; see [`SessionStore::append_group`] for what a group
     /// guarantees each batch.
     pub fn append_batch(&self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
-        let mut queue = self.queue();
-        let ticket = queue.next_ticket;
-        queue.next_ticket += 1;
-        queue.waiting.push_back(Queued {
-            ticket,
-            session: session.clone(),
-            messages: messages.to_vec(),
-        });
+        let inner = &*self.inner;
+        let mut queue = inner.queue();
+        let ticket = queue.push(session, messages.to_vec(), Reply::Waiting);
         loop {
             if let Some(outcome) = queue.done.remove(&ticket) {
                 return outcome;
             }
-            if queue.leading {
-                queue = self.inner.settled.wait(queue).unwrap_or_else(|p| p.into_inner());
-                continue;
+            queue = if queue.leading {
+                inner.settled.wait(queue).unwrap_or_else(|p| p.into_inner())
+            } else {
+                inner.lead(queue)
+            };
+        }
+    }
+
+    /// Hand one batch over without waiting: it joins the next group commit
+    /// like any other, and `then` is called with its outcome on the thread
+    /// that committed the group (never on the caller's, never before this
+    /// returns), exactly once. The batch is committed, diverted or handed
+    /// back even if every handle is dropped meanwhile.
+    ///
+    /// `then` runs while other callers may be waiting for the next group:
+    /// it should only pass the outcome on.
+    pub fn append_batch_then(
+        &self,
+        session: &SessionId,
+        messages: Vec<Message>,
+        then: impl FnOnce(FlushOutcome) + Send + 'static,
+    ) {
+        let inner = &self.inner;
+        let mut queue = inner.queue();
+        queue.push(session, messages, Reply::Then(Box::new(then)));
+        if queue.committer {
+            if !queue.leading {
+                inner.work.notify_one();
             }
-            queue.leading = true;
-            let group = take_group(&mut queue.waiting);
-            drop(queue);
-            let outcomes = self.commit(&group);
-            queue = self.queue();
-            queue.done.extend(group.iter().map(|q| q.ticket).zip(outcomes));
-            queue.leading = false;
-            self.inner.settled.notify_all();
+            return;
+        }
+        let worker = Arc::clone(inner);
+        let spawned = std::thread::Builder::new()
+            .name("turnsafe-commit".into())
+            .spawn(move || worker.run_committer());
+        match spawned {
+            Ok(thread) => {
+                queue.committer = true;
+                drop(queue);
+                *inner.committer.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
+            }
+            Err(e) => {
+                // No thread to be had (a process at its thread limit): commit
+                // here rather than leave the batch waiting for nobody.
+                tracing::warn!(error = %e, "no committer thread; committing on the caller's thread");
+                while !queue.waiting.is_empty() || queue.leading {
+                    queue = if queue.leading {
+                        inner.settled.wait(queue).unwrap_or_else(|p| p.into_inner())
+                    } else {
+                        inner.lead(queue)
+                    };
+                }
+            }
+        }
+    }
+
+    /// Batches queued for the next group commit.
+    pub fn waiting(&self) -> usize {
+        self.inner.queue().waiting.len()
+    }
+
+    /// Give back this store's turn lease on `session`.
+    pub fn release_lease(&self, session: &SessionId) {
+        self.inner.lock().release_lease(session);
+    }
+
+    /// Run `f` with the store held, for reads that must see its state.
+    pub fn with_store<T>(&self, f: impl FnOnce(&mut SessionStore) -> T) -> T {
+        f(&mut self.inner.lock())
+    }
+}
+
+impl Queue {
+    fn push(&mut self, session: &SessionId, messages: Vec<Message>, reply: Reply) -> u64 {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.waiting.push_back(Queued {
+            ticket,
+            session: session.clone(),
+            messages,
+            reply,
+        });
+        ticket
+    }
+}
+
+impl Inner {
+    /// The store, even after a caller panicked while holding it: every
+    /// flush runs its own machines, so the handle stays sound.
+    fn lock(&self) -> MutexGuard<'_, SessionStore> {
+        self.store.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Commit one group of the waiting batches (the queue must have some and
+    /// no leader), settle each, and return the queue locked again.
+    fn lead<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        queue.leading = true;
+        let group = take_group(&mut queue.waiting);
+        drop(queue);
+        let outcomes = self.commit(&group);
+        let mut calls = Vec::new();
+        let mut queue = self.queue();
+        for (queued, outcome) in group.into_iter().zip(outcomes) {
+            match queued.reply {
+                Reply::Waiting => {
+                    queue.done.insert(queued.ticket, outcome);
+                }
+                Reply::Then(then) => calls.push((then, outcome)),
+            }
+        }
+        queue.leading = false;
+        self.settled.notify_all();
+        if !queue.waiting.is_empty() {
+            self.work.notify_one();
+        }
+        drop(queue);
+        for (then, outcome) in calls {
+            if std::panic::catch_unwind(AssertUnwindSafe(move || then(outcome))).is_err() {
+                tracing::error!("a batch's outcome callback panicked");
+            }
+        }
+        self.queue()
+    }
+
+    /// The committer thread: lead every group no waiting caller leads, until
+    /// the last handle is gone and nothing is queued.
+    fn run_committer(self: Arc<Inner>) {
+        let mut queue = self.queue();
+        loop {
+            if !queue.leading && !queue.waiting.is_empty() {
+                queue = self.lead(queue);
+            } else if queue.closing && queue.waiting.is_empty() && !queue.leading {
+                queue.committer = false;
+                return;
+            } else {
+                queue = self.work.wait(queue).unwrap_or_else(|p| p.into_inner());
+            }
         }
     }
 
@@ -126,21 +303,6 @@ impl SharedStore {
                     .collect()
             }
         }
-    }
-
-    /// Batches queued for the next group commit.
-    pub fn waiting(&self) -> usize {
-        self.queue().waiting.len()
-    }
-
-    /// Give back this store's turn lease on `session`.
-    pub fn release_lease(&self, session: &SessionId) {
-        self.lock().release_lease(session);
-    }
-
-    /// Run `f` with the store held, for reads that must see its state.
-    pub fn with_store<T>(&self, f: impl FnOnce(&mut SessionStore) -> T) -> T {
-        f(&mut self.lock())
     }
 }
 
@@ -188,6 +350,7 @@ mod tests {
                 ticket: i as u64,
                 session: SessionId::new("s").unwrap(),
                 messages: vec![Message::new("user", &"x".repeat(bytes_each))],
+                reply: Reply::Waiting,
             })
             .collect()
     }
@@ -249,5 +412,109 @@ mod tests {
                 .unwrap()
         });
         assert_eq!(rows, 8 * 5 * 3);
+    }
+
+    fn msgs(tag: &str, n: usize) -> Vec<Message> {
+        (0..n)
+            .map(|i| Message::new("user", &format!("{tag} m{i}")).with_uid(&format!("{tag}-{i}")))
+            .collect()
+    }
+
+    fn count_rows(home: &Path) -> i64 {
+        let conn = rusqlite::Connection::open(home.join("state.db")).unwrap();
+        conn.query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn batches_handed_over_are_called_back_once_each_with_their_own_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for b in 0..40 {
+            let tx = tx.clone();
+            let session = SessionId::new(&format!("s{}", b % 4)).unwrap();
+            store.append_batch_then(&session, msgs(&format!("b{b}"), 3), move |out| {
+                tx.send((b, out)).unwrap();
+            });
+        }
+        drop(tx);
+        let mut got: Vec<(usize, FlushOutcome)> = rx.iter().collect();
+        got.sort_by_key(|(b, _)| *b);
+        assert_eq!(got.len(), 40, "every batch called back, once");
+        for (b, out) in &got {
+            assert!(out.persisted, "b{b}: {}", out.to_value());
+            assert_eq!(out.uids, (0..3).map(|i| format!("b{b}-{i}")).collect::<Vec<_>>());
+        }
+        assert_eq!(count_rows(&home), 120);
+    }
+
+    #[test]
+    fn the_last_handle_dropped_commits_what_was_handed_over_and_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let called = Arc::new(AtomicUsize::new(0));
+        let session = SessionId::new("s").unwrap();
+        let other = store.clone();
+        for b in 0..25 {
+            let called = Arc::clone(&called);
+            store.append_batch_then(&session, msgs(&format!("b{b}"), 2), move |out| {
+                assert!(out.persisted, "{}", out.to_value());
+                called.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        drop(store);
+        // Another handle is alive: nothing has to be finished yet, and the
+        // store still answers.
+        assert!(other.append_batch(&session, &msgs("sync", 1)).persisted);
+        drop(other);
+        // The last drop returned: every callback ran, every row is stored,
+        // and the lease was given back (another holder writes at once).
+        assert_eq!(called.load(Ordering::SeqCst), 25);
+        assert_eq!(count_rows(&home), 51);
+        let opts = StoreOptions {
+            holder: "someone-else".into(),
+            ..StoreOptions::default()
+        };
+        let next = SharedStore::open(&home, opts).unwrap();
+        assert!(next.append_batch(&session, &msgs("after", 1)).persisted);
+    }
+
+    #[test]
+    fn waiting_callers_and_handed_over_batches_share_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let store = store.clone();
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    let session = SessionId::new(&format!("t{t}")).unwrap();
+                    for b in 0..10 {
+                        if b % 2 == 0 {
+                            let out = store.append_batch(&session, &msgs(&format!("t{t}b{b}"), 2));
+                            assert!(out.persisted, "{}", out.to_value());
+                        } else {
+                            let tx = tx.clone();
+                            store.append_batch_then(&session, msgs(&format!("t{t}b{b}"), 2), move |out| {
+                                tx.send(out.persisted).unwrap();
+                            });
+                        }
+                    }
+                })
+            })
+            .collect();
+        drop(tx);
+        for t in threads {
+            t.join().unwrap();
+        }
+        let handed: Vec<bool> = rx.iter().collect();
+        assert_eq!(handed, vec![true; 20]);
+        drop(store);
+        assert_eq!(count_rows(&home), 80);
     }
 }

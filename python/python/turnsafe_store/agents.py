@@ -14,26 +14,23 @@ action, receipt, capture, copy), and the run ends with that exception.
 
 Adding the same items again after that failure reuses the uids of the
 failed attempt, so a later ``turnsafe_store.replay`` and the resend store
-each item once. Blocking work runs on the package's own worker threads,
-never on the event loop and never on the loop's default executor (which
-the application's own ``asyncio.to_thread`` calls share); the native store
-releases the GIL. Batches that sessions send at the same time wait in the
-shared store and are committed together, one sync for all of them, so
-there are enough workers for every session in flight to wait at once.
+each item once. Nothing blocks the event loop: a batch is handed to the
+store's committer thread, which commits without the GIL, and its outcome
+wakes the loop through a pipe; batches that sessions send at the same time
+are committed together, one sync for all of them. Reads and edits run on
+the package's own worker threads, never on the loop's default executor.
 
 Needs the SDK: ``pip install "turnsafe-store[agents]"``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
 import re
 import threading
 from collections import defaultdict, deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Deque, Dict, List, Optional, Union
 
 try:
@@ -43,6 +40,8 @@ except ImportError as e:  # pragma: no cover - exercised without the extra only
         'turnsafe_store.agents needs the OpenAI Agents SDK: pip install "turnsafe-store[agents]"'
     ) from e
 
+from . import _aio
+from ._aio import off_loop as _off_loop
 from ._errors import TurnNotPersisted
 from ._native import Store
 
@@ -69,39 +68,6 @@ def safe_session_id(session_id: str) -> str:
 
 _stores: Dict[str, Store] = {}
 _stores_lock = threading.Lock()
-
-# Workers for the store's blocking calls. A worker mostly waits for a group
-# commit, so there are many: the sessions in flight all reach the store,
-# and their batches share one commit instead of taking turns for a few
-# default-executor threads.
-_WORKERS = 64
-_executor: Optional[ThreadPoolExecutor] = None
-_executor_lock = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="turnsafe-store")
-        return _executor
-
-
-def _forget_pool() -> None:
-    # A forked child has none of the parent's threads: it makes its own.
-    global _executor
-    _executor = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-async def _off_loop(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a blocking store call on the package's workers."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_pool(), lambda: fn(*args, **kwargs))
-
 
 def _store_for(home: Union[str, "os.PathLike[str]"]) -> Store:
     """One store per home in a process, shared by every session on it: one
@@ -172,7 +138,7 @@ class TurnsafeSession:
             if self._unsettled:
                 prints = [_fingerprint(i) for i in items]
                 uids = [self._take_unsettled(p) for p in prints]
-        outcome = await _off_loop(self.store.append, self.turnsafe_id, items, uids=uids)
+        outcome = await _aio.append(self.store, self.turnsafe_id, items, uids=uids)
         if outcome.persisted:
             return
         if prints is None:

@@ -1,0 +1,217 @@
+"""Appends awaited on an event loop: handed to the store's committer thread,
+the outcome back through a pipe the loop watches, no Python thread between.
+
+Commits are counted from the WAL file itself and threads from the
+interpreter, never from the package's own counters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from turnsafe_store import Store, _aio
+from turnsafe_store.agents import TurnsafeSession
+
+from test_agents import hold_lock
+from test_store import wal_commits
+
+
+def batch(tag: str, n: int = 3) -> list:
+    return [{"role": "user", "content": f"{tag} says {j}"} for j in range(n)]
+
+
+def test_sessions_in_flight_share_commits(home):
+    """16 sessions' batches sent while a commit waits go together."""
+
+    async def main():
+        store = Store(home)
+        sessions = [TurnsafeSession(f"s{k}", home, store=store) for k in range(16)]
+        await sessions[0].add_items(batch("warm", 1))
+        db = str(home / "state.db")
+        before = wal_commits(db)
+        locker = hold_lock(home / "state.db", 0.3)
+        try:
+            await asyncio.gather(*(s.add_items(batch(f"s{k}")) for k, s in enumerate(sessions)))
+        finally:
+            locker.wait()
+        commits = wal_commits(db) - before
+        assert 1 <= commits <= 3, f"16 batches took {commits} commits"
+        for k, s in enumerate(sessions):
+            expected = batch(f"s{k}") if k else batch("warm", 1) + batch("s0")
+            assert await s.get_items() == expected
+        store.close()
+
+    asyncio.run(main())
+
+
+CHILD = r"""
+import asyncio, json, sys, threading
+from turnsafe_store import Store, _aio
+from turnsafe_store.agents import TurnsafeSession
+
+async def main():
+    store = Store(sys.argv[1])
+    sessions = [TurnsafeSession(f"s{k}", sys.argv[1], store=store) for k in range(4)]
+    for b in range(25):
+        await asyncio.gather(*(s.add_items([{"role": "user", "content": f"{k} {b}"}]) for k, s in enumerate(sessions)))
+    names = sorted(t.name for t in threading.enumerate())
+    print(json.dumps({"threads": names, "executor": _aio._executor is not None}))
+    store.close()
+
+asyncio.run(main())
+"""
+
+
+def test_appends_take_no_python_thread(home):
+    """Only the interpreter's main thread and the store's native committer
+    exist after 100 appends: no worker pool was started for them."""
+    out = subprocess.run([sys.executable, "-c", CHILD, str(home)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen == {"threads": ["MainThread"], "executor": False}, seen
+    store = Store(home)
+    assert [len(store.show(f"s{k}")) for k in range(4)] == [25] * 4
+
+
+def test_a_cancelled_append_still_settles_and_the_loop_goes_on(home):
+    async def main():
+        store = Store(home)
+        s = TurnsafeSession("c", home, store=store)
+        await s.add_items(batch("first", 1))
+        locker = hold_lock(home / "state.db", 0.5)
+        task = asyncio.create_task(s.add_items(batch("cancelled")))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        locker.wait()
+        # The batch was handed over before the cancel: it is committed once
+        # the lock is free, and the next one lands after it.
+        await s.add_items(batch("next", 1))
+        assert await s.get_items() == batch("first", 1) + batch("cancelled") + batch("next", 1)
+        store.close()
+
+    asyncio.run(main())
+
+
+def test_loops_on_several_threads_share_one_store(home):
+    store = Store(home)
+    errors = []
+
+    def run(t: int) -> None:
+        async def main():
+            s = TurnsafeSession(f"t{t}", home, store=store)
+            for b in range(20):
+                await s.add_items(batch(f"t{t} b{b}", 2))
+
+        try:
+            asyncio.run(main())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for t in range(4):
+        assert len(store.show(f"t{t}")) == 40
+    store.close()
+
+
+def test_closing_the_store_settles_what_was_handed_over(home):
+    """close() returns only after every batch handed over is committed; the
+    futures of those batches are resolved, none is left waiting."""
+
+    async def main():
+        store = Store(home)
+        s = [TurnsafeSession(f"k{k}", home, store=store) for k in range(5)]
+        await s[0].add_items(batch("warm", 1))
+        locker = hold_lock(home / "state.db", 0.4)
+        pending = [asyncio.ensure_future(x.add_items(batch(f"k{k}"))) for k, x in enumerate(s)]
+        await asyncio.sleep(0)
+        await asyncio.get_running_loop().run_in_executor(None, store.close)
+        assert store.closed
+        results = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 10)
+        locker.wait()
+        return results
+
+    results = asyncio.run(main())
+    assert results == [None] * 5, results
+    store = Store(home)
+    assert [len(store.show(f"k{k}")) for k in range(5)] == [4, 3, 3, 3, 3]
+    store.close()
+
+
+def test_bad_input_raises_at_the_call_and_queues_nothing(home):
+    async def main():
+        store = Store(home)
+        with pytest.raises(TypeError):
+            await _aio.append(store, "s", [{"role": "user", "content": object()}])
+        with pytest.raises(TypeError):
+            await _aio.append(store, "s", "not a list")
+        out = await _aio.append(store, "s", batch("good", 1))
+        assert out.persisted
+        assert store.show("s") == batch("good", 1)
+        store.close()
+
+    asyncio.run(main())
+
+
+def test_a_loop_that_cannot_watch_descriptors_uses_the_workers(home):
+    class NoReaders(asyncio.SelectorEventLoop):
+        def add_reader(self, *a, **k):
+            raise NotImplementedError
+
+    async def main():
+        store = Store(home)
+        outs = [await _aio.append(store, "s", batch(f"b{b}", 1)) for b in range(3)]
+        assert all(o.persisted for o in outs)
+        assert len(store.show("s")) == 3
+        store.close()
+
+    loop = NoReaders()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def test_a_forked_child_gets_its_own_completions(home):
+    """The parent has a pipe registered on its loop; a child of fork makes
+    its own and never reads the parent's outcomes."""
+    store = Store(home)
+
+    async def parent(tag):
+        s = TurnsafeSession("parent", home, store=store)
+        await s.add_items(batch(tag, 2))
+
+    asyncio.run(parent("before"))
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+
+            async def child():
+                s = TurnsafeSession("child", home, store=store)
+                for b in range(5):
+                    await s.add_items(batch(f"child {b}", 2))
+
+            asyncio.run(child())
+            code = 0
+        finally:
+            os._exit(code)
+    asyncio.run(parent("meanwhile"))
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    asyncio.run(parent("after"))
+    assert len(store.show("parent")) == 6
+    assert len(store.show("child")) == 10
+    store.close()
