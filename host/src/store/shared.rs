@@ -29,6 +29,10 @@ use super::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES, SessionId, SessionStore, StoreEr
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 
+/// How long the idle committer thread looks for the next batch before it
+/// sleeps.
+const COMMITTER_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
 /// A handle on a turnsafe home that many threads share.
 pub struct SharedStore {
     home: PathBuf,
@@ -46,6 +50,9 @@ struct Inner {
     work: Condvar,
     /// [`SharedStore`] values alive (the committer thread holds none).
     handles: AtomicUsize,
+    /// Batches queued, readable without the queue's lock (the committer's
+    /// spin reads it).
+    queued: AtomicUsize,
     committer: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -59,6 +66,8 @@ struct Queue {
     next_ticket: u64,
     /// The committer thread was started (and has not ended).
     committer: bool,
+    /// The committer thread sleeps on `work` (it must be woken).
+    committer_asleep: bool,
     /// The last handle is gone: the committer ends once nothing waits.
     closing: bool,
 }
@@ -120,6 +129,7 @@ impl SharedStore {
                 settled: Condvar::new(),
                 work: Condvar::new(),
                 handles: AtomicUsize::new(1),
+                queued: AtomicUsize::new(0),
                 committer: Mutex::new(None),
             }),
         })
@@ -136,6 +146,7 @@ impl SharedStore {
         let inner = &*self.inner;
         let mut queue = inner.queue();
         let ticket = queue.push(session, messages.to_vec(), Reply::Waiting);
+        inner.queued.fetch_add(1, Ordering::Release);
         loop {
             if let Some(outcome) = queue.done.remove(&ticket) {
                 return outcome;
@@ -165,8 +176,9 @@ impl SharedStore {
         let inner = &self.inner;
         let mut queue = inner.queue();
         queue.push(session, messages, Reply::Then(Box::new(then)));
+        inner.queued.fetch_add(1, Ordering::Release);
         if queue.committer {
-            if !queue.leading {
+            if queue.committer_asleep && !queue.leading {
                 inner.work.notify_one();
             }
             return;
@@ -242,6 +254,7 @@ impl Inner {
     fn lead<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
         queue.leading = true;
         let group = take_group(&mut queue.waiting);
+        self.queued.fetch_sub(group.len(), Ordering::Release);
         drop(queue);
         let outcomes = self.commit(&group);
         let mut calls = Vec::new();
@@ -256,7 +269,7 @@ impl Inner {
         }
         queue.leading = false;
         self.settled.notify_all();
-        if !queue.waiting.is_empty() {
+        if queue.committer_asleep && (!queue.waiting.is_empty() || queue.closing) {
             self.work.notify_one();
         }
         drop(queue);
@@ -278,10 +291,31 @@ impl Inner {
             } else if queue.closing && queue.waiting.is_empty() && !queue.leading {
                 queue.committer = false;
                 return;
+            } else if queue.leading || queue.closing {
+                queue = self.sleep(queue);
             } else {
-                queue = self.work.wait(queue).unwrap_or_else(|p| p.into_inner());
+                // Idle. The next batch of a caller taking turns with the
+                // store (one session: its outcome, then its next batch) comes
+                // within tens of microseconds; a short spin meets it without
+                // a sleep and a wake-up on either side.
+                drop(queue);
+                let until = std::time::Instant::now() + COMMITTER_SPIN;
+                while self.queued.load(Ordering::Acquire) == 0 && std::time::Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                queue = self.queue();
+                if queue.waiting.is_empty() && !queue.closing {
+                    queue = self.sleep(queue);
+                }
             }
         }
+    }
+
+    fn sleep<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        queue.committer_asleep = true;
+        let mut queue = self.work.wait(queue).unwrap_or_else(|p| p.into_inner());
+        queue.committer_asleep = false;
+        queue
     }
 
     /// Commit one group. A panic inside hands every batch of it back
