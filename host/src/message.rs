@@ -137,7 +137,9 @@ impl Message {
 
     /// The object as JSON text, as stored.
     pub fn item_text(&self) -> String {
-        Value::Object(self.item.clone()).to_string()
+        // Serialized in place (no copy of the object first); a map of JSON
+        // values always serializes, the fallback is never taken.
+        serde_json::to_string(&self.item).unwrap_or_else(|_| Value::Object(self.item.clone()).to_string())
     }
 
     /// One message of a `turnsafe append` array: any object. A top-level
@@ -208,6 +210,24 @@ impl Message {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_stored_text_is_the_objects_json_and_its_length_is_counted_right() {
+        let shapes = [
+            json!({}),
+            json!({"role": "user", "content": "plain"}),
+            json!({"content": "quote \" backslash \\ newline \n tab \t nul \u{0} ünï 😀", "n": -1.5e300}),
+            json!({"type": "message", "content": [{"type": "output_text", "text": "x", "annotations": []}], "z": null, "a": true}),
+            json!({"deep": {"a": [1, [2, [3, {"b": "c"}]]], "u": 18446744073709551615u64, "i": i64::MIN}}),
+        ];
+        for v in shapes {
+            let m = Message::from_item(v.as_object().unwrap().clone());
+            assert_eq!(m.item_text(), v.to_string());
+            assert_eq!(m.encoded_len(), v.to_string().len());
+            let back: Value = serde_json::from_str(&m.item_text()).unwrap();
+            assert_eq!(back, v);
+        }
+    }
 
     #[test]
     fn any_object_is_a_message_and_a_legacy_uid_is_taken_out() {
