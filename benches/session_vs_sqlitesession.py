@@ -3,10 +3,9 @@
 Same items (10 per batch, about 230 B each), both WAL with synchronous=FULL;
 turnsafe keeps its full-text index, SQLiteSession has none. One session,
 then 16 sessions on one home through asyncio.gather. Prints msg/s and the
-ratios, the median of ROUNDS rounds (default 3). Needs the package with its extra in a venv:
-
-    pip install "./python[agents]"
-    python benches/session_vs_sqlitesession.py
+ratios, the median of ROUNDS rounds (default 3). Run through
+benches/session-vs-sqlitesession, which builds the package with its extra
+into the bench's venv first.
 """
 
 from __future__ import annotations
