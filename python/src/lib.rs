@@ -438,7 +438,7 @@ struct Opened {
 }
 
 /// One turnsafe home, shared by every thread of the process.
-#[pyclass(frozen, module = "turnsafe_store")]
+#[pyclass(frozen, weakref, module = "turnsafe_store")]
 struct Store {
     home: PathBuf,
     opts: StoreOptions,
@@ -649,6 +649,18 @@ impl Store {
         py.detach(move || turnsafe_host::replay::clear_pending(&home, session.as_str()))
             .map_err(|e| error(py, format!("settling the session's divert lines: {e}")))?;
         Ok(removed)
+    }
+
+    /// Wait until every batch handed over with `_append_then` has settled
+    /// (committed, diverted or handed back). Nothing to wait for on a
+    /// closed store (closing settles them) or in a child of `fork`.
+    #[pyo3(name = "_settle")]
+    fn settle(&self, py: Python<'_>) {
+        let store = match self.opened().as_ref() {
+            Some(o) if o.pid == std::process::id() => o.store.clone(),
+            _ => return,
+        };
+        py.detach(move || store.settle());
     }
 
     /// Give back this store's turn lease on the session.

@@ -215,3 +215,40 @@ def test_a_forked_child_gets_its_own_completions(home):
     assert len(store.show("parent")) == 6
     assert len(store.show("child")) == 10
     store.close()
+
+
+EXIT_CHILD = r"""
+import asyncio, ctypes, sys
+from turnsafe_store import Store
+from turnsafe_store.agents import TurnsafeSession
+
+home = sys.argv[1]
+
+async def main():
+    store = Store(home)
+    s = TurnsafeSession("exit", home, store=store)
+    # A reference nothing gives back (as a C extension or a daemon
+    # thread's frame may hold one): the store is never freed, so only the
+    # exit itself can wait for the batch.
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(store))
+    task = asyncio.ensure_future(s.add_items([{"role": "user", "content": f"m{i}"} for i in range(3)]))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    print("cancelled", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_the_interpreter_exit_waits_for_batches_handed_over(home):
+    """A batch whose waiter was cancelled while a lock held it is stored
+    before the process ends, though the program exits at once."""
+    Store(home).close()
+    locker = hold_lock(home / "state.db", 2.5)
+    out = subprocess.run([sys.executable, "-c", EXIT_CHILD, str(home)], capture_output=True, text=True, timeout=60)
+    locker.wait()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "cancelled"
+    store = Store(home)
+    assert store.show("exit") == [{"role": "user", "content": f"m{i}"} for i in range(3)]
+    store.close()

@@ -208,6 +208,21 @@ impl SharedStore {
         }
     }
 
+    /// Wait until every batch queued so far has settled (committed,
+    /// diverted or handed back): for a process about to exit with batches
+    /// handed over that nobody waits for.
+    pub fn settle(&self) {
+        let inner = &*self.inner;
+        let mut queue = inner.queue();
+        while queue.leading || !queue.waiting.is_empty() {
+            queue = if queue.leading {
+                inner.settled.wait(queue).unwrap_or_else(|p| p.into_inner())
+            } else {
+                inner.lead(queue)
+            };
+        }
+    }
+
     /// Batches queued for the next group commit.
     pub fn waiting(&self) -> usize {
         self.inner.queue().waiting.len()
@@ -514,6 +529,23 @@ mod tests {
         };
         let next = SharedStore::open(&home, opts).unwrap();
         assert!(next.append_batch(&session, &msgs("after", 1)).persisted);
+    }
+
+    #[test]
+    fn settle_returns_once_everything_handed_over_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let session = SessionId::new("s").unwrap();
+        // Held, so nothing can be committed until `settle` waits.
+        store.with_store(|_| {
+            for b in 0..30 {
+                store.append_batch_then(&session, msgs(&format!("b{b}"), 2), |_| {});
+            }
+        });
+        store.settle();
+        assert_eq!(store.waiting(), 0);
+        assert_eq!(count_rows(&home), 60);
     }
 
     #[test]

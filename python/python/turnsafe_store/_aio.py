@@ -5,7 +5,8 @@ comes back through a pipe the loop watches (``Completions``): the loop
 converts the batch, queues it and goes on; the commit runs without the GIL;
 the outcome wakes the loop. No Python thread takes part, so a batch costs
 the loop two wake-ups and no GIL hand-offs, and batches from every task in
-flight share group commits.
+flight share group commits. A batch handed over settles even if its waiter
+is cancelled, and the interpreter's exit waits for it to settle.
 
 Other blocking calls (reads, edits), and appends on a loop that cannot
 watch a descriptor, run on the package's own worker threads, never on the
@@ -16,6 +17,7 @@ calls share).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import threading
 import weakref
@@ -72,12 +74,24 @@ _loops: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopCompletions]"
 _unwatchable: "weakref.WeakSet[asyncio.AbstractEventLoop]" = weakref.WeakSet()
 
 
+# Stores with batches handed over: nobody waits for those batches, so the
+# interpreter's exit waits for them (as it waits for worker threads).
+_handed_over: "weakref.WeakSet[Store]" = weakref.WeakSet()
+
+
+@atexit.register
+def _settle_at_exit() -> None:
+    for store in list(_handed_over):
+        store._settle()
+
+
 def _forget_after_fork() -> None:
     # A forked child has none of the parent's threads, and must not read the
     # parent's pipes: it makes its own.
     global _executor
     _executor = None
     _loops.clear()
+    _handed_over.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -106,6 +120,7 @@ def append(
     ticket = lane.next_ticket
     lane.next_ticket = ticket + 1
     store._append_then(lane.completions, ticket, session_id, messages, uids=uids)
+    _handed_over.add(store)
     fut: "asyncio.Future[Outcome]" = loop.create_future()
     lane.pending[ticket] = fut
     return fut
