@@ -1,7 +1,7 @@
 """Types of the native module (turnsafe_store._native)."""
 
 from os import PathLike
-from typing import Any, Dict, List, Literal, Optional, Sequence, TypeVar, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar, Union
 
 _Path = Union[str, "PathLike[str]"]
 _O = TypeVar("_O", bound="Outcome")
@@ -53,6 +53,15 @@ class Outcome:
     def raise_for_status(self: _O) -> _O:
         """Raise ``TurnNotPersisted`` unless the batch was committed."""
 
+class Completions:
+    """Outcomes of batches handed over with ``Store._append_then``, for one
+    event loop: ``fileno()`` is readable while some are ready."""
+
+    def __init__(self) -> None: ...
+    def fileno(self) -> int: ...
+    def drain(self) -> List[Tuple[int, Outcome]]:
+        """The ready outcomes, ``(ticket, outcome)``, oldest first."""
+
 class Store:
     """One turnsafe home (``state.db`` and ``sessions/``), safe to share
     between threads. The GIL is released around every effect."""
@@ -87,6 +96,19 @@ class Store:
         each exactly as written."""
     def rows(self, session_id: str, *, limit: Optional[int] = None) -> List[Dict[str, Any]]:
         """Like ``show``, as ``{"uid", "seq", "message"}`` dicts."""
+    def _append_then(
+        self,
+        completions: Completions,
+        ticket: int,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        uids: Optional[Sequence[Optional[str]]] = None,
+    ) -> None:
+        """Hand one batch over without waiting; its outcome reaches
+        ``completions`` under ``ticket``."""
+    def _settle(self) -> None:
+        """Wait until every batch handed over has settled."""
     def release(self, session_id: str) -> None:
         """Give back this store's turn lease on the session."""
     def close(self) -> None:
