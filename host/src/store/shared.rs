@@ -68,6 +68,8 @@ struct Queue {
     committer: bool,
     /// The committer thread sleeps on `work` (it must be woken).
     committer_asleep: bool,
+    /// Callers waiting on `settled` (a group's end wakes them only then).
+    waiters: usize,
     /// The last handle is gone: the committer ends once nothing waits.
     closing: bool,
 }
@@ -152,7 +154,7 @@ impl SharedStore {
                 return outcome;
             }
             queue = if queue.leading {
-                inner.settled.wait(queue).unwrap_or_else(|p| p.into_inner())
+                inner.wait_settled(queue)
             } else {
                 inner.lead(queue)
             };
@@ -199,7 +201,7 @@ impl SharedStore {
                 tracing::warn!(error = %e, "no committer thread; committing on the caller's thread");
                 while !queue.waiting.is_empty() || queue.leading {
                     queue = if queue.leading {
-                        inner.settled.wait(queue).unwrap_or_else(|p| p.into_inner())
+                        inner.wait_settled(queue)
                     } else {
                         inner.lead(queue)
                     };
@@ -216,7 +218,7 @@ impl SharedStore {
         let mut queue = inner.queue();
         while queue.leading || !queue.waiting.is_empty() {
             queue = if queue.leading {
-                inner.settled.wait(queue).unwrap_or_else(|p| p.into_inner())
+                inner.wait_settled(queue)
             } else {
                 inner.lead(queue)
             };
@@ -264,6 +266,14 @@ impl Inner {
         self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Wait for the group being committed to settle.
+    fn wait_settled<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        queue.waiters += 1;
+        let mut queue = self.settled.wait(queue).unwrap_or_else(|p| p.into_inner());
+        queue.waiters -= 1;
+        queue
+    }
+
     /// Commit one group of the waiting batches (the queue must have some and
     /// no leader), settle each, and return the queue locked again.
     fn lead<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
@@ -283,7 +293,9 @@ impl Inner {
             }
         }
         queue.leading = false;
-        self.settled.notify_all();
+        if queue.waiters > 0 {
+            self.settled.notify_all();
+        }
         if queue.committer_asleep && (!queue.waiting.is_empty() || queue.closing) {
             self.work.notify_one();
         }
