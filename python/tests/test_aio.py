@@ -15,6 +15,7 @@ import threading
 
 import pytest
 
+import turnsafe_store
 from turnsafe_store import Store, _aio
 from turnsafe_store.agents import TurnsafeSession
 
@@ -52,6 +53,7 @@ def test_sessions_in_flight_share_commits(home):
 
 CHILD = r"""
 import asyncio, json, sys, threading
+import turnsafe_store
 from turnsafe_store import Store, _aio
 from turnsafe_store.agents import TurnsafeSession
 
@@ -157,10 +159,14 @@ def test_bad_input_raises_at_the_call_and_queues_nothing(home):
             await _aio.append(store, "s", [{"role": "user", "content": object()}])
         with pytest.raises(TypeError):
             await _aio.append(store, "s", "not a list")
+        with pytest.raises(turnsafe_store.InvalidSessionId):
+            await _aio.append(store, "bad id", batch("x", 1))
         out = await _aio.append(store, "s", batch("good", 1))
         assert out.persisted
         assert store.show("s") == batch("good", 1)
         store.close()
+        with pytest.raises(turnsafe_store.Error, match="closed"):
+            await _aio.append(store, "s", batch("after close", 1))
 
     asyncio.run(main())
 
