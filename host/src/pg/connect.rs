@@ -2,6 +2,7 @@
 //! `sslrootcert` when given, else the Mozilla roots.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::RootCertStore;
 use rustls_pki_types::CertificateDer;
@@ -50,15 +51,55 @@ pub enum ConnectError {
     Url(#[from] UrlError),
     #[error(transparent)]
     Postgres(#[from] postgres::Error),
+    /// The connection was not ready within its time: a server (or a pooler
+    /// in front of it) that accepted the TCP connection and then did not
+    /// finish TLS, startup or authentication.
+    #[error("the server accepted the connection but did not complete the startup within {} ms", .after.as_millis())]
+    Stalled { after: Duration },
+    /// No thread could be started to bound the connection's time.
+    #[error("no thread to connect on: {0}")]
+    Thread(std::io::Error),
 }
 
-/// One connection to `url`, with TLS as its `sslmode` says.
+/// One connection to `url`, with TLS as its `sslmode` says, ready within
+/// the connect timeout for each of its hosts.
+///
+/// The client library bounds only the TCP connect by `connect_timeout`;
+/// TLS, the startup and authentication have no bound, so a server that
+/// accepts and then stalls (a stopped process, a pooler waiting for a
+/// server it cannot reach) would hold the writer forever. The connection
+/// is therefore made on a thread of its own and given up after the
+/// timeout times the number of hosts; a connection that completes later
+/// is closed by that thread. A stalled first host of a multi-host URL is
+/// not skipped: the attempt fails as a whole and the policy retries it.
 pub fn connect(url: &DbUrl) -> Result<postgres::Client, ConnectError> {
-    match url.tls() {
-        TlsMode::Disable => Ok(url.config().connect(postgres::NoTls)?),
-        TlsMode::Require => {
-            let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(url)?);
-            Ok(url.config().connect(tls)?)
-        }
+    let hosts = url.config().get_hosts().len().max(1) as u32;
+    let per_host = url
+        .config()
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(Duration::from_secs(5));
+    let limit = per_host.saturating_mul(hosts);
+    let config = url.config().clone();
+    let tls = match url.tls() {
+        TlsMode::Disable => None,
+        TlsMode::Require => Some(tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(url)?)),
+    };
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("turnsafe-pg-connect".into())
+        .spawn(move || {
+            let made = match tls {
+                None => config.connect(postgres::NoTls),
+                Some(tls) => config.connect(tls),
+            };
+            // Nobody listens once the caller gave up: the client is dropped,
+            // which closes the connection.
+            let _ = tx.send(made);
+        })
+        .map_err(ConnectError::Thread)?;
+    match rx.recv_timeout(limit) {
+        Ok(made) => Ok(made?),
+        Err(_) => Err(ConnectError::Stalled { after: limit }),
     }
 }

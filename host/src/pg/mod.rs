@@ -238,6 +238,10 @@ impl Backend for Postgres {
             Ok(c) => c,
             Err(connect::ConnectError::Url(e)) => return Err(translate::failure(&Fault::Config(&e), 0)),
             Err(connect::ConnectError::Postgres(e)) => return Err(translate::failure(&Fault::Connect(&e), 0)),
+            Err(connect::ConnectError::Stalled { after }) => {
+                return Err(translate::failure(&Fault::ConnectStalled { after }, 0));
+            }
+            Err(connect::ConnectError::Thread(e)) => return Err(translate::failure(&Fault::NoThread(&e), 0)),
         };
         let lock_timeout = format!("SET lock_timeout = {}", self.opts.lock_timeout.as_millis().max(1));
         if let Err(e) = client.batch_execute(&lock_timeout) {

@@ -6,8 +6,8 @@
 //! module translates the failure onto, the one place that says which code
 //! a PostgreSQL failure stands for. A failure that never reached the
 //! server has no SQLSTATE from it, so this module gives the one libpq
-//! gives: 08001 for a connection never made, 08006 for one lost, 08003
-//! when none is held; a failed TLS handshake (configuration) gets none and
+//! gives: 08001 for a connection never made (or not ready within the
+//! connect timeout), 08006 for one lost, 08003 when none is held; a failed TLS handshake (configuration) gets none and
 //! stays `disk`. A failed COMMIT carries the evidence `commit_sent`.
 //! Every message carries the SQLSTATE, e.g.
 //! `postgres SQLSTATE 55P03: canceling statement due to lock timeout`.
@@ -23,6 +23,12 @@ pub enum Fault<'a> {
     Client(&'a postgres::Error),
     /// COMMIT was sent and failed: its answer may be lost.
     Commit(&'a postgres::Error),
+    /// The server accepted the TCP connection and did not complete the
+    /// startup in time (a stopped server, a pooler waiting for its own).
+    ConnectStalled { after: std::time::Duration },
+    /// No thread could be started for the connection (a process at its
+    /// thread limit).
+    NoThread(&'a std::io::Error),
     /// The target could not be used at all (unreadable `sslrootcert`).
     Config(&'a super::url::UrlError),
     /// No connection is held (the server dropped it earlier).
@@ -93,6 +99,19 @@ pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
             (sqlstate, text, io_errno(e))
         }
         Fault::Config(e) => (None, e.to_string(), None),
+        Fault::ConnectStalled { after } => (
+            Some("08001".to_string()),
+            format!(
+                "the server accepted the connection but did not complete the startup within {} ms",
+                after.as_millis()
+            ),
+            None,
+        ),
+        Fault::NoThread(e) => (
+            None,
+            format!("no thread to connect on: {e}"),
+            e.raw_os_error().map(i64::from),
+        ),
         Fault::NotConnected => (
             Some("08003".to_string()),
             "no connection to the server".to_string(),
@@ -113,9 +132,12 @@ pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
         Fault::Config(_) => (Some(codes::CANTOPEN), None),
         Fault::UidConflict => (Some(codes::CONSTRAINT), Some(codes::CONSTRAINT_UNIQUE)),
         Fault::NewerSchema { .. } => (None, None),
-        Fault::NotConnected | Fault::Connect(_) | Fault::Client(_) | Fault::Commit(_) => {
-            sqlite_codes(sqlstate.as_deref())
-        }
+        Fault::NotConnected
+        | Fault::Connect(_)
+        | Fault::Client(_)
+        | Fault::Commit(_)
+        | Fault::ConnectStalled { .. }
+        | Fault::NoThread(_) => sqlite_codes(sqlstate.as_deref()),
     };
     let evidence = match fault {
         Fault::Commit(_) => vec![turnsafe_policy::Evidence::CommitSent],
