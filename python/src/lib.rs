@@ -54,10 +54,6 @@ fn error(py: Python<'_>, msg: impl Into<String>) -> PyErr {
     raise(py, &ERROR, "Error", msg.into(), None)
 }
 
-fn edit_error(py: Python<'_>, e: &turnsafe_host::store::EditError) -> PyErr {
-    raise(py, &ERROR, "Error", e.to_string(), Some(e.cause.label()))
-}
-
 fn parse_session(py: Python<'_>, id: &str) -> PyResult<SessionId> {
     SessionId::new(id).map_err(|e| {
         raise(
@@ -368,9 +364,22 @@ struct Lane {
     ready: Mutex<Ready>,
 }
 
+/// What reaches the loop for one ticket.
+enum Done {
+    /// An append's outcome.
+    Outcome(Value),
+    /// A read's or an edit's result.
+    Value(Value),
+    /// A read or an edit that failed: raised as `Error` with `cause`.
+    Failed {
+        message: String,
+        cause: Option<&'static str>,
+    },
+}
+
 #[derive(Default)]
 struct Ready {
-    outcomes: Vec<(u64, Value)>,
+    outcomes: Vec<(u64, Done)>,
     /// A byte is in the pipe: set with the write, cleared with the read,
     /// both under the lock, so there is never more than one and a drain
     /// never waits for one.
@@ -382,10 +391,10 @@ impl Lane {
         self.ready.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn push(&self, ticket: u64, value: Value) {
+    fn push(&self, ticket: u64, done: Done) {
         use std::io::Write;
         let mut ready = self.ready();
-        ready.outcomes.push((ticket, value));
+        ready.outcomes.push((ticket, done));
         if !ready.signalled {
             ready.signalled = (&self.writer).write_all(&[1]).is_ok();
         }
@@ -412,19 +421,33 @@ impl Completions {
         self.lane.reader.as_raw_fd()
     }
 
-    /// The ready outcomes, `(ticket, Outcome)`, oldest first.
-    fn drain(&self) -> Vec<(u64, Outcome)> {
+    /// What is ready, oldest first: `(ticket, True, result)` (an append's
+    /// `Outcome`, or a read's or an edit's value) or `(ticket, False,
+    /// exception)`.
+    fn drain(&self, py: Python<'_>) -> PyResult<Vec<(u64, bool, Py<PyAny>)>> {
         use std::io::Read;
-        let mut ready = self.lane.ready();
-        if ready.signalled {
-            let mut byte = [0u8; 1];
-            let _ = (&self.lane.reader).read(&mut byte);
-            ready.signalled = false;
+        let taken = {
+            let mut ready = self.lane.ready();
+            if ready.signalled {
+                let mut byte = [0u8; 1];
+                let _ = (&self.lane.reader).read(&mut byte);
+                ready.signalled = false;
+            }
+            std::mem::take(&mut ready.outcomes)
+        };
+        let mut out = Vec::with_capacity(taken.len());
+        for (ticket, done) in taken {
+            out.push(match done {
+                Done::Outcome(value) => (ticket, true, Py::new(py, Outcome { value })?.into_any()),
+                Done::Value(value) => (ticket, true, to_py(py, &value)?.unbind()),
+                Done::Failed { message, cause } => (
+                    ticket,
+                    false,
+                    raise(py, &ERROR, "Error", message, cause).into_value(py).into_any(),
+                ),
+            });
         }
-        std::mem::take(&mut ready.outcomes)
-            .into_iter()
-            .map(|(ticket, value)| (ticket, Outcome { value }))
-            .collect()
+        Ok(out)
     }
 }
 
@@ -588,7 +611,9 @@ impl Store {
         let store = self.shared(py)?;
         let lane = Arc::clone(&completions.lane);
         py.detach(move || {
-            store.append_batch_then(&session, batch, move |outcome| lane.push(ticket, outcome.to_value()));
+            store.append_batch_then(&session, batch, move |outcome| {
+                lane.push(ticket, Done::Outcome(outcome.to_value()))
+            });
         });
         Ok(())
     }
@@ -623,10 +648,10 @@ impl Store {
     fn pop<'py>(&self, py: Python<'py>, session_id: &str) -> PyResult<Bound<'py, PyAny>> {
         let session = parse_session(py, session_id)?;
         let store = self.shared(py)?;
-        match py.detach(move || store.with_store(|s| s.pop_last(&session))) {
-            Ok(Some(m)) => Ok(map_to_py(py, &m.message)?.into_any()),
-            Ok(None) => Ok(py.None().into_bound(py)),
-            Err(e) => Err(edit_error(py, &e)),
+        match py.detach(move || store.with_store(|s| pop_in(s, &session))) {
+            Done::Value(v) => to_py(py, &v),
+            Done::Failed { message, cause } => Err(raise(py, &ERROR, "Error", message, cause)),
+            Done::Outcome(_) => Err(error(py, "pop answered with an outcome")),
         }
     }
 
@@ -637,18 +662,52 @@ impl Store {
         let session = parse_session(py, session_id)?;
         let store = self.shared(py)?;
         let home = self.home.clone();
-        let removed = py
-            .detach({
-                let store = store.clone();
-                let session = session.clone();
-                move || store.with_store(|s| s.clear_session(&session))
-            })
-            .map_err(|e| edit_error(py, &e))?;
-        // Only once the rows are gone (the edit checked the lease), so a
-        // fenced clear leaves the divert lines pending too.
-        py.detach(move || turnsafe_host::replay::clear_pending(&home, session.as_str()))
-            .map_err(|e| error(py, format!("settling the session's divert lines: {e}")))?;
-        Ok(removed)
+        match py.detach(move || store.with_store(|s| clear_in(s, &home, &session))) {
+            Done::Value(v) => Ok(v.as_u64().unwrap_or(0)),
+            Done::Failed { message, cause } => Err(raise(py, &ERROR, "Error", message, cause)),
+            Done::Outcome(_) => Err(error(py, "clear answered with an outcome")),
+        }
+    }
+
+    /// `show`, `pop` and `clear` without waiting (for an event loop): run
+    /// on the store's committer thread after everything handed over
+    /// before, the result reaching `completions` under `ticket`.
+    #[pyo3(name = "_show_then", signature = (completions, ticket, session_id, *, limit = None))]
+    fn show_then(
+        &self,
+        py: Python<'_>,
+        completions: &Completions,
+        ticket: u64,
+        session_id: &str,
+        limit: Option<i64>,
+    ) -> PyResult<()> {
+        let session = parse_session(py, session_id)?;
+        let limit = read_limit(limit)?;
+        let db = self.home.join("state.db");
+        self.call_then(py, completions, ticket, move |s| {
+            match read_in(s, &db, &session, limit) {
+                Ok(rows) => Done::Value(Value::Array(
+                    rows.into_iter().map(|r| Value::Object(r.message)).collect(),
+                )),
+                Err((message, cause)) => Done::Failed {
+                    message,
+                    cause: Some(cause),
+                },
+            }
+        })
+    }
+
+    #[pyo3(name = "_pop_then")]
+    fn pop_then(&self, py: Python<'_>, completions: &Completions, ticket: u64, session_id: &str) -> PyResult<()> {
+        let session = parse_session(py, session_id)?;
+        self.call_then(py, completions, ticket, move |s| pop_in(s, &session))
+    }
+
+    #[pyo3(name = "_clear_then")]
+    fn clear_then(&self, py: Python<'_>, completions: &Completions, ticket: u64, session_id: &str) -> PyResult<()> {
+        let session = parse_session(py, session_id)?;
+        let home = self.home.clone();
+        self.call_then(py, completions, ticket, move |s| clear_in(s, &home, &session))
     }
 
     /// Wait until every batch handed over with `_append_then` has settled
@@ -705,32 +764,104 @@ impl Store {
         limit: Option<i64>,
     ) -> PyResult<Vec<turnsafe_host::transcript::StoredMessage>> {
         let session = parse_session(py, session_id)?;
-        let limit = match limit {
-            Some(l) if l < 0 => return Err(PyValueError::new_err("limit must not be negative")),
-            l => l.map(i64::unsigned_abs),
-        };
+        let limit = read_limit(limit)?;
         let store = self.shared(py)?;
         let db = self.home.join("state.db");
-        let result = py.detach(move || {
-            store.with_store(|s| {
-                if let Some(cause) = s.sticky() {
-                    // The handle has stopped touching its database.
-                    let why = "the store refuses to touch its database until an operator acts";
-                    return Err((why.to_string(), cause.label()));
-                }
-                match s.connection() {
-                    Some(conn) => turnsafe_host::transcript::stored_messages(conn, session.as_str(), limit),
-                    // The writer could not open it; a reader may still.
-                    None => turnsafe_host::store::open_read_only(&db)
-                        .and_then(|conn| turnsafe_host::transcript::stored_messages(&conn, session.as_str(), limit)),
-                }
-                .map_err(|e| (e.to_string(), observe::cause_of(Operation::Replay, &e).label()))
+        let result = py.detach(move || store.with_store(|s| read_in(s, &db, &session, limit)));
+        result.map_err(|(message, cause)| raise(py, &ERROR, "Error", message, Some(cause)))
+    }
+
+    /// Hand `work` to the committer thread; its answer reaches
+    /// `completions` under `ticket` (a panic inside is answered as an error).
+    fn call_then(
+        &self,
+        py: Python<'_>,
+        completions: &Completions,
+        ticket: u64,
+        work: impl FnOnce(&mut turnsafe_host::store::SessionStore) -> Done + Send + 'static,
+    ) -> PyResult<()> {
+        let store = self.shared(py)?;
+        let lane = Arc::clone(&completions.lane);
+        py.detach(move || {
+            store.call_then(work, move |done| {
+                lane.push(
+                    ticket,
+                    done.unwrap_or_else(|| Done::Failed {
+                        message: "the store's work failed unexpectedly (a panic); nothing was changed by it".into(),
+                        cause: None,
+                    }),
+                )
             })
         });
-        result.map_err(|(e, cause)| {
-            let msg = format!("reading {}: {e}", self.home.join("state.db").display());
-            raise(py, &ERROR, "Error", msg, Some(cause))
-        })
+        Ok(())
+    }
+}
+
+fn read_limit(limit: Option<i64>) -> PyResult<Option<u64>> {
+    match limit {
+        Some(l) if l < 0 => Err(PyValueError::new_err("limit must not be negative")),
+        l => Ok(l.map(i64::unsigned_abs)),
+    }
+}
+
+/// The newest `limit` rows of `session`, through the store's own connection
+/// (a read-only one when the writer could not open it).
+fn read_in(
+    s: &mut turnsafe_host::store::SessionStore,
+    db: &Path,
+    session: &SessionId,
+    limit: Option<u64>,
+) -> Result<Vec<turnsafe_host::transcript::StoredMessage>, (String, &'static str)> {
+    if let Some(cause) = s.sticky() {
+        // The handle has stopped touching its database.
+        let why = "the store refuses to touch its database until an operator acts";
+        return Err((format!("reading {}: {why}", db.display()), cause.label()));
+    }
+    match s.connection() {
+        Some(conn) => turnsafe_host::transcript::stored_messages(conn, session.as_str(), limit),
+        // The writer could not open it; a reader may still.
+        None => turnsafe_host::store::open_read_only(db)
+            .and_then(|conn| turnsafe_host::transcript::stored_messages(&conn, session.as_str(), limit)),
+    }
+    .map_err(|e| {
+        (
+            format!("reading {}: {e}", db.display()),
+            observe::cause_of(Operation::Replay, &e).label(),
+        )
+    })
+}
+
+/// Remove and return the newest message (`null` when there is none).
+fn pop_in(s: &mut turnsafe_host::store::SessionStore, session: &SessionId) -> Done {
+    match s.pop_last(session) {
+        Ok(Some(m)) => Done::Value(Value::Object(m.message)),
+        Ok(None) => Done::Value(Value::Null),
+        Err(e) => Done::Failed {
+            message: e.to_string(),
+            cause: Some(e.cause.label()),
+        },
+    }
+}
+
+/// Remove every message, then settle the session's pending divert lines as
+/// `cleared`: only once the rows are gone (the edit checked the lease), so
+/// a fenced clear leaves the divert lines pending too.
+fn clear_in(s: &mut turnsafe_host::store::SessionStore, home: &Path, session: &SessionId) -> Done {
+    let removed = match s.clear_session(session) {
+        Ok(n) => n,
+        Err(e) => {
+            return Done::Failed {
+                message: e.to_string(),
+                cause: Some(e.cause.label()),
+            };
+        }
+    };
+    match turnsafe_host::replay::clear_pending(home, session.as_str()) {
+        Ok(_) => Done::Value(Value::from(removed)),
+        Err(e) => Done::Failed {
+            message: format!("settling the session's divert lines: {e}"),
+            cause: None,
+        },
     }
 }
 

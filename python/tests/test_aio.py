@@ -62,6 +62,13 @@ async def main():
     sessions = [TurnsafeSession(f"s{k}", sys.argv[1], store=store) for k in range(4)]
     for b in range(25):
         await asyncio.gather(*(s.add_items([{"role": "user", "content": f"{k} {b}"}]) for k, s in enumerate(sessions)))
+    got = await asyncio.gather(*(s.get_items(limit=2) for s in sessions))
+    assert got == [[{"role": "user", "content": f"{k} {b}"} for b in (23, 24)] for k in range(4)], got
+    assert await sessions[0].pop_item() == {"role": "user", "content": "0 24"}
+    await sessions[1].add_items([{"role": "user", "content": "extra"}])
+    await sessions[1].clear_session()
+    assert await sessions[1].get_items() == []
+    assert await sessions[1].pop_item() is None
     names = sorted(t.name for t in threading.enumerate())
     print(json.dumps({"threads": names, "executor": _aio._executor is not None}))
     store.close()
@@ -70,15 +77,16 @@ asyncio.run(main())
 """
 
 
-def test_appends_take_no_python_thread(home):
+def test_appends_reads_and_edits_take_no_python_thread(home):
     """Only the interpreter's main thread and the store's native committer
-    exist after 100 appends: no worker pool was started for them."""
+    exist after appends, reads, pops and a clear: no worker pool was
+    started for them."""
     out = subprocess.run([sys.executable, "-c", CHILD, str(home)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen == {"threads": ["MainThread"], "executor": False}, seen
     store = Store(home)
-    assert [len(store.show(f"s{k}")) for k in range(4)] == [25] * 4
+    assert [len(store.show(f"s{k}")) for k in range(4)] == [24, 0, 25, 25]
 
 
 def test_a_cancelled_append_still_settles_and_the_loop_goes_on(home):
@@ -150,6 +158,50 @@ def test_closing_the_store_settles_what_was_handed_over(home):
     store = Store(home)
     assert [len(store.show(f"k{k}")) for k in range(5)] == [4, 3, 3, 3, 3]
     store.close()
+
+
+def test_a_read_sees_every_batch_handed_over_before_it(home):
+    """Reads queue behind the batches sent before them, so a read started
+    right after appends (not awaited yet) sees them stored."""
+
+    async def main():
+        store = Store(home)
+        locker = hold_lock(home / "state.db", 0.3)
+        try:
+            sent = [_aio.append(store, "r", batch(f"b{b}", 2)) for b in range(5)]
+            seen = _aio.show(store, "r")
+            rows = await seen
+            outs = await asyncio.gather(*sent)
+        finally:
+            locker.wait()
+        assert all(o.persisted for o in outs)
+        assert rows == [m for b in range(5) for m in batch(f"b{b}", 2)]
+        store.close()
+
+    asyncio.run(main())
+
+
+def test_read_and_edit_failures_raise_error_with_the_cause(home):
+    """The store's own errors arrive as exceptions of the awaiting task."""
+
+    async def main():
+        store = Store(home, holder="me", lease_ttl=60)
+        assert (await _aio.append(store, "e", batch("x", 1))).persisted
+        with pytest.raises(ValueError):
+            await _aio.show(store, "e", limit=-1)
+        # Another holder's live lease: this store's edit is fenced.
+        other = Store(home, holder="other", lease_ttl=60)
+        with pytest.raises(turnsafe_store.Error) as e:
+            await _aio.pop(other, "e")
+        assert e.value.cause is not None
+        with pytest.raises(turnsafe_store.Error) as e:
+            await _aio.clear(other, "e")
+        assert e.value.cause is not None
+        assert await _aio.show(other, "e") == batch("x", 1)
+        other.close()
+        store.close()
+
+    asyncio.run(main())
 
 
 def test_bad_input_raises_at_the_call_and_queues_nothing(home):

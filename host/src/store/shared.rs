@@ -59,6 +59,9 @@ struct Inner {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Queued>,
+    /// Work on the store handed over with [`SharedStore::call_then`], by
+    /// ticket: each runs alone, after every batch queued before it.
+    calls: VecDeque<(u64, Call)>,
     /// Outcomes not yet collected by their callers, by ticket.
     done: HashMap<u64, FlushOutcome>,
     /// A caller is committing a group.
@@ -73,6 +76,9 @@ struct Queue {
     /// The last handle is gone: the committer ends once nothing waits.
     closing: bool,
 }
+
+/// A piece of work on the store, run on the committer thread.
+type Call = Box<dyn FnOnce(&mut SessionStore) + Send>;
 
 /// Who takes a batch's outcome.
 enum Reply {
@@ -163,8 +169,8 @@ impl SharedStore {
 
     /// Hand one batch over without waiting: it joins the next group commit
     /// like any other, and `then` is called with its outcome on the thread
-    /// that committed the group (never on the caller's, never before this
-    /// returns), exactly once. The batch is committed, diverted or handed
+    /// that committed the group (never before this returns; on the caller's
+    /// only when no thread can be started), exactly once. The batch is committed, diverted or handed
     /// back even if every handle is dropped meanwhile.
     ///
     /// `then` runs while other callers may be waiting for the next group:
@@ -179,6 +185,39 @@ impl SharedStore {
         let mut queue = inner.queue();
         queue.push(session, messages, Reply::Then(Box::new(then)));
         inner.queued.fetch_add(1, Ordering::Release);
+        self.hand_over(queue);
+    }
+
+    /// Run `f` with the store on the committer thread, after every batch
+    /// handed over or queued before it (a read then sees them settled), and
+    /// call `then` with its result there: `None` if `f` panicked. `then`
+    /// is called exactly once, even if every handle is dropped meanwhile.
+    /// For reads and edits from a caller that must not block.
+    pub fn call_then<T: 'static>(
+        &self,
+        f: impl FnOnce(&mut SessionStore) -> T + Send + 'static,
+        then: impl FnOnce(Option<T>) + Send + 'static,
+    ) {
+        let inner = &self.inner;
+        let mut queue = inner.queue();
+        let ticket = queue.next_ticket;
+        queue.next_ticket += 1;
+        let call: Call = Box::new(move |store: &mut SessionStore| {
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(store)));
+            if result.is_err() {
+                tracing::error!("a call on the store panicked");
+            }
+            then(result.ok());
+        });
+        queue.calls.push_back((ticket, call));
+        inner.queued.fetch_add(1, Ordering::Release);
+        self.hand_over(queue);
+    }
+
+    /// Make sure the committer thread takes what was just queued: wake it,
+    /// or start it at the first hand-over.
+    fn hand_over<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) {
+        let inner = &self.inner;
         if queue.committer {
             if queue.committer_asleep && !queue.leading {
                 inner.work.notify_one();
@@ -196,10 +235,10 @@ impl SharedStore {
                 *inner.committer.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
             }
             Err(e) => {
-                // No thread to be had (a process at its thread limit): commit
-                // here rather than leave the batch waiting for nobody.
+                // No thread to be had (a process at its thread limit): do
+                // the work here rather than leave it waiting for nobody.
                 tracing::warn!(error = %e, "no committer thread; committing on the caller's thread");
-                while !queue.waiting.is_empty() || queue.leading {
+                while queue.has_work() || queue.leading {
                     queue = if queue.leading {
                         inner.wait_settled(queue)
                     } else {
@@ -216,7 +255,7 @@ impl SharedStore {
     pub fn settle(&self) {
         let inner = &*self.inner;
         let mut queue = inner.queue();
-        while queue.leading || !queue.waiting.is_empty() {
+        while queue.leading || queue.has_work() {
             queue = if queue.leading {
                 inner.wait_settled(queue)
             } else {
@@ -242,6 +281,10 @@ impl SharedStore {
 }
 
 impl Queue {
+    fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.calls.is_empty()
+    }
+
     fn push(&mut self, session: &SessionId, messages: Vec<Message>, reply: Reply) -> u64 {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
@@ -278,7 +321,27 @@ impl Inner {
     /// no leader), settle each, and return the queue locked again.
     fn lead<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
         queue.leading = true;
-        let group = take_group(&mut queue.waiting);
+        let first_call = queue.calls.front().map(|&(ticket, _)| ticket);
+        let call_first = match (first_call, queue.waiting.front()) {
+            (Some(call), Some(batch)) => call < batch.ticket,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if call_first && let Some((_, call)) = queue.calls.pop_front() {
+            self.queued.fetch_sub(1, Ordering::Release);
+            drop(queue);
+            call(&mut self.lock());
+            let mut queue = self.queue();
+            queue.leading = false;
+            if queue.waiters > 0 {
+                self.settled.notify_all();
+            }
+            if queue.committer_asleep && (queue.has_work() || queue.closing) {
+                self.work.notify_one();
+            }
+            return queue;
+        }
+        let group = take_group(&mut queue.waiting, first_call);
         self.queued.fetch_sub(group.len(), Ordering::Release);
         drop(queue);
         let outcomes = self.commit(&group);
@@ -296,7 +359,7 @@ impl Inner {
         if queue.waiters > 0 {
             self.settled.notify_all();
         }
-        if queue.committer_asleep && (!queue.waiting.is_empty() || queue.closing) {
+        if queue.committer_asleep && (queue.has_work() || queue.closing) {
             self.work.notify_one();
         }
         drop(queue);
@@ -313,9 +376,9 @@ impl Inner {
     fn run_committer(self: Arc<Inner>) {
         let mut queue = self.queue();
         loop {
-            if !queue.leading && !queue.waiting.is_empty() {
+            if !queue.leading && queue.has_work() {
                 queue = self.lead(queue);
-            } else if queue.closing && queue.waiting.is_empty() && !queue.leading {
+            } else if queue.closing && !queue.has_work() && !queue.leading {
                 queue.committer = false;
                 return;
             } else if queue.leading || queue.closing {
@@ -331,7 +394,7 @@ impl Inner {
                     std::hint::spin_loop();
                 }
                 queue = self.queue();
-                if queue.waiting.is_empty() && !queue.closing {
+                if !queue.has_work() && !queue.closing {
                     queue = self.sleep(queue);
                 }
             }
@@ -368,9 +431,10 @@ impl Inner {
 }
 
 /// The oldest waiting batches, up to the group's bounds (the first is
-/// always taken, however large). Sizes are measured only when a second
-/// batch is waiting, so a lone batch pays nothing for the bound.
-fn take_group(waiting: &mut VecDeque<Queued>) -> Vec<Queued> {
+/// always taken, however large), and none queued after the call `before`
+/// (it runs between the two). Sizes are measured only when a second batch
+/// is waiting, so a lone batch pays nothing for the bound.
+fn take_group(waiting: &mut VecDeque<Queued>, before: Option<u64>) -> Vec<Queued> {
     let Some(first) = waiting.pop_front() else {
         return Vec::new();
     };
@@ -380,6 +444,9 @@ fn take_group(waiting: &mut VecDeque<Queued>) -> Vec<Queued> {
     }
     let mut bytes = group[0].bytes();
     while let Some(next) = waiting.front() {
+        if before.is_some_and(|call| next.ticket > call) {
+            break;
+        }
         let size = next.bytes();
         if group.len() >= GROUP_MAX_BATCHES || bytes + size > GROUP_MAX_BYTES {
             break;
@@ -419,17 +486,18 @@ mod tests {
     #[test]
     fn a_group_is_bounded_by_batches_and_bytes() {
         let mut q = queued(70, 10);
-        assert_eq!(take_group(&mut q).len(), GROUP_MAX_BATCHES);
-        assert_eq!(take_group(&mut q).len(), 6);
-        assert!(take_group(&mut q).is_empty());
+        assert_eq!(take_group(&mut q, None).len(), GROUP_MAX_BATCHES);
+        assert_eq!(take_group(&mut q, None).len(), 6);
+        assert!(take_group(&mut q, None).is_empty());
         // About 400 KB each: two fit in 1 MiB, three do not.
         let mut q = queued(5, 400_000);
-        let sizes: Vec<usize> = std::iter::from_fn(|| Some(take_group(&mut q).len()).filter(|&n| n > 0)).collect();
+        let sizes: Vec<usize> =
+            std::iter::from_fn(|| Some(take_group(&mut q, None).len()).filter(|&n| n > 0)).collect();
         assert_eq!(sizes, [2, 2, 1]);
         // A batch larger than the bound still goes, alone.
         let mut q = queued(2, 2 << 20);
-        assert_eq!(take_group(&mut q).len(), 1);
-        assert_eq!(take_group(&mut q).len(), 1);
+        assert_eq!(take_group(&mut q, None).len(), 1);
+        assert_eq!(take_group(&mut q, None).len(), 1);
     }
 
     #[test]
@@ -541,6 +609,77 @@ mod tests {
         };
         let next = SharedStore::open(&home, opts).unwrap();
         assert!(next.append_batch(&session, &msgs("after", 1)).persisted);
+    }
+
+    #[test]
+    fn a_call_runs_after_the_batches_queued_before_it_and_before_those_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let session = SessionId::new("s").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let count = |s: &mut SessionStore| -> i64 {
+            s.connection()
+                .unwrap()
+                .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
+                .unwrap()
+        };
+        // Held, so everything below is queued before anything runs.
+        store.with_store(|_| {
+            for b in 0..3 {
+                store.append_batch_then(&session, msgs(&format!("a{b}"), 2), |_| {});
+            }
+            let tx1 = tx.clone();
+            store.call_then(count, move |n| tx1.send(("first", n)).unwrap());
+            for b in 0..2 {
+                store.append_batch_then(&session, msgs(&format!("b{b}"), 2), |_| {});
+            }
+            let tx2 = tx.clone();
+            store.call_then(count, move |n| tx2.send(("second", n)).unwrap());
+        });
+        drop(tx);
+        let seen: Vec<(&str, Option<i64>)> = rx.iter().collect();
+        assert_eq!(seen, [("first", Some(6)), ("second", Some(10))]);
+    }
+
+    #[test]
+    fn a_call_that_panics_is_answered_with_none_and_the_store_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        store.call_then(|_| -> i64 { panic!("boom") }, move |r| tx.send(r).unwrap());
+        assert_eq!(rx.recv().unwrap(), None);
+        let session = SessionId::new("s").unwrap();
+        assert!(store.append_batch(&session, &msgs("after", 1)).persisted);
+        let (tx, rx) = std::sync::mpsc::channel();
+        store.call_then(
+            move |s| s.pop_last(&session).map(|m| m.is_some()).unwrap_or(false),
+            move |r| tx.send(r).unwrap(),
+        );
+        assert_eq!(rx.recv().unwrap(), Some(true));
+    }
+
+    #[test]
+    fn the_last_handle_dropped_runs_the_calls_handed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        store.with_store(|_| {
+            for _ in 0..5 {
+                let ran = Arc::clone(&ran);
+                store.call_then(
+                    |_| (),
+                    move |r| {
+                        assert!(r.is_some());
+                        ran.fetch_add(1, Ordering::SeqCst);
+                    },
+                );
+            }
+        });
+        drop(store);
+        assert_eq!(ran.load(Ordering::SeqCst), 5);
     }
 
     #[test]

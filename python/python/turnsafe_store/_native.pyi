@@ -54,13 +54,16 @@ class Outcome:
         """Raise ``TurnNotPersisted`` unless the batch was committed."""
 
 class Completions:
-    """Outcomes of batches handed over with ``Store._append_then``, for one
-    event loop: ``fileno()`` is readable while some are ready."""
+    """Answers to work handed over with ``Store._append_then`` (and
+    ``_show_then``, ``_pop_then``, ``_clear_then``), for one event loop:
+    ``fileno()`` is readable while some are ready."""
 
     def __init__(self) -> None: ...
     def fileno(self) -> int: ...
-    def drain(self) -> List[Tuple[int, Outcome]]:
-        """The ready outcomes, ``(ticket, outcome)``, oldest first."""
+    def drain(self) -> List[Tuple[int, bool, Any]]:
+        """What is ready, oldest first: ``(ticket, True, result)`` (an
+        append's ``Outcome``, a read's or an edit's value) or ``(ticket,
+        False, exception)``."""
 
 class Store:
     """One turnsafe home (``state.db`` and ``sessions/``), safe to share
@@ -107,6 +110,11 @@ class Store:
     ) -> None:
         """Hand one batch over without waiting; its outcome reaches
         ``completions`` under ``ticket``."""
+    def _show_then(
+        self, completions: Completions, ticket: int, session_id: str, *, limit: Optional[int] = None
+    ) -> None: ...
+    def _pop_then(self, completions: Completions, ticket: int, session_id: str) -> None: ...
+    def _clear_then(self, completions: Completions, ticket: int, session_id: str) -> None: ...
     def _settle(self) -> None:
         """Wait until every batch handed over has settled."""
     def release(self, session_id: str) -> None:

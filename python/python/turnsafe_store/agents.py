@@ -14,11 +14,11 @@ action, receipt, capture, copy), and the run ends with that exception.
 
 Adding the same items again after that failure reuses the uids of the
 failed attempt, so a later ``turnsafe_store.replay`` and the resend store
-each item once. Nothing blocks the event loop: a batch is handed to the
-store's committer thread, which commits without the GIL, and its outcome
-wakes the loop through a pipe; batches that sessions send at the same time
-are committed together, one sync for all of them. Reads and edits run on
-the package's own worker threads, never on the loop's default executor.
+each item once. Nothing blocks the event loop and no Python thread takes
+part: every call is handed to the store's committer thread, which works
+without the GIL, and its answer wakes the loop through a pipe; batches that
+sessions send at the same time are committed together, one sync for all
+of them, and a read runs after everything handed over before it.
 
 Needs the SDK: ``pip install "turnsafe-store[agents]"``.
 """
@@ -41,7 +41,6 @@ except ImportError as e:  # pragma: no cover - exercised without the extra only
     ) from e
 
 from . import _aio
-from ._aio import off_loop as _off_loop
 from ._errors import TurnNotPersisted
 from ._native import Store
 
@@ -122,7 +121,7 @@ class TurnsafeSession:
         n = resolve_session_limit(limit, self.session_settings)
         if n is not None and n < 0:
             n = None  # as SQLite's LIMIT -1: no limit
-        return await _off_loop(self.store.show, self.turnsafe_id, limit=n)
+        return await _aio.show(self.store, self.turnsafe_id, limit=n)
 
     async def add_items(self, items: List[Any]) -> None:
         """Append one batch. Raises ``TurnNotPersisted`` (with ``.outcome``)
@@ -163,12 +162,12 @@ class TurnsafeSession:
     async def pop_item(self) -> Optional[Any]:
         """Remove and return the newest item (None when there is none).
         Raises ``turnsafe_store.Error`` with the policy's ``cause`` on failure."""
-        return await _off_loop(self.store.pop, self.turnsafe_id)
+        return await _aio.pop(self.store, self.turnsafe_id)
 
     async def clear_session(self) -> None:
         """Remove every item; pending divert lines of the session are settled
         as ``cleared``. Raises ``turnsafe_store.Error`` with the cause on failure."""
-        await _off_loop(self.store.clear, self.turnsafe_id)
+        await _aio.clear(self.store, self.turnsafe_id)
         with self._lock:
             self._unsettled.clear()
 
