@@ -91,6 +91,31 @@ async def interleaved(d: str, batches: int) -> tuple:
     return batches * 10 / spent["turnsafe"], batches * 10 / spent["sqlitesession"]
 
 
+async def agent_turns(d: str, turns: int) -> tuple:
+    """What a runner does each turn: read the last 20 items, then add the
+    turn's batch. One session of each, taking turns turn by turn: turns per
+    second over the sum of each one's time."""
+    from turnsafe_store import Store
+    from turnsafe_store.agents import TurnsafeSession
+
+    store = Store(os.path.join(d, "home"))
+    ts = TurnsafeSession("turns-0", d, store=store)
+    (sdk,) = sqlite_sessions(os.path.join(d, "sdk.db"), 1)
+    spent = {"turnsafe": 0.0, "sqlitesession": 0.0}
+    try:
+        for b in range(turns):
+            order = (("turnsafe", ts), ("sqlitesession", sdk))
+            for name, s in order if b % 2 == 0 else order[::-1]:
+                t = time.perf_counter()
+                await s.get_items(limit=20)
+                await s.add_items(batch(0, b))
+                spent[name] += time.perf_counter() - t
+    finally:
+        store.close()
+        sdk.close()
+    return turns / spent["turnsafe"], turns / spent["sqlitesession"]
+
+
 def main() -> int:
     # Rounds alternate which store goes first, so a machine that gets busier
     # or quieter during the run slows both alike; the median round counts.
@@ -112,6 +137,10 @@ def main() -> int:
         ts, sdk = asyncio.run(interleaved(d, BATCHES * 2))
     print(f" 1 session, the two taking turns batch by batch ({BATCHES * 2} batches each): "
           f"TurnsafeSession {ts:,.0f} msg/s   SQLiteSession {sdk:,.0f} msg/s   ratio {ts / sdk:.2f}")
+    with tempfile.TemporaryDirectory() as d:
+        ts, sdk = asyncio.run(agent_turns(d, BATCHES * 2))
+    print(f" 1 session, agent turns (get_items(limit=20), then add_items), taking turns ({BATCHES * 2} each): "
+          f"TurnsafeSession {ts:,.0f} turns/s   SQLiteSession {sdk:,.0f} turns/s   ratio {ts / sdk:.2f}")
     base = med[("sqlitesession", 1)]
     print(f"16 sessions, TurnsafeSession vs single-session SQLiteSession: {med[('turnsafe', SESSIONS)] / base:.2f}")
     return 0
