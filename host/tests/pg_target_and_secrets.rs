@@ -145,6 +145,39 @@ fn targets_passwords_and_what_is_shown() {
         assert!(!stderr.contains(pg::PASSWORD));
     }
 
+    // target_session_attrs=read-only names only servers that refuse writes:
+    // a writer refuses it before connecting (nothing listens there, and
+    // nothing is diverted), exit 2.
+    let read_only = format!(
+        "postgres://{}@127.0.0.1:1/{db}?sslmode=disable&target_session_attrs=read-only",
+        pg::USER
+    );
+    for cmd in ["append", "replay"] {
+        let mut args = vec![cmd, "--db", &read_only];
+        if cmd == "append" {
+            args.extend(["--session", "ro"]);
+        }
+        let out = Command::cargo_bin("turnsafe")
+            .unwrap()
+            .args(&args)
+            .arg("--home")
+            .arg(home.path())
+            .write_stdin(BATCH)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {stderr}");
+        assert!(
+            stderr.contains("target_session_attrs=read-only") && stderr.contains("read-write"),
+            "{cmd}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{cmd}: no outcome");
+    }
+    assert!(
+        !home.path().join("sessions").join("ro.jsonl").exists(),
+        "nothing diverted for the refused target"
+    );
+
     // A server that cannot be reached: the batch is diverted, the copy
     // names the receipt, and no output shows more than user@host:port/db.
     let closed = format!(

@@ -173,6 +173,10 @@ pub fn run(args: Args) -> i32 {
         }
     };
     if let DbChoice::Postgres(url) = choice {
+        if let Some(why) = url.writer_refusal() {
+            eprintln!("error: --db {}: {why}", url.display());
+            return exit::USAGE;
+        }
         if args.exhaust_fds_after.is_some() || args.fault_wal_write_every.is_some() {
             eprintln!("error: the SQLite testing aids do not apply to --db");
             return exit::USAGE;

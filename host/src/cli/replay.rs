@@ -63,7 +63,13 @@ pub fn run(args: Args) -> i32 {
             }
             replay_run(&args.home, &opts)
         }
-        Ok(crate::backend::DbChoice::Postgres(url)) => crate::pg::replay::replay(&args.home, &url, &opts),
+        Ok(crate::backend::DbChoice::Postgres(url)) => {
+            if let Some(why) = url.writer_refusal() {
+                eprintln!("error: --db {}: {why}", url.display());
+                return exit::USAGE;
+            }
+            crate::pg::replay::replay(&args.home, &url, &opts)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             return exit::USAGE;

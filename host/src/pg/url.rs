@@ -258,6 +258,20 @@ impl DbUrl {
     pub(crate) fn config(&self) -> &postgres::Config {
         &self.config
     }
+
+    /// Why a writer must not use this target: `target_session_attrs=read-only`
+    /// connects only to servers that refuse writes, so every batch would be
+    /// refused (`read_only`) and diverted. `None` for a target a writer can use.
+    pub fn writer_refusal(&self) -> Option<&'static str> {
+        matches!(
+            self.config.get_target_session_attrs(),
+            postgres::config::TargetSessionAttrs::ReadOnly
+        )
+        .then_some(
+            "target_session_attrs=read-only connects only to servers that refuse writes, so every batch \
+             would be diverted; a writer needs `read-write` (or `any`, the default)",
+        )
+    }
 }
 
 /// The password a libpq-style password file gives this target, if any:
@@ -328,6 +342,22 @@ fn split_pgpass(line: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_only_target_is_refused_for_writers_only() {
+        let ro: DbUrl = "postgres://w@db:5432/app?target_session_attrs=read-only"
+            .parse()
+            .unwrap();
+        assert!(ro.writer_refusal().is_some_and(|why| why.contains("read-write")));
+        for ok in [
+            "postgres://w@db:5432/app?target_session_attrs=read-write",
+            "postgres://w@db:5432/app?target_session_attrs=any",
+            "postgres://w@db:5432/app",
+        ] {
+            let url: DbUrl = ok.parse().unwrap();
+            assert_eq!(url.writer_refusal(), None, "{ok}");
+        }
+    }
 
     #[test]
     fn a_failover_list_shows_every_host_and_never_the_password() {
