@@ -1,4 +1,5 @@
-//! Linux errno numbers the policy names in copy. The policy never reads
+//! Linux errno numbers the policy names in copy (files, and the network
+//! errors a PostgreSQL connection meets). The policy never reads
 //! the environment, so this is a fixed table (x86_64/aarch64 Linux values).
 
 #[allow(unused_imports)]
@@ -33,10 +34,16 @@ const TABLE: &[(i64, &str, &str)] = &[
     (28, "ENOSPC", "no space left on device"),
     (30, "EROFS", "read-only file system"),
     (31, "EMLINK", "too many links"),
+    (32, "EPIPE", "broken pipe"),
     (36, "ENAMETOOLONG", "file name too long"),
     (37, "ENOLCK", "no locks available"),
     (40, "ELOOP", "too many levels of symbolic links"),
     (95, "EOPNOTSUPP", "operation not supported"),
+    (101, "ENETUNREACH", "network is unreachable"),
+    (104, "ECONNRESET", "connection reset by peer"),
+    (110, "ETIMEDOUT", "connection timed out"),
+    (111, "ECONNREFUSED", "connection refused"),
+    (113, "EHOSTUNREACH", "no route to host"),
     (116, "ESTALE", "stale file handle"),
     (122, "EDQUOT", "disk quota exceeded"),
 ];
@@ -62,5 +69,30 @@ pub fn human(errno: i64) -> String {
     match describe(errno) {
         Some((name, text)) => cat(&[text, " (", name, ")"]),
         None => cat(&["errno ", &signed(errno)]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_unique_and_reads_back() {
+        for (n, name, text) in TABLE {
+            assert_eq!(from_name(name), Some(*n), "{name}");
+            assert_eq!(human(*n), cat(&[text, " (", name, ")"]));
+        }
+        let mut numbers: Vec<i64> = TABLE.iter().map(|(n, _, _)| *n).collect();
+        numbers.dedup();
+        assert_eq!(numbers.len(), TABLE.len(), "numbers in order, none twice");
+        assert!(numbers.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn the_network_errors_a_connection_meets_are_named() {
+        assert_eq!(human(111), "connection refused (ECONNREFUSED)");
+        assert_eq!(human(104), "connection reset by peer (ECONNRESET)");
+        assert_eq!(human(110), "connection timed out (ETIMEDOUT)");
+        assert_eq!(human(999), "errno 999");
     }
 }
