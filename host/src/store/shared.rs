@@ -153,25 +153,21 @@ impl SharedStore {
     pub fn append_batch(&self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
         let inner = &*self.inner;
         let mut queue = inner.queue();
-        let ticket = queue.push(session, messages.to_vec(), Reply::Waiting);
-        inner.queued.fetch_add(1, Ordering::Release);
+        let ticket = inner.queue_batch(&mut queue, session, messages.to_vec(), Reply::Waiting);
         loop {
             if let Some(outcome) = queue.done.remove(&ticket) {
                 return outcome;
             }
-            queue = if queue.leading {
-                inner.wait_settled(queue)
-            } else {
-                inner.lead(queue)
-            };
+            queue = inner.step(queue);
         }
     }
 
     /// Hand one batch over without waiting: it joins the next group commit
-    /// like any other, and `then` is called with its outcome on the thread
-    /// that committed the group (never before this returns; on the caller's
-    /// only when no thread can be started), exactly once. The batch is committed, diverted or handed
-    /// back even if every handle is dropped meanwhile.
+    /// like any other, and `then` is called with its outcome, exactly once,
+    /// on the thread that committed the group (never before this returns;
+    /// on the caller's only when no thread can be started). The batch is
+    /// committed, diverted or handed back even if every handle is dropped
+    /// meanwhile.
     ///
     /// `then` runs while other callers may be waiting for the next group:
     /// it should only pass the outcome on.
@@ -181,10 +177,9 @@ impl SharedStore {
         messages: Vec<Message>,
         then: impl FnOnce(FlushOutcome) + Send + 'static,
     ) {
-        let inner = &self.inner;
-        let mut queue = inner.queue();
-        queue.push(session, messages, Reply::Then(Box::new(then)));
-        inner.queued.fetch_add(1, Ordering::Release);
+        let mut queue = self.inner.queue();
+        self.inner
+            .queue_batch(&mut queue, session, messages, Reply::Then(Box::new(then)));
         self.hand_over(queue);
     }
 
@@ -198,10 +193,6 @@ impl SharedStore {
         f: impl FnOnce(&mut SessionStore) -> T + Send + 'static,
         then: impl FnOnce(Option<T>) + Send + 'static,
     ) {
-        let inner = &self.inner;
-        let mut queue = inner.queue();
-        let ticket = queue.next_ticket;
-        queue.next_ticket += 1;
         let call: Call = Box::new(move |store: &mut SessionStore| {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(store)));
             if result.is_err() {
@@ -209,8 +200,9 @@ impl SharedStore {
             }
             then(result.ok());
         });
+        let mut queue = self.inner.queue();
+        let ticket = self.inner.ticket(&mut queue);
         queue.calls.push_back((ticket, call));
-        inner.queued.fetch_add(1, Ordering::Release);
         self.hand_over(queue);
     }
 
@@ -238,13 +230,7 @@ impl SharedStore {
                 // No thread to be had (a process at its thread limit): do
                 // the work here rather than leave it waiting for nobody.
                 tracing::warn!(error = %e, "no committer thread; committing on the caller's thread");
-                while queue.has_work() || queue.leading {
-                    queue = if queue.leading {
-                        inner.wait_settled(queue)
-                    } else {
-                        inner.lead(queue)
-                    };
-                }
+                drop(inner.settle(queue));
             }
         }
     }
@@ -253,15 +239,7 @@ impl SharedStore {
     /// diverted or handed back): for a process about to exit with batches
     /// handed over that nobody waits for.
     pub fn settle(&self) {
-        let inner = &*self.inner;
-        let mut queue = inner.queue();
-        while queue.leading || queue.has_work() {
-            queue = if queue.leading {
-                inner.wait_settled(queue)
-            } else {
-                inner.lead(queue)
-            };
-        }
+        drop(self.inner.settle(self.inner.queue()));
     }
 
     /// Batches queued for the next group commit.
@@ -284,18 +262,6 @@ impl Queue {
     fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.calls.is_empty()
     }
-
-    fn push(&mut self, session: &SessionId, messages: Vec<Message>, reply: Reply) -> u64 {
-        let ticket = self.next_ticket;
-        self.next_ticket += 1;
-        self.waiting.push_back(Queued {
-            ticket,
-            session: session.clone(),
-            messages,
-            reply,
-        });
-        ticket
-    }
 }
 
 impl Inner {
@@ -309,6 +275,43 @@ impl Inner {
         self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The ticket of a batch or call being queued, counted in `queued`.
+    fn ticket(&self, queue: &mut Queue) -> u64 {
+        let ticket = queue.next_ticket;
+        queue.next_ticket += 1;
+        self.queued.fetch_add(1, Ordering::Release);
+        ticket
+    }
+
+    fn queue_batch(&self, queue: &mut Queue, session: &SessionId, messages: Vec<Message>, reply: Reply) -> u64 {
+        let ticket = self.ticket(queue);
+        queue.waiting.push_back(Queued {
+            ticket,
+            session: session.clone(),
+            messages,
+            reply,
+        });
+        ticket
+    }
+
+    /// One step of the queue's work from a caller's thread: wait for the
+    /// running group if there is one, else lead the next.
+    fn step<'a>(&'a self, queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        if queue.leading {
+            self.wait_settled(queue)
+        } else {
+            self.lead(queue)
+        }
+    }
+
+    /// Work from this thread until nothing is queued or running.
+    fn settle<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        while queue.leading || queue.has_work() {
+            queue = self.step(queue);
+        }
+        queue
+    }
+
     /// Wait for the group being committed to settle.
     fn wait_settled<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
         queue.waiters += 1;
@@ -317,8 +320,9 @@ impl Inner {
         queue
     }
 
-    /// Commit one group of the waiting batches (the queue must have some and
-    /// no leader), settle each, and return the queue locked again.
+    /// Run the oldest queued work (the queue must have some and no leader):
+    /// a call alone, or a group of the batches queued before any call;
+    /// settle each batch, and return the queue locked again.
     fn lead<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
         queue.leading = true;
         let first_call = queue.calls.front().map(|&(ticket, _)| ticket);
@@ -332,13 +336,7 @@ impl Inner {
             drop(queue);
             call(&mut self.lock());
             let mut queue = self.queue();
-            queue.leading = false;
-            if queue.waiters > 0 {
-                self.settled.notify_all();
-            }
-            if queue.committer_asleep && (queue.has_work() || queue.closing) {
-                self.work.notify_one();
-            }
+            self.end_lead(&mut queue);
             return queue;
         }
         let group = take_group(&mut queue.waiting, first_call);
@@ -355,13 +353,7 @@ impl Inner {
                 Reply::Then(then) => calls.push((then, outcome)),
             }
         }
-        queue.leading = false;
-        if queue.waiters > 0 {
-            self.settled.notify_all();
-        }
-        if queue.committer_asleep && (queue.has_work() || queue.closing) {
-            self.work.notify_one();
-        }
+        self.end_lead(&mut queue);
         drop(queue);
         for (then, outcome) in calls {
             if std::panic::catch_unwind(AssertUnwindSafe(move || then(outcome))).is_err() {
@@ -369,6 +361,17 @@ impl Inner {
             }
         }
         self.queue()
+    }
+
+    /// No longer leading: wake whoever waits for that.
+    fn end_lead(&self, queue: &mut Queue) {
+        queue.leading = false;
+        if queue.waiters > 0 {
+            self.settled.notify_all();
+        }
+        if queue.committer_asleep && (queue.has_work() || queue.closing) {
+            self.work.notify_one();
+        }
     }
 
     /// The committer thread: lead every group no waiting caller leads, until
@@ -507,8 +510,7 @@ mod tests {
 
     #[test]
     fn many_threads_each_get_their_own_outcome() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SharedStore::open(&dir.path().join("home"), StoreOptions::default()).unwrap();
+        let (_dir, _home, store) = opened();
         let threads: Vec<_> = (0..8)
             .map(|t| {
                 let store = store.clone();
@@ -549,6 +551,14 @@ mod tests {
             .collect()
     }
 
+    /// A store on a new home: the directory (kept alive), the home, the store.
+    fn opened() -> (tempfile::TempDir, PathBuf, SharedStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        (dir, home, store)
+    }
+
     fn count_rows(home: &Path) -> i64 {
         let conn = rusqlite::Connection::open(home.join("state.db")).unwrap();
         conn.query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
@@ -557,9 +567,7 @@ mod tests {
 
     #[test]
     fn batches_handed_over_are_called_back_once_each_with_their_own_outcome() {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("home");
-        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let (_dir, home, store) = opened();
         let (tx, rx) = std::sync::mpsc::channel();
         for b in 0..40 {
             let tx = tx.clone();
@@ -581,9 +589,7 @@ mod tests {
 
     #[test]
     fn the_last_handle_dropped_commits_what_was_handed_over_and_closes() {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("home");
-        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let (_dir, home, store) = opened();
         let called = Arc::new(AtomicUsize::new(0));
         let session = SessionId::new("s").unwrap();
         let other = store.clone();
@@ -613,9 +619,7 @@ mod tests {
 
     #[test]
     fn a_call_runs_after_the_batches_queued_before_it_and_before_those_after() {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("home");
-        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let (_dir, _home, store) = opened();
         let session = SessionId::new("s").unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let count = |s: &mut SessionStore| -> i64 {
@@ -644,9 +648,7 @@ mod tests {
 
     #[test]
     fn a_call_that_panics_is_answered_with_none_and_the_store_goes_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("home");
-        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let (_dir, _home, store) = opened();
         let (tx, rx) = std::sync::mpsc::channel();
         store.call_then(|_| -> i64 { panic!("boom") }, move |r| tx.send(r).unwrap());
         assert_eq!(rx.recv().unwrap(), None);
@@ -662,9 +664,7 @@ mod tests {
 
     #[test]
     fn the_last_handle_dropped_runs_the_calls_handed_over() {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("home");
-        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let (_dir, _home, store) = opened();
         let ran = Arc::new(AtomicUsize::new(0));
         store.with_store(|_| {
             for _ in 0..5 {
@@ -684,9 +684,7 @@ mod tests {
 
     #[test]
     fn settle_returns_once_everything_handed_over_is_stored() {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("home");
-        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let (_dir, home, store) = opened();
         let session = SessionId::new("s").unwrap();
         // Held, so nothing can be committed until `settle` waits.
         store.with_store(|_| {
@@ -701,9 +699,7 @@ mod tests {
 
     #[test]
     fn waiting_callers_and_handed_over_batches_share_the_queue() {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("home");
-        let store = SharedStore::open(&home, StoreOptions::default()).unwrap();
+        let (_dir, home, store) = opened();
         let (tx, rx) = std::sync::mpsc::channel();
         let threads: Vec<_> = (0..4)
             .map(|t| {
