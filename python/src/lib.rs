@@ -369,12 +369,26 @@ enum Done {
     /// An append's outcome.
     Outcome(Value),
     /// A read's or an edit's result.
-    Value(Value),
-    /// A read or an edit that failed: raised as `Error` with `cause`.
-    Failed {
-        message: String,
-        cause: Option<&'static str>,
-    },
+    Answer(Result<Value, Failed>),
+}
+
+/// A read or an edit that failed: raised as `Error` with `cause`.
+struct Failed {
+    message: String,
+    cause: Option<&'static str>,
+}
+
+impl Failed {
+    fn of_edit(e: &turnsafe_host::store::EditError) -> Failed {
+        Failed {
+            message: e.to_string(),
+            cause: Some(e.cause.label()),
+        }
+    }
+
+    fn into_err(self, py: Python<'_>) -> PyErr {
+        raise(py, &ERROR, "Error", self.message, self.cause)
+    }
 }
 
 #[derive(Default)]
@@ -439,12 +453,8 @@ impl Completions {
         for (ticket, done) in taken {
             out.push(match done {
                 Done::Outcome(value) => (ticket, true, Py::new(py, Outcome { value })?.into_any()),
-                Done::Value(value) => (ticket, true, to_py(py, &value)?.unbind()),
-                Done::Failed { message, cause } => (
-                    ticket,
-                    false,
-                    raise(py, &ERROR, "Error", message, cause).into_value(py).into_any(),
-                ),
+                Done::Answer(Ok(value)) => (ticket, true, to_py(py, &value)?.unbind()),
+                Done::Answer(Err(failed)) => (ticket, false, failed.into_err(py).into_value(py).into_any()),
             });
         }
         Ok(out)
@@ -649,9 +659,8 @@ impl Store {
         let session = parse_session(py, session_id)?;
         let store = self.shared(py)?;
         match py.detach(move || store.with_store(|s| pop_in(s, &session))) {
-            Done::Value(v) => to_py(py, &v),
-            Done::Failed { message, cause } => Err(raise(py, &ERROR, "Error", message, cause)),
-            Done::Outcome(_) => Err(error(py, "pop answered with an outcome")),
+            Ok(v) => to_py(py, &v),
+            Err(failed) => Err(failed.into_err(py)),
         }
     }
 
@@ -662,11 +671,8 @@ impl Store {
         let session = parse_session(py, session_id)?;
         let store = self.shared(py)?;
         let home = self.home.clone();
-        match py.detach(move || store.with_store(|s| clear_in(s, &home, &session))) {
-            Done::Value(v) => Ok(v.as_u64().unwrap_or(0)),
-            Done::Failed { message, cause } => Err(raise(py, &ERROR, "Error", message, cause)),
-            Done::Outcome(_) => Err(error(py, "clear answered with an outcome")),
-        }
+        py.detach(move || store.with_store(|s| clear_in(s, &home, &session)))
+            .map_err(|failed| failed.into_err(py))
     }
 
     /// `show`, `pop` and `clear` without waiting (for an event loop): run
@@ -685,15 +691,8 @@ impl Store {
         let limit = read_limit(limit)?;
         let db = self.home.join("state.db");
         self.call_then(py, completions, ticket, move |s| {
-            match read_in(s, &db, &session, limit) {
-                Ok(rows) => Done::Value(Value::Array(
-                    rows.into_iter().map(|r| Value::Object(r.message)).collect(),
-                )),
-                Err((message, cause)) => Done::Failed {
-                    message,
-                    cause: Some(cause),
-                },
-            }
+            read_in(s, &db, &session, limit)
+                .map(|rows| Value::Array(rows.into_iter().map(|r| Value::Object(r.message)).collect()))
         })
     }
 
@@ -707,7 +706,9 @@ impl Store {
     fn clear_then(&self, py: Python<'_>, completions: &Completions, ticket: u64, session_id: &str) -> PyResult<()> {
         let session = parse_session(py, session_id)?;
         let home = self.home.clone();
-        self.call_then(py, completions, ticket, move |s| clear_in(s, &home, &session))
+        self.call_then(py, completions, ticket, move |s| {
+            clear_in(s, &home, &session).map(Value::from)
+        })
     }
 
     /// Wait until every batch handed over with `_append_then` has settled
@@ -767,8 +768,8 @@ impl Store {
         let limit = read_limit(limit)?;
         let store = self.shared(py)?;
         let db = self.home.join("state.db");
-        let result = py.detach(move || store.with_store(|s| read_in(s, &db, &session, limit)));
-        result.map_err(|(message, cause)| raise(py, &ERROR, "Error", message, Some(cause)))
+        py.detach(move || store.with_store(|s| read_in(s, &db, &session, limit)))
+            .map_err(|failed| failed.into_err(py))
     }
 
     /// Hand `work` to the committer thread; its answer reaches
@@ -778,19 +779,19 @@ impl Store {
         py: Python<'_>,
         completions: &Completions,
         ticket: u64,
-        work: impl FnOnce(&mut turnsafe_host::store::SessionStore) -> Done + Send + 'static,
+        work: impl FnOnce(&mut turnsafe_host::store::SessionStore) -> Result<Value, Failed> + Send + 'static,
     ) -> PyResult<()> {
         let store = self.shared(py)?;
         let lane = Arc::clone(&completions.lane);
         py.detach(move || {
             store.call_then(work, move |done| {
-                lane.push(
-                    ticket,
-                    done.unwrap_or_else(|| Done::Failed {
+                let answer = done.unwrap_or_else(|| {
+                    Err(Failed {
                         message: "the store's work failed unexpectedly (a panic); nothing was changed by it".into(),
                         cause: None,
-                    }),
-                )
+                    })
+                });
+                lane.push(ticket, Done::Answer(answer))
             })
         });
         Ok(())
@@ -811,11 +812,14 @@ fn read_in(
     db: &Path,
     session: &SessionId,
     limit: Option<u64>,
-) -> Result<Vec<turnsafe_host::transcript::StoredMessage>, (String, &'static str)> {
+) -> Result<Vec<turnsafe_host::transcript::StoredMessage>, Failed> {
     if let Some(cause) = s.sticky() {
         // The handle has stopped touching its database.
         let why = "the store refuses to touch its database until an operator acts";
-        return Err((format!("reading {}: {why}", db.display()), cause.label()));
+        return Err(Failed {
+            message: format!("reading {}: {why}", db.display()),
+            cause: Some(cause.label()),
+        });
     }
     match s.connection() {
         Some(conn) => turnsafe_host::transcript::stored_messages(conn, session.as_str(), limit),
@@ -823,46 +827,30 @@ fn read_in(
         None => turnsafe_host::store::open_read_only(db)
             .and_then(|conn| turnsafe_host::transcript::stored_messages(&conn, session.as_str(), limit)),
     }
-    .map_err(|e| {
-        (
-            format!("reading {}: {e}", db.display()),
-            observe::cause_of(Operation::Replay, &e).label(),
-        )
+    .map_err(|e| Failed {
+        message: format!("reading {}: {e}", db.display()),
+        cause: Some(observe::cause_of(Operation::Replay, &e).label()),
     })
 }
 
 /// Remove and return the newest message (`null` when there is none).
-fn pop_in(s: &mut turnsafe_host::store::SessionStore, session: &SessionId) -> Done {
+fn pop_in(s: &mut turnsafe_host::store::SessionStore, session: &SessionId) -> Result<Value, Failed> {
     match s.pop_last(session) {
-        Ok(Some(m)) => Done::Value(Value::Object(m.message)),
-        Ok(None) => Done::Value(Value::Null),
-        Err(e) => Done::Failed {
-            message: e.to_string(),
-            cause: Some(e.cause.label()),
-        },
+        Ok(m) => Ok(m.map_or(Value::Null, |m| Value::Object(m.message))),
+        Err(e) => Err(Failed::of_edit(&e)),
     }
 }
 
 /// Remove every message, then settle the session's pending divert lines as
 /// `cleared`: only once the rows are gone (the edit checked the lease), so
 /// a fenced clear leaves the divert lines pending too.
-fn clear_in(s: &mut turnsafe_host::store::SessionStore, home: &Path, session: &SessionId) -> Done {
-    let removed = match s.clear_session(session) {
-        Ok(n) => n,
-        Err(e) => {
-            return Done::Failed {
-                message: e.to_string(),
-                cause: Some(e.cause.label()),
-            };
-        }
-    };
-    match turnsafe_host::replay::clear_pending(home, session.as_str()) {
-        Ok(_) => Done::Value(Value::from(removed)),
-        Err(e) => Done::Failed {
-            message: format!("settling the session's divert lines: {e}"),
-            cause: None,
-        },
-    }
+fn clear_in(s: &mut turnsafe_host::store::SessionStore, home: &Path, session: &SessionId) -> Result<u64, Failed> {
+    let removed = s.clear_session(session).map_err(|e| Failed::of_edit(&e))?;
+    turnsafe_host::replay::clear_pending(home, session.as_str()).map_err(|e| Failed {
+        message: format!("settling the session's divert lines: {e}"),
+        cause: None,
+    })?;
+    Ok(removed)
 }
 
 // ---------------------------------------------------------------- functions

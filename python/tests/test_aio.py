@@ -243,8 +243,9 @@ def test_a_loop_that_cannot_watch_descriptors_uses_the_workers(home):
 
 
 def test_a_forked_child_gets_its_own_completions(home):
-    """The parent has a pipe registered on its loop; a child of fork makes
-    its own and never reads the parent's outcomes."""
+    """A parent whose store has a committer thread and a pipe on its loop
+    forks: the child's appends go through a store and a pipe of its own
+    (its loop is new), the parent's go on, and every row is there once."""
     store = Store(home)
 
     async def parent(tag):
