@@ -67,10 +67,10 @@ async def run(kind: str, d: str, n: int, batches: int) -> float:
             s.close()
 
 
-async def interleaved(d: str, batches: int) -> tuple:
-    """One session of each, taking turns batch by batch (who goes first
-    alternates), so both meet the same moment of the machine: msg/s over
-    the sum of each one's add_items times."""
+async def taking_turns(d: str, steps: int, step) -> tuple:
+    """One session of each, taking turns step by step (who goes first
+    alternates), so both meet the same moment of the machine: steps per
+    second over the sum of each one's time in `step(session, b)`."""
     from turnsafe_store import Store
     from turnsafe_store.agents import TurnsafeSession
 
@@ -79,41 +79,27 @@ async def interleaved(d: str, batches: int) -> tuple:
     (sdk,) = sqlite_sessions(os.path.join(d, "sdk.db"), 1)
     spent = {"turnsafe": 0.0, "sqlitesession": 0.0}
     try:
-        for b in range(batches):
+        for b in range(steps):
             order = (("turnsafe", ts), ("sqlitesession", sdk))
             for name, s in order if b % 2 == 0 else order[::-1]:
                 t = time.perf_counter()
-                await s.add_items(batch(0, b))
+                await step(s, b)
                 spent[name] += time.perf_counter() - t
     finally:
         store.close()
         sdk.close()
-    return batches * 10 / spent["turnsafe"], batches * 10 / spent["sqlitesession"]
+    return steps / spent["turnsafe"], steps / spent["sqlitesession"]
 
 
-async def agent_turns(d: str, turns: int) -> tuple:
+async def add_batch(s, b: int) -> None:
+    await s.add_items(batch(0, b))
+
+
+async def agent_turn(s, b: int) -> None:
     """What a runner does each turn: read the last 20 items, then add the
-    turn's batch. One session of each, taking turns turn by turn: turns per
-    second over the sum of each one's time."""
-    from turnsafe_store import Store
-    from turnsafe_store.agents import TurnsafeSession
-
-    store = Store(os.path.join(d, "home"))
-    ts = TurnsafeSession("turns-0", d, store=store)
-    (sdk,) = sqlite_sessions(os.path.join(d, "sdk.db"), 1)
-    spent = {"turnsafe": 0.0, "sqlitesession": 0.0}
-    try:
-        for b in range(turns):
-            order = (("turnsafe", ts), ("sqlitesession", sdk))
-            for name, s in order if b % 2 == 0 else order[::-1]:
-                t = time.perf_counter()
-                await s.get_items(limit=20)
-                await s.add_items(batch(0, b))
-                spent[name] += time.perf_counter() - t
-    finally:
-        store.close()
-        sdk.close()
-    return turns / spent["turnsafe"], turns / spent["sqlitesession"]
+    turn's batch."""
+    await s.get_items(limit=20)
+    await s.add_items(batch(0, b))
 
 
 def main() -> int:
@@ -134,11 +120,11 @@ def main() -> int:
         print(f"{n:>2} session(s): TurnsafeSession {ts:>9,.0f} msg/s   SQLiteSession {sdk:>9,.0f} msg/s"
               f"   ratio {ts / sdk:.2f} (target >= {1.2 if n == 1 else 3})")
     with tempfile.TemporaryDirectory() as d:
-        ts, sdk = asyncio.run(interleaved(d, BATCHES * 2))
+        ts, sdk = (10 * r for r in asyncio.run(taking_turns(d, BATCHES * 2, add_batch)))
     print(f" 1 session, the two taking turns batch by batch ({BATCHES * 2} batches each): "
           f"TurnsafeSession {ts:,.0f} msg/s   SQLiteSession {sdk:,.0f} msg/s   ratio {ts / sdk:.2f}")
     with tempfile.TemporaryDirectory() as d:
-        ts, sdk = asyncio.run(agent_turns(d, BATCHES * 2))
+        ts, sdk = asyncio.run(taking_turns(d, BATCHES * 2, agent_turn))
     print(f" 1 session, agent turns (get_items(limit=20), then add_items), taking turns ({BATCHES * 2} each): "
           f"TurnsafeSession {ts:,.0f} turns/s   SQLiteSession {sdk:,.0f} turns/s   ratio {ts / sdk:.2f}")
     base = med[("sqlitesession", 1)]
