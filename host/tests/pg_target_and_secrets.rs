@@ -19,6 +19,23 @@ fn outcomes(stdout: &[u8]) -> Vec<Value> {
         .collect()
 }
 
+/// `turnsafe <cmd> --db <url> --home <home>`, with `--session` where the
+/// command takes one, and one batch on stdin.
+fn run_with_db(cmd: &str, url: &str, session: &str, home: &std::path::Path) -> std::process::Output {
+    let mut args = vec![cmd, "--db", url];
+    if cmd == "append" || cmd == "show" {
+        args.extend(["--session", session]);
+    }
+    Command::cargo_bin("turnsafe")
+        .unwrap()
+        .args(&args)
+        .arg("--home")
+        .arg(home)
+        .write_stdin(BATCH)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn targets_passwords_and_what_is_shown() {
     let server = pg_or_skip!();
@@ -127,18 +144,7 @@ fn targets_passwords_and_what_is_shown() {
     // sslmode=prefer falls back to plaintext silently: refused, exit 2.
     let prefer = url.replace("sslmode=disable", "sslmode=prefer");
     for cmd in ["append", "show", "replay", "doctor"] {
-        let mut args = vec![cmd, "--db", &prefer];
-        if cmd == "append" || cmd == "show" {
-            args.extend(["--session", "s1"]);
-        }
-        let out = Command::cargo_bin("turnsafe")
-            .unwrap()
-            .args(&args)
-            .arg("--home")
-            .arg(home.path())
-            .write_stdin(BATCH)
-            .output()
-            .unwrap();
+        let out = run_with_db(cmd, &prefer, "s1", home.path());
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{cmd}: {stderr}");
         assert!(stderr.contains("sslmode=prefer is refused"), "{cmd}: {stderr}");
@@ -153,18 +159,7 @@ fn targets_passwords_and_what_is_shown() {
         pg::USER
     );
     for cmd in ["append", "replay"] {
-        let mut args = vec![cmd, "--db", &read_only];
-        if cmd == "append" {
-            args.extend(["--session", "ro"]);
-        }
-        let out = Command::cargo_bin("turnsafe")
-            .unwrap()
-            .args(&args)
-            .arg("--home")
-            .arg(home.path())
-            .write_stdin(BATCH)
-            .output()
-            .unwrap();
+        let out = run_with_db(cmd, &read_only, "ro", home.path());
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{cmd}: {stderr}");
         assert!(
