@@ -286,6 +286,24 @@ fn cases() -> Vec<(String, Vec<Turn>)> {
             (start("b", 1, 16), vec![diverted(1, 230)]),
         ],
     ));
+    // An unsettled capture holds rows of this session: the batch goes to
+    // the divert file with the capture's cause, the database untouched and
+    // the handle not sticky: the next batch, of a session the capture does
+    // not hold, opens and commits.
+    let held = |batch: &str, n: usize, seed: u64, cause: &str| {
+        let mut s = start(batch, n, seed);
+        s["pending_capture"] =
+            json!({"path": "/home/agent/.turnsafe/state.db.retired-20261201T000000Z-7", "cause": cause});
+        s
+    };
+    out.push((
+        "pending_capture_diverts_its_sessions_only".into(),
+        vec![
+            (held("a", 2, 40, "deleted_wal"), vec![diverted(2, 0)]),
+            (start("b", 1, 41), vec![opened(), committed()]),
+            (held("c", 1, 42, "corrupt"), vec![divert_failed(false)]),
+        ],
+    ));
     out.push((
         "disk_at_open_opens_again_next_batch".into(),
         vec![

@@ -3,7 +3,7 @@
 import { classifyJson, evaluateJson, flushStep } from './src/policy.mjs';
 
 const obs = JSON.stringify({ operation: 'open', code: 14, errno: 24, message: 'unable to open database file' });
-const req = JSON.stringify({ observation: JSON.parse(obs), context: { receipt_path: '/h/sessions/s1.jsonl' } });
+const req = JSON.stringify({ observation: JSON.parse(obs), context: { receipt: { path: '/h/sessions/s1.jsonl', offset: 0, length: 231, count: 1, sha256: '5f2b'.repeat(16) } } });
 const n = 50000;
 for (let i = 0; i < 2000; i++) classifyJson(obs);
 let t = process.hrtime.bigint();

@@ -9,7 +9,7 @@ import time
 from turnsafe_policy import Policy
 
 OBS = json.dumps({"operation": "open", "code": 14, "errno": 24, "message": "unable to open database file"})
-REQ = json.dumps({"observation": json.loads(OBS), "context": {"receipt_path": "/h/sessions/s1.jsonl"}})
+REQ = json.dumps({"observation": json.loads(OBS), "context": {"receipt": {"path": "/h/sessions/s1.jsonl", "offset": 0, "length": 231, "count": 1, "sha256": "5f2b" * 16}}})
 
 
 def main(n: int = 20000) -> None:

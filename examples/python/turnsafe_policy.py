@@ -1,6 +1,6 @@
 """The turnsafe policy component, loaded with wasmtime-py's component API.
 
-The component exports the interface ``turnsafe:policy/engine@0.2.0``; its
+The component exports the interface ``turnsafe:policy/engine@0.3.0``; its
 JSON entry points take and return strings, so this wrapper needs no
 generated bindings. The instance is created once and reused; after a trap
 it is discarded and a fresh one serves the next call.
@@ -15,7 +15,7 @@ from pathlib import Path
 import wasmtime
 import wasmtime.component as wc
 
-INTERFACE = "turnsafe:policy/engine@0.2.0"
+INTERFACE = "turnsafe:policy/engine@0.3.0"
 DEFAULT_COMPONENT = Path(__file__).resolve().parent / "build" / "turnsafe_policy.wasm"
 
 

@@ -22,7 +22,13 @@ fn main() {
     obs.errno = Some(24);
     obs.message = "unable to open database file".into();
     let ctx = CopyContext {
-        receipt_path: Some("/h/sessions/s1.jsonl".into()),
+        receipt: Some(turnsafe_policy::machine::DivertReceipt {
+            path: "/h/sessions/s1.jsonl".into(),
+            offset: 0,
+            length: 231,
+            count: 1,
+            sha256: "5f2b".repeat(16),
+        }),
         ..CopyContext::default()
     };
 
@@ -52,12 +58,19 @@ fn main() {
     };
     let wctx = wit::CopyContext {
         session: None,
-        receipt_path: Some("/h/sessions/s1.jsonl".into()),
+        receipt: Some(wit::DivertReceipt {
+            path: "/h/sessions/s1.jsonl".into(),
+            offset: 0,
+            length: 231,
+            count: 1,
+            sha256: "5f2b".repeat(16),
+        }),
         divert_failure: None,
         errno: None,
         capture_receipt: None,
         capture_failure: None,
         divert_residue: None,
+        pending_capture: None,
     };
     let m = 20_000u32;
     let t = Instant::now();
@@ -96,6 +109,7 @@ fn main() {
             uids: uids.clone(),
             minted_uids: Vec::new(),
             seed: u64::from(i),
+            pending_capture: None,
         })
         .unwrap();
         let events = [

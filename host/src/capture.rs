@@ -21,6 +21,20 @@ use crate::guard::{Guard, Part};
 /// A finished capture: the policy's receipt type, so the copy can name it.
 pub use turnsafe_policy::CaptureReceipt as Capture;
 
+/// Why a capture was made, as its manifest records it: `doctor`, replay's
+/// refusal and every copy that names the capture take its cause from
+/// there, never from a guess.
+#[derive(Debug, Clone)]
+pub struct Why {
+    /// The failure or the check that asked for it (for the operator).
+    pub trigger: String,
+    /// The policy's cause: `deleted_wal`, `replaced`, or the sticky cause
+    /// (`corrupt`) of a handle that closed.
+    pub cause: turnsafe_policy::Cause,
+    /// The typed evidence the cause rests on (none for a code).
+    pub evidence: Vec<turnsafe_policy::Evidence>,
+}
+
 /// A capture that did not finish. `operation` is one of the policy's
 /// [`turnsafe_policy::KNOWN_CAPTURE_OPS`]; `file` names the captured file
 /// the step was working on, never a path.
@@ -116,44 +130,92 @@ pub(crate) fn utc_stamp() -> String {
         .replace(['-', ':'], "")
 }
 
+/// One file of a capture, read through a descriptor that holds it.
+pub(crate) struct HeldFile {
+    /// `state.db`, `state.db-wal` or `state.db-shm`.
+    pub name: String,
+    pub data: Vec<u8>,
+    pub id: crate::guard::FileId,
+    /// The descriptor it was read through, in the holder's process.
+    pub fd: RawFd,
+}
+
 /// Capture what the guard recorded into a new folder next to the db. The
 /// receipt exists only once every file, the manifest and both folders
 /// were fsynced.
-pub fn capture(guard: &Guard, trigger: &str) -> Result<Capture, CaptureError> {
-    let db = guard.db_path();
-    let parent = db.parent().unwrap_or(Path::new("."));
-    let stamp = utc_stamp();
-    let dir: PathBuf = parent.join(format!("state.db.retired-{stamp}-{}", std::process::id()));
-    crate::failpoint::hit("capture.before_mkdir");
-    DirBuilder::new().mode(0o700).create(&dir).map_err(err("mkdir", None))?;
+pub fn capture(guard: &Guard, why: &Why) -> Result<Capture, CaptureError> {
     let mut files = Vec::new();
-    let mut manifest_files = Vec::new();
     for part in Part::ALL {
         let Some(held) = guard.held(part) else { continue };
         let Some(fd) = held.fd else { continue };
         let name = format!("state.db{}", part.suffix());
         let data = read_through(fd).map_err(err("read", Some(&name)))?;
-        crate::failpoint::hit("capture.before_write");
-        write_durably(&dir, &name, &data)?;
-        manifest_files.push(json!({
-            "name": name,
-            "dev": held.id.dev,
-            "ino": held.id.ino,
-            "fd": fd,
-            "size": data.len(),
-            "sha256": hex::encode(Sha256::digest(&data)),
-        }));
-        files.push(CapturedFile {
+        files.push(HeldFile {
             name,
-            size: data.len() as u64,
+            data,
+            id: held.id,
+            fd,
         });
     }
+    let pid = std::process::id();
+    write_capture(guard.db_path(), pid, Some(guard.generation()), why, files)
+}
+
+/// Write `files` into `<db's folder>/state.db.retired-<UTC>-<holder>/`,
+/// each to a temporary name, fsynced and renamed, then the manifest (what
+/// it holds that the database now at `db` lacks, why it was made, who held
+/// the frames), then both folders fsynced. `holder` is the process whose
+/// descriptors hold the retired generation.
+pub(crate) fn write_capture(
+    db: &Path,
+    holder: u32,
+    generation: Option<i32>,
+    why: &Why,
+    files: Vec<HeldFile>,
+) -> Result<Capture, CaptureError> {
+    let parent = db.parent().unwrap_or(Path::new("."));
+    let stamp = utc_stamp();
+    let dir: PathBuf = parent.join(format!("state.db.retired-{stamp}-{holder}"));
+    crate::failpoint::hit("capture.before_mkdir");
+    DirBuilder::new().mode(0o700).create(&dir).map_err(err("mkdir", None))?;
+    let mut receipt_files = Vec::new();
+    let mut manifest_files = Vec::new();
+    for f in &files {
+        crate::failpoint::hit("capture.before_write");
+        write_durably(&dir, &f.name, &f.data)?;
+        manifest_files.push(json!({
+            "name": f.name,
+            "dev": f.id.dev,
+            "ino": f.id.ino,
+            "fd": f.fd,
+            "size": f.data.len(),
+            "sha256": hex::encode(Sha256::digest(&f.data)),
+        }));
+        receipt_files.push(CapturedFile {
+            name: f.name.clone(),
+            size: f.data.len() as u64,
+        });
+    }
+    drop(files);
+    // Which sessions this capture holds rows of that the database now at
+    // the path lacks: a pending capture stops exactly their history.
+    let missing = crate::capture_holds::missing_rows(&dir, db);
+    let (missing_rows, missing_error) = match &missing {
+        Ok(by_session) => (json!(by_session), serde_json::Value::Null),
+        Err(e) => (serde_json::Value::Null, json!(e)),
+    };
     let manifest = json!({
         "format": 1,
-        "trigger": trigger,
+        "trigger": why.trigger,
+        "cause": why.cause.label(),
+        "evidence": why.evidence.iter().map(|e| e.label()).collect::<Vec<_>>(),
         "source": db.to_string_lossy(),
-        "generation": guard.generation(),
-        "pid": std::process::id(),
+        "generation": generation,
+        "pid": holder,
+        "pid_start": crate::holders::start_time(holder),
+        "captured_by": std::process::id(),
+        "missing_rows": missing_rows,
+        "missing_rows_error": missing_error,
         "captured_at": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
         "files": manifest_files,
         "versions": {
@@ -168,7 +230,7 @@ pub fn capture(guard: &Guard, trigger: &str) -> Result<Capture, CaptureError> {
     let abs = std::path::absolute(&dir).unwrap_or(dir);
     Ok(Capture {
         path: abs.to_string_lossy().into_owned(),
-        files,
+        files: receipt_files,
         manifest_sha256: hex::encode(Sha256::digest(&text)),
     })
 }

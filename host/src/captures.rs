@@ -100,6 +100,123 @@ pub struct CaptureFolder {
     pub status: Status,
 }
 
+impl CaptureFolder {
+    /// What its manifest says of it, or why that cannot be read.
+    pub fn manifest(&self) -> Result<Manifest, String> {
+        manifest(&self.path)
+    }
+}
+
+/// What a capture's `manifest.json` says of why it was made and what it
+/// holds. Fields an earlier turnsafe did not write are absent.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+pub struct Manifest {
+    #[serde(default)]
+    pub trigger: String,
+    /// The policy's cause label.
+    #[serde(default)]
+    pub cause: Option<String>,
+    #[serde(default)]
+    pub evidence: Vec<String>,
+    /// The process that made it, and when that process started.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub pid_start: Option<u64>,
+    /// Rows of the captured generation the database at the path lacked
+    /// when it was made, by session; absent when that could not be known.
+    #[serde(default)]
+    pub missing_rows: Option<BTreeMap<String, u64>>,
+    #[serde(default)]
+    pub missing_rows_error: Option<String>,
+}
+
+impl Manifest {
+    /// The cause it records; `unknown` for a manifest that records none.
+    pub fn cause(&self) -> turnsafe_policy::Cause {
+        self.cause
+            .as_deref()
+            .and_then(turnsafe_policy::Cause::from_label)
+            .unwrap_or(turnsafe_policy::Cause::Unknown)
+    }
+}
+
+/// Read `capture/manifest.json`.
+pub fn manifest(capture: &Path) -> Result<Manifest, String> {
+    let bytes = std::fs::read(capture.join("manifest.json")).map_err(|e| format!("manifest.json: {e}"))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("manifest.json is not a capture manifest: {e}"))
+}
+
+/// An unsettled capture that holds rows some sessions' history lacks.
+/// While it is pending, no writer commits a batch of those sessions, and
+/// no read presents their transcripts as complete.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Hold {
+    /// The capture folder's absolute path.
+    pub path: String,
+    /// The cause its manifest records (`unknown` when it records none).
+    #[serde(serialize_with = "cause_label")]
+    pub cause: turnsafe_policy::Cause,
+    /// The rows it holds that the database lacks, by session; `None` when
+    /// that is not known (an unreadable manifest, a capture an earlier
+    /// turnsafe made, one whose comparison failed): then it holds every
+    /// session.
+    pub sessions: Option<BTreeMap<String, u64>>,
+}
+
+fn cause_label<S: serde::Serializer>(c: &turnsafe_policy::Cause, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(c.label())
+}
+
+impl Hold {
+    /// Whether it holds rows of `session`.
+    pub fn holds(&self, session: &str) -> bool {
+        match &self.sessions {
+            None => true,
+            Some(by) => by.get(session).is_some_and(|n| *n > 0),
+        }
+    }
+
+    /// The hold as `show`, `search` and Python report it: `{path, cause,
+    /// rows}`, `rows` being this session's count (null when unknown).
+    pub fn to_value(&self, session: Option<&str>) -> serde_json::Value {
+        let rows = match (&self.sessions, session) {
+            (Some(by), Some(s)) => serde_json::json!(by.get(s).copied().unwrap_or(0)),
+            (Some(by), None) => serde_json::json!(by.values().sum::<u64>()),
+            (None, _) => serde_json::Value::Null,
+        };
+        serde_json::json!({ "path": self.path, "cause": self.cause.label(), "rows": rows })
+    }
+}
+
+/// The unsettled captures under `home` that hold rows of some session: a
+/// capture that holds nothing new (a checkpoint had already moved every
+/// row into the main file) stops nothing.
+pub fn holds(home: &Path) -> io::Result<Vec<Hold>> {
+    let mut out = Vec::new();
+    for c in pending(home)? {
+        let path = std::path::absolute(&c.path).unwrap_or(c.path.clone());
+        let (cause, sessions) = match c.manifest() {
+            Ok(m) => (m.cause(), m.missing_rows.clone()),
+            Err(_) => (turnsafe_policy::Cause::Unknown, None),
+        };
+        let hold = Hold {
+            path: path.to_string_lossy().into_owned(),
+            cause,
+            sessions: sessions.map(|by| by.into_iter().filter(|(_, n)| *n > 0).collect()),
+        };
+        if hold.sessions.as_ref().is_none_or(|by| !by.is_empty()) {
+            out.push(hold);
+        }
+    }
+    Ok(out)
+}
+
+/// The holds among `holds` that hold `session`.
+pub fn holding<'a>(holds: &'a [Hold], session: &str) -> Vec<&'a Hold> {
+    holds.iter().filter(|h| h.holds(session)).collect()
+}
+
 /// The capture folders directly under `home`, sorted by name (their names
 /// start with the UTC time, so oldest first). A missing home has none.
 pub fn list(home: &Path) -> io::Result<Vec<CaptureFolder>> {

@@ -164,16 +164,12 @@ pub fn divert(
     })?;
     crate::failpoint::hit("divert.before_mkdir");
     match DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {
-            if let Some(parent) = dir.parent() {
-                sync_dir(parent).map_err(|e| DivertError::io("fsync_dir", parent, &e))?;
-            }
-        }
+        Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(DivertError::io("mkdir", dir, &e)),
     }
     let path = dir.join(format!("{session}.jsonl"));
-    let (mut file, created) = open_append(&path).map_err(|e| DivertError::io("open", &path, &e))?;
+    let (mut file, _created) = open_append(&path).map_err(|e| DivertError::io("open", &path, &e))?;
     rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
         .map_err(|e| DivertError::io("lock", &path, &io::Error::from(e)))?;
 
@@ -217,11 +213,14 @@ pub fn divert(
                 .map_or_else(|| file.sync_all(), Err)
                 .map_err(|e| DivertError::io("fsync", &path, &e))
         })
-        .and_then(|()| match created {
-            true => crate::failpoint::io_fault("divert.fsync_dir")
-                .map_or_else(|| sync_dir(dir), Err)
-                .map_err(|e| DivertError::io("fsync_dir", dir, &e)),
-            false => Ok(()),
+        // Every folder entry on the receipt's path is made durable by every
+        // divert, whoever created it: a call that created the file or the
+        // folder may have failed before its own folder fsync, and a power
+        // cut would then take the entry, and the copy, with it.
+        .and_then(|()| {
+            crate::failpoint::io_fault("divert.fsync_dir")
+                .map_or_else(|| sync_path_entries(dir), Err)
+                .map_err(|e| DivertError::io("fsync_dir", dir, &e))
         });
     if let Err(mut e) = written {
         // Bytes of this batch may be in the file, with no receipt to vouch
@@ -286,6 +285,17 @@ fn open_append(path: &Path) -> io::Result<(File, bool)> {
 /// fsync a directory so a new entry in it survives a crash.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// fsync `dir` (its entries: the file just written) and its parent (the
+/// entry of `dir` itself): the whole path of a file turnsafe creates under
+/// a home.
+pub fn sync_path_entries(dir: &Path) -> io::Result<()> {
+    sync_dir(dir)?;
+    match dir.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
+        _ => sync_dir(Path::new(".")),
+    }
 }
 
 /// Read back a receipt's byte range and check its checksum and line count.

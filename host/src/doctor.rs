@@ -72,14 +72,29 @@ pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {
             None,
         ));
         if !deleted.is_empty() {
-            out.push(finding(
+            let mut f = finding(
                 "holders",
                 "error",
                 format!(
                     "pid(s) {deleted:?} still write to a deleted state.db file or sidecar: their commits will be lost"
                 ),
                 Some(Cause::DeletedWal),
-            ));
+            );
+            // The retired frames live only in those descriptors: copy them
+            // out before anything stops those processes.
+            f.remediation.clear();
+            for pid in &deleted {
+                let fds: Vec<&String> = held.by_pid.get(pid).map(|v| v.iter().collect()).unwrap_or_default();
+                f.remediation.push(format!(
+                    "Before stopping pid {pid} (it holds {}), copy the generation it holds: \
+                     `turnsafe capture --pid {pid} --home {}`.",
+                    fds.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+                    home.display()
+                ));
+            }
+            f.remediation
+                .push("Then stop those processes; the next writer opens the database at the path.".into());
+            out.push(f);
         }
     }
     if !held.unreadable.is_empty() {
@@ -307,16 +322,44 @@ fn captures(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Str
                     Status::Unreadable(why) => format!(" ({why})"),
                     _ => String::new(),
                 };
+                // The cause is the one its manifest records, never assumed.
+                let manifest = c.manifest();
+                let cause = manifest.as_ref().map(|m| m.cause()).unwrap_or(Cause::Unknown);
+                let made_by = match &manifest {
+                    Ok(_) => format!("captured for cause {}", cause.label()),
+                    Err(e) => format!("its manifest cannot be read ({e})"),
+                };
+                let holds = match manifest.as_ref().map(|m| m.missing_rows.as_ref()) {
+                    Ok(Some(by)) if by.values().all(|n| *n == 0) => {
+                        "it holds no row the database lacks, so it stops no session's history".to_string()
+                    }
+                    Ok(Some(by)) => {
+                        let list: Vec<String> = by
+                            .iter()
+                            .filter(|(_, n)| **n > 0)
+                            .map(|(s, n)| format!("{s} ({n} row(s))"))
+                            .collect();
+                        format!(
+                            "it holds rows the database lacks of session(s) {}: their batches are diverted and \
+                             their history reads as incomplete until it is settled",
+                            list.join(", ")
+                        )
+                    }
+                    _ => "what it holds is not known, so it stops every session's history until it is settled"
+                        .to_string(),
+                };
                 let mut f = finding(
                     "captures",
                     "error",
                     format!(
-                        "{} is not settled{why}: it holds rows of a retired generation that may be in no database; \
-                         replay refuses until it is settled",
+                        "{} is not settled{why}: {made_by}; {holds}; replay refuses until it is settled",
                         c.name
                     ),
-                    Some(Cause::DeletedWal),
+                    Some(cause),
                 );
+                // What settles a capture, not what the cause asked of the
+                // writer when it happened.
+                f.remediation.clear();
                 let path = c.path.display();
                 f.remediation.push(format!(
                     "See what it holds: `turnsafe recover --source {path} --inspect-only`."

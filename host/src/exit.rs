@@ -16,5 +16,8 @@ pub const UNACCOUNTED: i32 = 4;
 pub const REFUSED: i32 = 5;
 /// `doctor` found problems.
 pub const PROBLEMS: i32 = 6;
+/// A read was answered, but the history it shows is not complete: an
+/// unsettled capture holds rows of the session that the database lacks.
+pub const INCOMPLETE: i32 = 7;
 /// At least one input line could not be read as the command expects.
 pub const DATAERR: i32 = 65;

@@ -82,3 +82,23 @@ pub fn db_files(db: &Path) -> Vec<PathBuf> {
         .map(|p| crate::guard::path_of(db, *p))
         .collect()
 }
+
+/// When process `pid` started, in clock ticks since boot (field 22 of
+/// `/proc/<pid>/stat`): with the pid, it names one process, since a pid
+/// may be reused by a later one.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process that was `pid`, started at `started` (when known),
+/// is still running.
+pub fn alive(pid: u32, started: Option<u64>) -> bool {
+    match (start_time(pid), started) {
+        (None, _) => false,
+        (Some(now), Some(then)) => now == then,
+        (Some(_), None) => true,
+    }
+}

@@ -11,6 +11,8 @@
 
 pub mod backend;
 pub mod capture;
+pub mod capture_holds;
+pub mod capture_pid;
 pub mod captures;
 #[cfg(feature = "wasm-engine")]
 pub mod cli;

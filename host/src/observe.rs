@@ -23,7 +23,8 @@ pub fn system_errno(conn: &Connection) -> Option<i64> {
     (e != 0).then_some(i64::from(e))
 }
 
-/// Build an observation of a failed SQLite call.
+/// Build an observation of a failed SQLite call, with the evidence the
+/// caller's own probes and knowledge of the statement establish.
 pub fn observation(
     operation: Operation,
     err: &rusqlite::Error,
@@ -34,11 +35,9 @@ pub fn observation(
     seed: u64,
 ) -> Observation {
     let (code, extended_code, message) = sqlite_parts(err);
+    // `fts_scope` is the caller's to add: only it knows whether the statement
+    // it ran touched the index. A message naming the index proves nothing.
     let mut evidence = evidence;
-    let lower = message.to_ascii_lowercase();
-    if lower.contains("fts5") || lower.contains("messages_fts") {
-        evidence.push(Evidence::FtsScope);
-    }
     evidence.sort();
     evidence.dedup();
     Observation {

@@ -450,6 +450,31 @@ pub fn settle_installed(capture: &Path, installed: &Installed) -> Result<PathBuf
     captures::settle(capture, &marker).map_err(io_err(format!("write {}", captures::MARKER)))
 }
 
+/// The process that made `capture`, if it is still running: from its
+/// manifest (pid and start time), else from the folder's name
+/// (`state.db.retired-<UTC>-<pid>`).
+fn maker_alive(capture: &Path) -> Option<u32> {
+    let (pid, started) = match captures::manifest(capture) {
+        Ok(m) if m.pid.is_some() => (m.pid?, m.pid_start),
+        _ => {
+            let name = capture.file_name()?.to_string_lossy().into_owned();
+            (name.rsplit_once('-')?.1.parse().ok()?, None)
+        }
+    };
+    (pid != std::process::id() && crate::holders::alive(pid, started)).then_some(pid)
+}
+
+/// The capture folder `source` names: the folder itself, or the folder a
+/// `state.db` inside one sits in.
+pub fn capture_of(source: &Path) -> Option<PathBuf> {
+    if source.is_dir() {
+        return captures::is_capture(source).then(|| source.to_path_buf());
+    }
+    let parent = source.parent()?;
+    let named_state_db = source.file_name().is_some_and(|n| n == "state.db");
+    (named_state_db && captures::is_capture(parent)).then(|| parent.to_path_buf())
+}
+
 /// A dismissal.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Dismissed {
@@ -462,14 +487,22 @@ pub struct Dismissed {
 }
 
 /// Settle `capture` without installing anything: the operator decided its
-/// frames do not matter. Refused while any process holds `home`'s
-/// `state.db` or a sidecar: such a process may still be writing to the
-/// generation the capture was taken from.
+/// frames do not matter. Refused while the process that made it is alive:
+/// that process may still hold frames of the retired generation the
+/// capture lacks. Other writers of the home, which divert the sessions it
+/// holds without holding the database for it, do not block it.
 pub fn dismiss(capture: &Path, home: &Path) -> Result<Dismissed, RecoverError> {
     if !captures::is_capture(capture) {
         return Err(RecoverError::NotACapture(capture.to_path_buf()));
     }
-    refuse_if_held(&home.join("state.db"), "refusing to dismiss")?;
+    let _ = home;
+    if let Some(pid) = maker_alive(capture) {
+        return Err(RecoverError::Refused(format!(
+            "refusing to dismiss {}: pid {pid}, which made it, is still running and may hold frames it lacks; \
+             stop it first (or settle the capture with `--install`)",
+            capture.display()
+        )));
+    }
     let settled_path = capture.join(captures::MARKER);
     let (marker, already_settled) = match captures::status(capture) {
         Status::Settled(marker) => (marker, true),

@@ -110,15 +110,21 @@ pub enum ReplayError {
     #[error("session {session} has a live turn lease held by {holder}; replay refused (use --force to override)")]
     LeaseLive { session: String, holder: String },
     #[error(
-        "capture {} is not settled: it holds rows the database may lack, and replaying before it is settled \
+        "capture {} (cause {}) is not settled: it holds rows the database may lack, and replaying before it is settled \
          would leave holes in transcripts. Settle it first with `turnsafe recover --source <capture> --output \
          <new.db> --install --home {}` (rows the current state.db has and the capture lacks are carried over), \
          or with `turnsafe recover --source <capture> --dismiss` if its frames do not matter; --force replays \
          anyway",
         join_paths(.captures),
+        .causes.iter().map(|c| c.label()).collect::<Vec<_>>().join(", "),
         .home.display()
     )]
-    CapturePending { captures: Vec<PathBuf>, home: PathBuf },
+    CapturePending {
+        captures: Vec<PathBuf>,
+        /// Each capture's cause, as its manifest records it.
+        causes: Vec<turnsafe_policy::Cause>,
+        home: PathBuf,
+    },
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
     #[error("state.db: {0}")]
@@ -299,6 +305,14 @@ pub fn replay_into(
         let pending = captures::pending(home).map_err(io_err(format!("list captures in {}", home.display())))?;
         if !pending.is_empty() {
             return Err(ReplayError::CapturePending {
+                causes: pending
+                    .iter()
+                    .map(|c| {
+                        c.manifest()
+                            .map(|m| m.cause())
+                            .unwrap_or(turnsafe_policy::Cause::Unknown)
+                    })
+                    .collect(),
                 captures: pending.into_iter().map(|c| c.path).collect(),
                 home: home.to_path_buf(),
             });
@@ -342,14 +356,7 @@ pub fn replay_into(
     sync_dir(&sessions).map_err(io_err("fsync sessions/"))?;
 
     conn.start()?;
-    let ledger_path = sessions.join(divert_files::LEDGER);
-    let mut ledger = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&ledger_path)
-        .map_err(io_err("open ledger.jsonl"))?;
+    let mut ledger = open_ledger(&sessions)?;
     for (session, path) in settling_files(&settling, opts)? {
         let name = path
             .file_name()
@@ -363,6 +370,9 @@ pub fn replay_into(
         report.settled_to = Some(target.to_string_lossy().into_owned());
         reports.push(report);
     }
+    // The names left `settling/`: a cut must not bring a settled file back
+    // there to be settled again.
+    sync_dir(&settling).map_err(io_err("fsync settling/"))?;
     conn.finish()?;
     Ok(run)
 }
@@ -399,13 +409,7 @@ pub fn clear_pending(home: &Path, session: &str) -> Result<u64, ReplayError> {
         take(path, &settling, session)?;
     }
     sync_dir(&settling).map_err(io_err("fsync settling/"))?;
-    let mut ledger = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(sessions.join(divert_files::LEDGER))
-        .map_err(io_err("open ledger.jsonl"))?;
+    let mut ledger = open_ledger(&sessions)?;
     let mut count = 0;
     for (session, path) in settling_files(&settling, &opts)? {
         let name = path
@@ -440,6 +444,23 @@ pub fn clear_pending(home: &Path, session: &str) -> Result<u64, ReplayError> {
     }
     sync_dir(&settling).map_err(io_err("fsync settling/"))?;
     Ok(count)
+}
+
+/// Open `sessions/ledger.jsonl` for appending, and make its entry in
+/// `sessions/` (and the entries of `settling/` and `settled/`, made just
+/// before) durable before any line of it counts: whoever created it, a
+/// ledger line fsynced into a file whose name a power cut can take proves
+/// nothing.
+fn open_ledger(sessions: &Path) -> Result<File, ReplayError> {
+    let ledger = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(sessions.join(divert_files::LEDGER))
+        .map_err(io_err("open ledger.jsonl"))?;
+    crate::divert::sync_path_entries(sessions).map_err(io_err("fsync sessions/"))?;
+    Ok(ledger)
 }
 
 /// Files in `settling/`, named `<session>@<stamp>.jsonl`.

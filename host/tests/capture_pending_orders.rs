@@ -64,10 +64,15 @@ fn capture_then_close(home: &Path) -> PathBuf {
     capture
 }
 
-/// (uid, seq) of the stored transcript, in `show` order.
+/// (uid, seq) of the stored transcript, in `show` order: a whole one.
 fn transcript(home: &str) -> Vec<(String, i64)> {
     let r = turnsafe(&["show", "--home", home, "--session", "s1", "--json"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(of_type(&r.stdout, "end")[0]["complete"], true, "{}", r.stdout);
+    rows_of(&r)
+}
+
+fn rows_of(r: &Run) -> Vec<(String, i64)> {
     of_type(&r.stdout, "message")
         .into_iter()
         .map(|m| (m["uid"].as_str().unwrap().to_string(), m["seq"].as_i64().unwrap()))
@@ -214,11 +219,21 @@ fn capture_then_forced_replay_then_install_carries_the_replayed_lines_over() {
     let r = turnsafe(&["replay", "--home", home, "--force", "--json"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(of_type(&r.stdout, "summary")[0]["replayed"], 2);
+    // The hole replay leaves, and `show` says so: the capture still holds
+    // m1 and m2, so the history is not complete (exit 7).
+    let r = turnsafe(&["show", "--home", home, "--session", "s1", "--json"]);
+    assert_eq!(r.code, 7, "{}{}", r.stdout, r.stderr);
     assert_eq!(
-        transcript(home),
+        rows_of(&r),
         [("m3".to_string(), 3), ("m4".to_string(), 4)],
         "the hole replay leaves"
     );
+    let end = of_type(&r.stdout, "end").pop().expect("an end line");
+    assert_eq!(end["complete"], false);
+    assert_eq!(end["pending_captures"][0]["path"], capture.to_str().unwrap());
+    assert_eq!(end["pending_captures"][0]["cause"], "deleted_wal");
+    assert_eq!(end["pending_captures"][0]["rows"], 2);
+    assert!(r.stderr.contains("is not complete"), "{}", r.stderr);
 
     // Install carries them over into the database rebuilt from the capture.
     let r = install(&capture, dir.path(), true);
@@ -264,11 +279,14 @@ fn capture_then_dismiss_then_replay_imports_the_diverted_lines() {
     let (live, capture) = captured(dir.path());
     let source = capture.to_str().unwrap();
 
-    // The writer still holds the old files: dismissing is refused.
+    // The writer that made it is alive and may hold frames it lacks:
+    // dismissing is refused, naming it.
     let r = turnsafe(&["recover", "--source", source, "--dismiss"]);
     assert_eq!(r.code, 5, "{}{}", r.stdout, r.stderr);
     assert!(
-        r.stderr.contains("refusing to dismiss: ") && r.stderr.contains("held open by pid"),
+        r.stderr.contains("refusing to dismiss")
+            && r.stderr
+                .contains(&format!("pid {}, which made it, is still running", live.pid())),
         "{}",
         r.stderr
     );

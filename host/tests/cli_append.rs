@@ -73,7 +73,13 @@ fn first_try_commits_print_nulls_and_exit_zero() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(msgs.len(), 3);
+    // The rows, then the end line: the history is whole.
+    assert_eq!(msgs.len(), 4);
+    assert_eq!(
+        msgs[3],
+        serde_json::json!({"type": "end", "data": {"complete": true, "pending_captures": []}})
+    );
+    let msgs = &msgs[..3];
     assert!(msgs.iter().all(|m| m["type"] == "message"));
     // The uid and seq beside the message; the message as written, without
     // the line format's `uid`.
@@ -176,7 +182,9 @@ fn messages_of_any_shape_round_trip_through_append_show_and_replay() {
     let data: Vec<Value> = String::from_utf8(show.stdout)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["data"].clone())
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["type"] == "message")
+        .map(|v| v["data"].clone())
         .collect();
     assert_eq!(
         data.iter().map(|d| d["message"].clone()).collect::<Vec<_>>(),

@@ -63,14 +63,12 @@ fn capture_recover_install_replay_show() {
 
     let (code, out) = run(&["show", "--home", home, "--session", "s1", "--json"]);
     assert_eq!(code, 0);
-    let uids: Vec<String> = out
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["data"]["uid"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
+    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.last().unwrap()["data"]["complete"], true, "{out}");
+    let uids: Vec<String> = lines
+        .iter()
+        .filter(|v| v["type"] == "message")
+        .map(|v| v["data"]["uid"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(uids, ["m1", "m2", "m3", "m4"]);
 }

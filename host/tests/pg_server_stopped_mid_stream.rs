@@ -138,8 +138,13 @@ fn show(url: &str) -> Vec<Value> {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout)
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["data"].clone())
-        .collect()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .collect();
+    // The last line says the history is whole: PostgreSQL has no captures.
+    let (end, rows) = lines.split_last().expect("an end line");
+    assert_eq!(end["type"], "end");
+    assert_eq!(end["data"]["complete"], true);
+    rows.iter().map(|v| v["data"].clone()).collect()
 }

@@ -7,7 +7,8 @@
 //!    constraint failure with `fts_scope`);
 //! 3. PostgreSQL's SQLSTATE, for the classes whose meaning is known;
 //! 4. extended, then primary result codes (errno counts only with IOERR);
-//! 5. message phrases, only when the codes say nothing;
+//! 5. message phrases, only when the codes say nothing; with a code
+//!    present, a phrase never yields a sticky cause or `fts_index`;
 //! 6. `unknown`.
 //!
 //! `deleted_wal` never comes from a code or a message, and `replaced` comes
@@ -41,6 +42,17 @@ pub fn classify(obs: &Observation) -> Classification {
         return Classification { cause, basis };
     }
     if let Some(cause) = from_message(obs) {
+        // With a result code present, a phrase only refines that code to a
+        // cause it may carry without proof: never a sticky one (which would
+        // quarantine the handle for good), and never the index (its scope
+        // comes from the statement the host ran). Such text is `unknown`.
+        let has_code = obs.code.is_some() || obs.extended_code.is_some();
+        if has_code && !phrase_may_refine_code(cause) {
+            return Classification {
+                cause: Cause::Unknown,
+                basis: Basis::None,
+            };
+        }
         return Classification {
             cause,
             basis: Basis::Message,
@@ -172,6 +184,12 @@ fn from_codes(obs: &Observation) -> Option<(Cause, Basis)> {
         _ => return None,
     };
     Some((cause, Basis::Code))
+}
+
+/// Whether a message phrase may refine a result code that says nothing by
+/// itself (`SQLITE_ERROR` and the like) into `cause`.
+fn phrase_may_refine_code(cause: Cause) -> bool {
+    !(crate::decide::is_sticky(cause) || cause == Cause::FtsIndex)
 }
 
 fn lower(s: &str) -> String {

@@ -179,6 +179,16 @@ fn capture_failure(f: engine::CaptureFailure) -> m::CaptureFailure {
     }
 }
 
+fn divert_receipt(r: engine::DivertReceipt) -> machine::DivertReceipt {
+    machine::DivertReceipt {
+        path: r.path,
+        offset: r.offset,
+        length: r.length,
+        count: r.count,
+        sha256: r.sha256,
+    }
+}
+
 fn capture_receipt(r: engine::CaptureReceipt) -> m::CaptureReceipt {
     // A loop, not `map(..).collect()`: see `crate::collect`.
     let mut files = Vec::with_capacity(r.files.len());
@@ -230,13 +240,7 @@ fn event_in(e: Event) -> machine::Event {
             failure: capture_failure(e.failure),
             error: e.error,
         },
-        Event::Diverted(r) => machine::Event::Diverted(machine::DivertReceipt {
-            path: r.path,
-            offset: r.offset,
-            length: r.length,
-            count: r.count,
-            sha256: r.sha256,
-        }),
+        Event::Diverted(r) => machine::Event::Diverted(divert_receipt(r)),
         Event::DivertFailed(e) => machine::Event::DivertFailed {
             failure: divert_failure(e.failure),
             message: e.message,
@@ -303,6 +307,10 @@ impl GuestHandle for HandleResource {
                 uids: start.uids,
                 minted_uids: start.minted_uids,
                 seed: start.seed,
+                pending_capture: start.pending_capture.map(|p| machine::PendingCapture {
+                    path: p.path,
+                    cause: cause_in(p.cause),
+                }),
             })
             .map_err(|e| e.message())?;
         Ok(Flush::new(FlushResource {
@@ -347,12 +355,13 @@ impl Guest for Component {
     fn explain(cause: Cause, outcome: Outcome, context: CopyContext) -> Result<UserCopy, String> {
         let ctx = m::CopyContext {
             session: context.session,
-            receipt_path: context.receipt_path,
+            receipt: context.receipt.map(divert_receipt),
             divert_failure: context.divert_failure.map(divert_failure),
             errno: context.errno,
             capture_receipt: context.capture_receipt.map(capture_receipt),
             capture_failure: context.capture_failure.map(capture_failure),
             divert_residue: context.divert_residue.map(divert_residue),
+            pending_capture: context.pending_capture,
         };
         crate::explain(cause_in(cause), outcome_in(outcome), &ctx)
             .map(|c| UserCopy {

@@ -24,8 +24,10 @@ use crate::text::{cat, find};
 pub enum CopyError {
     /// The action table never produces this (cause, outcome) pair.
     NotProducible { cause: Cause, outcome: Outcome },
-    /// A `diverted` copy needs the receipt's path.
+    /// A `diverted` copy needs the divert receipt.
     MissingReceipt,
+    /// The receipt given is not a whole one (why).
+    InvalidReceipt(&'static str),
 }
 
 impl CopyError {
@@ -39,7 +41,8 @@ impl CopyError {
                 cause.label(),
                 "`",
             ]),
-            CopyError::MissingReceipt => "a `diverted` copy needs the receipt path".into(),
+            CopyError::MissingReceipt => "a `diverted` copy needs the divert receipt".into(),
+            CopyError::InvalidReceipt(why) => cat(&["the divert receipt is not whole: ", why]),
         }
     }
 }
@@ -72,13 +75,15 @@ pub(crate) struct Facts<'a> {
     pub(crate) capture_path: Option<&'a str>,
     pub(crate) capture_failure: Option<FailedOp<'a>>,
     pub(crate) divert_residue: bool,
+    /// The unsettled capture that kept the batch from the database.
+    pub(crate) pending_capture: Option<&'a str>,
 }
 
 impl<'a> Facts<'a> {
     fn of(ctx: &'a CopyContext) -> Facts<'a> {
         Facts {
             session: ctx.session.as_deref(),
-            receipt_path: ctx.receipt_path.as_deref(),
+            receipt_path: ctx.receipt.as_ref().map(|r| r.path.as_str()),
             divert_failure: ctx.divert_failure.as_ref().map(|f| FailedOp {
                 operation: &f.operation,
                 errno: f.errno,
@@ -90,6 +95,7 @@ impl<'a> Facts<'a> {
                 errno: f.errno,
             }),
             divert_residue: ctx.divert_residue.is_some(),
+            pending_capture: ctx.pending_capture.as_deref(),
         }
     }
 }
@@ -181,7 +187,18 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
     if outcome == Outcome::Persisted {
         return Vec::new();
     }
-    let mut steps = cause_remediation(cause);
+    if let Some(path) = ctx.pending_capture {
+        return pending_capture_steps(outcome, path);
+    }
+    // With the capture failed, the retired frames live only in the writer's
+    // open files: stopping it first would destroy them, so that step comes
+    // after the one that keeps them.
+    let capture_lost = ctx.capture_path.is_none() && ctx.capture_failure.is_some();
+    let mut steps = if capture_lost && crate::decide::needs_capture(cause) {
+        Vec::new()
+    } else {
+        cause_remediation(cause)
+    };
     // What the operator does about the retired generation depends on what
     // is really on disk: a receipt, a failed capture, or nothing known.
     match (ctx.capture_path, ctx.capture_failure) {
@@ -192,11 +209,16 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
             path,
             " --inspect-only`.",
         ])),
-        (None, Some(_)) => steps.push(
-            "Capturing the retired generation failed: stop every writer of this state.db, then run \
-             `turnsafe recover --source state.db --inspect-only` before anything else touches it."
-                .to_string(),
-        ),
+        (None, Some(_)) => {
+            steps.push(
+                "Before you stop any process, run `turnsafe capture --pid <pid> --home <home>` for each pid \
+                 `turnsafe doctor` names as holding a deleted state.db file: its open files hold the only copy."
+                    .to_string(),
+            );
+            if crate::decide::needs_capture(cause) {
+                steps.push("Then stop every process using this state.db.".to_string());
+            }
+        }
         (None, None) if crate::decide::needs_capture(cause) => steps.push(
             "Run `turnsafe doctor` to list any capture of the retired generation before anything else touches state.db."
                 .to_string(),
@@ -211,8 +233,13 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
             Some(path) => cat(&[
                 "Settle the capture first with `turnsafe recover --source ",
                 path,
-                " --install` (or `--dismiss` if its frames do not matter), then run `turnsafe replay` to import \
-                 the kept copy.",
+                " --output <new.db> --install --home ",
+                home_of(path),
+                "` (or `turnsafe recover --source ",
+                path,
+                " --dismiss` if its frames do not matter), then run `turnsafe replay --home ",
+                home_of(path),
+                "` to import the kept copy.",
             ]),
             None if crate::decide::needs_capture(cause) => "When storage is fixed and every capture `turnsafe doctor` \
                 lists is settled, run `turnsafe replay` to import the kept copy."
@@ -232,6 +259,39 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
         Outcome::DivertFailed => {
             steps.push("Fix the cause above for the session folder too, then send the messages again.".into())
         }
+    }
+    steps
+}
+
+/// The folder a capture sits in (its home): the path up to its last `/`.
+fn home_of(capture: &str) -> &str {
+    // Bytes, not a `char` search: it keeps `memchr` out of the component.
+    match capture.bytes().rposition(|b| b == b'/') {
+        Some(0) => "/",
+        Some(i) => capture.get(..i).unwrap_or("."),
+        None => ".",
+    }
+}
+
+/// What settles an unsettled capture that holds this session's rows, and
+/// what then brings the kept copy in.
+fn pending_capture_steps(outcome: Outcome, path: &str) -> Vec<String> {
+    let home = home_of(path);
+    let mut steps = Vec::new();
+    steps.push(cat(&[
+        "Settle the capture (until then this session's batches stay out of the database): `turnsafe recover \
+         --source ",
+        path,
+        " --output <new.db> --install --home ",
+        home,
+        "`, or `turnsafe recover --source ",
+        path,
+        " --dismiss` if its rows do not matter.",
+    ]));
+    match outcome {
+        Outcome::Diverted => steps.push(cat(&["Then run `turnsafe replay --home ", home, "`."])),
+        Outcome::DivertFailed => steps.push("Then send the messages again.".into()),
+        Outcome::Persisted | Outcome::HandedBack => {}
     }
     steps
 }
@@ -366,6 +426,11 @@ fn details(outcome: Outcome, ctx: &Facts<'_>) -> Vec<(String, String)> {
     if outcome == Outcome::DivertFailed && ctx.divert_residue {
         add("divert_residue", "possible");
     }
+    if outcome != Outcome::Persisted
+        && let Some(p) = ctx.pending_capture
+    {
+        add("pending_capture", p);
+    }
     if outcome != Outcome::Persisted {
         if let Some(path) = ctx.capture_path {
             add("capture_path", path);
@@ -386,6 +451,9 @@ fn details(outcome: Outcome, ctx: &Facts<'_>) -> Vec<(String, String)> {
 
 /// Build the copy for an outcome.
 pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy, CopyError> {
+    if let Some(r) = &ctx.receipt {
+        r.check().map_err(CopyError::InvalidReceipt)?;
+    }
     explain_facts(cause, outcome, &Facts::of(ctx))
 }
 
@@ -398,10 +466,18 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
     // After a lost COMMIT nobody can say the messages are not stored: the
     // copy says what is known instead.
     let unknown = cause == Cause::OutcomeUnknown;
-    let not_saved = if unknown {
-        ", and turnsafe could not tell whether this turn's messages reached the session database."
-    } else {
-        ", so this turn's messages were not saved to the session database."
+    let held = ctx.pending_capture.map(|path| {
+        cat(&[
+            ". The unsettled capture at ",
+            path,
+            " holds messages of this session that the database lacks, so this turn's messages were not saved \
+             after a history without them.",
+        ])
+    });
+    let not_saved = match &held {
+        Some(held) => held.as_str(),
+        None if unknown => ", and turnsafe could not tell whether this turn's messages reached the session database.",
+        None => ", so this turn's messages were not saved to the session database.",
     };
     let (title, body) = match outcome {
         Outcome::Persisted => (

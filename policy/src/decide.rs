@@ -147,7 +147,7 @@ pub fn outcome_for(operation: Operation, action: ActionKind, ctx: &CopyContext) 
         ActionKind::Divert => {
             if ctx.divert_failure.is_some() {
                 Some(Outcome::DivertFailed)
-            } else if ctx.receipt_path.is_some() {
+            } else if ctx.receipt.is_some() {
                 Some(Outcome::Diverted)
             } else {
                 None

@@ -173,7 +173,8 @@ pub fn classify_json(observation: &str) -> String {
     out.to_text()
 }
 
-/// Read the copy context: `session`, `receipt_path`, `errno`;
+/// Read the copy context: `session`, `receipt` (the whole divert receipt,
+/// `{path, offset, length, count, sha256}`), `errno`;
 /// `divert_failed` / `divert_error` as `true`, a string such as
 /// `"open: EMFILE"`, or `{operation, errno}`; `capture_receipt` as the
 /// capture folder's path or `{path, files?, manifest_sha256?}`;
@@ -187,15 +188,20 @@ fn context_from_json(v: Option<&Json>) -> Result<CopyContext, String> {
         return Err("context must be a JSON object".into());
     }
     let mut f = Fields::new(obj, "");
+    if f.get("receipt_path").is_some() {
+        // 0.2.0 took a bare path; a path proves nothing was kept.
+        f.fail_field("receipt_path", "is gone: pass `receipt`");
+    }
     let divert_failure = divert_failure(&mut f, obj.get("divert_failed").or_else(|| obj.get("divert_error")));
     let ctx = CopyContext {
         session: f.opt_string("session"),
-        receipt_path: f.opt_string("receipt_path"),
+        receipt: f.check(divert_receipt(obj.get("receipt"))),
         divert_failure,
         errno: f.int("errno"),
         capture_receipt: f.check(capture_receipt(obj.get("capture_receipt"))),
         capture_failure: capture_failure(&mut f, obj.get("capture_failure").or_else(|| obj.get("capture_error"))),
         divert_residue: f.check(divert_residue(obj.get("divert_residue"))),
+        pending_capture: f.opt_string("pending_capture"),
     };
     f.done(ctx)
 }
@@ -272,6 +278,19 @@ fn capture_failure(f: &mut Fields<'_>, v: Option<&Json>) -> Option<CaptureFailur
     }
 }
 
+/// The whole divert receipt, checked as the copy will check it.
+fn divert_receipt(v: Option<&Json>) -> Result<Option<crate::machine::DivertReceipt>, String> {
+    match v {
+        None | Some(Json::Null) => Ok(None),
+        Some(r @ Json::Obj(_)) => {
+            let receipt = crate::machine::wire::divert_receipt_from(r)?;
+            receipt.check().map_err(|why| cat(&["field `receipt`: ", why]))?;
+            Ok(Some(receipt))
+        }
+        Some(_) => Err("field `receipt` must be an object".into()),
+    }
+}
+
 fn divert_residue(v: Option<&Json>) -> Result<Option<DivertResidue>, String> {
     let bad = "field `divert_residue` must be {path, offset}";
     match v {
@@ -284,7 +303,7 @@ fn divert_residue(v: Option<&Json>) -> Result<Option<DivertResidue>, String> {
     }
 }
 
-/// `explain-json`: `{cause, outcome, session?, receipt_path?, divert_error?,
+/// `explain-json`: `{cause, outcome, session?, receipt?, divert_error?,
 /// capture_receipt?, capture_failure?, divert_residue?}` in, the copy
 /// object out (or `{"error"}` for a pair the table never makes).
 pub fn explain_json(request: &str) -> String {

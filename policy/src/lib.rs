@@ -75,4 +75,4 @@ pub use model::{
 pub use retry::RetryPlan;
 
 /// The WIT package this crate implements.
-pub const WIT_PACKAGE: &str = "turnsafe:policy@0.2.0";
+pub const WIT_PACKAGE: &str = "turnsafe:policy@0.3.0";

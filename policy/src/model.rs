@@ -450,8 +450,10 @@ pub struct CaptureFailure {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct CopyContext {
     pub session: Option<String>,
-    /// The receipt's absolute path. Only a `diverted` copy names a file.
-    pub receipt_path: Option<String>,
+    /// The divert receipt, whole: the same record the flush machine takes
+    /// after the divert's fsync. Only a `diverted` copy names its path, and
+    /// only a well-formed receipt lets it claim a copy was kept.
+    pub receipt: Option<crate::machine::DivertReceipt>,
     pub divert_failure: Option<DivertFailure>,
     /// The errno the original failure carried; it shapes the detail only.
     pub errno: Option<i64>,
@@ -462,6 +464,9 @@ pub struct CopyContext {
     pub capture_failure: Option<CaptureFailure>,
     /// A failed divert that may have left some of its lines behind.
     pub divert_residue: Option<DivertResidue>,
+    /// The unsettled capture (its folder's absolute path) that holds rows
+    /// of this session the database lacks, and kept the batch from it.
+    pub pending_capture: Option<String>,
 }
 
 /// User-facing copy: a structured value that hosts render as they like.

@@ -18,7 +18,7 @@ fn basis_of(cause: Cause) -> &'static str {
         Cause::CompressionClosed => "evidence `compression_closed`",
         Cause::Compression => "evidence `compression_in_progress`",
         Cause::FtsIndex => {
-            "code 267 `SQLITE_CORRUPT_VTAB`; code 11 or 19 with evidence `fts_scope`; phrase `fts5` + corruption"
+            "code 267 `SQLITE_CORRUPT_VTAB`; code 11 or 19 with evidence `fts_scope`; phrase `fts5` + corruption from a host with no code at all"
         }
         Cause::Locked => {
             "codes 5, 6, 15 and their extended codes (517 included); CANTOPEN whose text says `database is locked`; \
@@ -26,7 +26,8 @@ fn basis_of(cause: Cause) -> &'static str {
         }
         Cause::DiskFull => "code 13 `SQLITE_FULL`; IOERR with errno ENOSPC/EDQUOT; SQLSTATE 53100; fullness phrases",
         Cause::Corrupt => {
-            "codes 11, 26, 523, 779, 8458; SQLSTATE XX001, XX002; corruption phrases (before any `disk` phrase)"
+            "codes 11, 26, 523, 779, 8458; SQLSTATE XX001, XX002; corruption phrases (before any `disk` phrase) \
+             from a host with no code at all"
         }
         Cause::Disk => "codes 3, 8, 10, 14, 22, 23 (any errno but ENOSPC/EDQUOT with IOERR); storage phrases",
         Cause::SessionRowMissing => "code 787 `SQLITE_CONSTRAINT_FOREIGNKEY` on `append_batch`",
@@ -39,7 +40,7 @@ fn basis_of(cause: Cause) -> &'static str {
         }
         Cause::ReadOnly => "SQLSTATE 25006 (a standby, or a failover in progress)",
         Cause::OutcomeUnknown => "evidence `commit_sent` with the connection lost (no SQLSTATE, class 08, 57P01-57P03)",
-        Cause::Unknown => "nothing above matched",
+        Cause::Unknown => "nothing above matched, or only a phrase that may not refine the code it came with",
     }
 }
 
@@ -54,7 +55,10 @@ pub fn render_markdown() -> String {
     s.push_str("`turn_lease_lost`, `compression_closed`, `compression_in_progress`, in that order), then ");
     s.push_str("FTS-scoped corruption, then PostgreSQL's SQLSTATE (the classes named below; any other falls ");
     s.push_str("through), then extended and primary result codes, then message phrases ");
-    s.push_str("(only when the codes say nothing), then `unknown`. errno decides a cause only with IOERR; ");
+    s.push_str("(only when the codes say nothing), then `unknown`. With a result code present, a phrase may ");
+    s.push_str("refine it only to a cause that is neither sticky nor `fts_index`: text never quarantines a handle, ");
+    s.push_str("and never scopes a failure to the index (`SQLITE_ERROR` with a corruption phrase is `unknown`). ");
+    s.push_str("errno decides a cause only with IOERR; ");
     s.push_str("with CANTOPEN it only shapes the copy.\n\n");
     s.push_str("| cause | rests on | actions (open, append_batch) | outcomes | sticky | capture |\n");
     s.push_str("|---|---|---|---|---|---|\n");

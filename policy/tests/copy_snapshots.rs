@@ -9,12 +9,23 @@ use turnsafe_policy::{
 
 const RECEIPT: &str = "/home/agent/.turnsafe/sessions/s-7f3a.jsonl";
 
+/// A whole divert receipt for `path`, as a host makes one after fsync.
+fn receipt(path: &str) -> turnsafe_policy::machine::DivertReceipt {
+    turnsafe_policy::machine::DivertReceipt {
+        path: path.into(),
+        offset: 0,
+        length: 231,
+        count: 1,
+        sha256: "5f2b".repeat(16),
+    }
+}
+
 const CAPTURE: &str = "/home/agent/.turnsafe/state.db.retired-20261130T120000Z-4242";
 
 fn context_for(outcome: Outcome) -> CopyContext {
     CopyContext {
         session: Some("s-7f3a".into()),
-        receipt_path: (outcome == Outcome::Diverted).then(|| RECEIPT.to_string()),
+        receipt: (outcome == Outcome::Diverted).then(|| receipt(RECEIPT)),
         divert_failure: (outcome == Outcome::DivertFailed).then(|| DivertFailure {
             operation: "open".into(),
             errno: Some(24),
@@ -96,9 +107,28 @@ fn one_snapshot_per_artifact_variant() {
                 );
                 n += 1;
             }
+            // A batch kept out of the database by an unsettled capture that
+            // holds its session's rows: the capture's cause, its path, and
+            // what settles it before replay.
+            let sticky_or_unknown = matches!(
+                cause,
+                Cause::Replaced | Cause::DeletedWal | Cause::Corrupt | Cause::Unknown
+            );
+            if sticky_or_unknown && matches!(outcome, Outcome::Diverted | Outcome::DivertFailed) {
+                let ctx = CopyContext {
+                    pending_capture: Some(CAPTURE.into()),
+                    ..context_for(outcome)
+                };
+                let copy = explain(cause, outcome, &ctx).expect("explains");
+                insta::assert_json_snapshot!(
+                    format!("copy__{}__{}__pending_capture", cause.label(), outcome.label()),
+                    copy_to_value(&copy)
+                );
+                n += 1;
+            }
         }
     });
-    assert!(n >= 15, "only {n} artifact variants");
+    assert!(n >= 23, "only {n} artifact variants");
 }
 
 #[test]
@@ -134,7 +164,13 @@ fn a_capture_is_claimed_only_with_its_receipt() {
                 ),
                 "{failed}"
             );
-            assert!(failed.contains("turnsafe recover --source state.db"), "{failed}");
+            // The frames are in the writer's open files: the copy keeps them
+            // first, and never asks to stop the writer before that.
+            let capture_step = failed.find("turnsafe capture --pid").expect(&failed);
+            assert!(!failed.contains("recover --source state.db"), "{failed}");
+            if let Some(stop) = failed.find("stop every process") {
+                assert!(stop > capture_step, "a stop before the capture: {failed}");
+            }
         }
     }
 }
@@ -193,7 +229,7 @@ fn only_a_receipt_earns_a_copy_was_kept() {
             // diverted copy may use the path, and it must.
             let ctx = CopyContext {
                 session: Some("s".into()),
-                receipt_path: Some(RECEIPT.into()),
+                receipt: Some(receipt(RECEIPT)),
                 divert_failure: Some(DivertFailure {
                     operation: "fsync".into(),
                     errno: Some(28),
@@ -220,7 +256,29 @@ fn only_a_receipt_earns_a_copy_was_kept() {
 #[test]
 fn a_diverted_copy_cannot_be_built_without_a_receipt() {
     let err = explain(Cause::Disk, Outcome::Diverted, &CopyContext::default()).unwrap_err();
-    assert_eq!(err.to_string(), "a `diverted` copy needs the receipt path");
+    assert_eq!(
+        err.to_string(),
+        "a `diverted` copy needs the divert receipt (path, offset, length, count, sha256)"
+    );
+    // A receipt that is not whole earns no claim either.
+    for bad in [
+        receipt("relative/s1.jsonl"),
+        turnsafe_policy::machine::DivertReceipt {
+            count: 0,
+            ..receipt(RECEIPT)
+        },
+        turnsafe_policy::machine::DivertReceipt {
+            sha256: "abc".into(),
+            ..receipt(RECEIPT)
+        },
+    ] {
+        let ctx = CopyContext {
+            receipt: Some(bad),
+            ..CopyContext::default()
+        };
+        let err = explain(Cause::Disk, Outcome::Diverted, &ctx).unwrap_err();
+        assert!(err.to_string().starts_with("the divert receipt is not whole"), "{err}");
+    }
 }
 
 #[test]
@@ -258,7 +316,7 @@ fn a_divert_failure_is_told_by_operation_and_errno_only() {
 fn cantopen_errno_shapes_the_detail_only() {
     let ctx = CopyContext {
         errno: Some(24),
-        receipt_path: Some(RECEIPT.into()),
+        receipt: Some(receipt(RECEIPT)),
         ..CopyContext::default()
     };
     let copy = copy_to_value(&explain(Cause::Disk, Outcome::Diverted, &ctx).unwrap());

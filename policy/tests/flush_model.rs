@@ -98,6 +98,7 @@ fn start(batch: usize) -> FlushStart {
         uids: (0..3).map(|i| format!("b{batch}-{i}")).collect(),
         minted_uids: Vec::new(),
         seed: 7 + batch as u64,
+        pending_capture: None,
     }
 }
 

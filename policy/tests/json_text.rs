@@ -47,7 +47,9 @@ fn a_parse_error_says_what_and_where() {
 
 #[test]
 fn only_control_characters_are_escaped_in_output() {
-    let request = json!({"cause": "disk", "outcome": "diverted", "receipt_path": "/h/a b\u{1f}c.jsonl"}).to_string();
+    let request = json!({"cause": "disk", "outcome": "diverted",
+        "receipt": {"path": "/h/a b\u{1f}c.jsonl", "offset": 0, "length": 9, "count": 1, "sha256": "5f2b".repeat(16)}})
+    .to_string();
     let text = explain_json(&request);
     assert!(text.contains("/h/a b\\u001fc.jsonl"), "{text}");
 }
@@ -76,7 +78,13 @@ fn an_explain_context_reads_captures_and_residues_as_the_typed_one() {
     // A capture receipt: the copy names the capture folder.
     let ctx = CopyContext {
         session: session(),
-        receipt_path: Some("/h/sessions/s1.jsonl".into()),
+        receipt: Some(turnsafe_policy::machine::DivertReceipt {
+            path: "/h/sessions/s1.jsonl".into(),
+            offset: 0,
+            length: 9,
+            count: 1,
+            sha256: "5f2b".repeat(16),
+        }),
         capture_receipt: Some(CaptureReceipt {
             path: "/h/state.db.retired-x".into(),
             files: Vec::new(),
@@ -84,7 +92,8 @@ fn an_explain_context_reads_captures_and_residues_as_the_typed_one() {
         }),
         ..CopyContext::default()
     };
-    let context = json!({"session": "s1", "receipt_path": "/h/sessions/s1.jsonl",
+    let context = json!({"session": "s1",
+        "receipt": {"path": "/h/sessions/s1.jsonl", "offset": 0, "length": 9, "count": 1, "sha256": "5f2b".repeat(16)},
         "capture_receipt": {"path": "/h/state.db.retired-x", "files": []}});
     let (a, b) = both(Cause::DeletedWal, Outcome::Diverted, context, &ctx);
     assert_eq!(a, b);

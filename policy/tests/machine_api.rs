@@ -16,6 +16,7 @@ fn start(uids: &[&str], minted: &[&str]) -> FlushStart {
         uids: uids.iter().map(|u| u.to_string()).collect(),
         minted_uids: minted.iter().map(|u| u.to_string()).collect(),
         seed: 1,
+        pending_capture: None,
     }
 }
 

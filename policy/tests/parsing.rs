@@ -90,7 +90,13 @@ fn an_unknown_operation_is_named_in_the_error_clipped() {
 fn remediation_for_a_cause_leads_every_copy_of_it() {
     use turnsafe_policy::{Cause, CopyContext, Outcome, cause_remediation, explain, is_producible};
     let ctx = CopyContext {
-        receipt_path: Some("/r/s.jsonl".into()),
+        receipt: Some(turnsafe_policy::machine::DivertReceipt {
+            path: "/r/s.jsonl".into(),
+            offset: 0,
+            length: 9,
+            count: 1,
+            sha256: "5f2b".repeat(16),
+        }),
         ..CopyContext::default()
     };
     for cause in Cause::ALL {

@@ -4,6 +4,7 @@
 
 use proptest::prelude::*;
 use turnsafe_policy::json::{classify_json, copy_to_value, evaluate_json, explain_json};
+use turnsafe_policy::machine::DivertReceipt;
 use turnsafe_policy::{
     ActionKind, CaptureFailure, CaptureReceipt, Cause, CopyContext, DivertFailure, DivertResidue, Engine, Evidence,
     KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, Observation, Operation, Outcome, classify, decide, explain, is_producible,
@@ -122,9 +123,12 @@ proptest! {
         op in ".{0,12}",
         errno in proptest::option::of(any::<i64>()),
     ) {
+        // Any string as a receipt's path: only an absolute one makes a
+        // whole receipt.
+        let whole = receipt.as_deref().is_some_and(|p| p.starts_with('/'));
         let ctx = CopyContext {
             session,
-            receipt_path: receipt.clone(),
+            receipt: receipt.clone().map(|path| DivertReceipt { path, offset: 0, length: 9, count: 1, sha256: "ab".repeat(32) }),
             divert_failure: Some(DivertFailure { operation: op, errno }),
             errno,
             ..CopyContext::default()
@@ -135,7 +139,11 @@ proptest! {
                 prop_assert_eq!(copy.code, format!("{}.{}", cause.label(), outcome.label()));
                 prop_assert!(!copy.title.is_empty() && !copy.body.is_empty());
             }
-            Err(_) => prop_assert!(!is_producible(cause, outcome) || (outcome == Outcome::Diverted && receipt.is_none())),
+            Err(_) => prop_assert!(
+                !is_producible(cause, outcome)
+                    || (receipt.is_some() && !whole)
+                    || (outcome == Outcome::Diverted && receipt.is_none())
+            ),
         }
     }
 
@@ -143,24 +151,35 @@ proptest! {
     /// have left lines behind never says the messages are nowhere.
     #[test]
     fn claims_follow_their_artifacts(
-        cause in prop::sample::select(Cause::ALL.to_vec()),
-        outcome in prop::sample::select(Outcome::ALL.to_vec()),
+        (cause, outcome) in prop::sample::select(turnsafe_policy::producible_pairs()),
         capture_path in proptest::option::of("/[a-z]{1,8}/state\\.db\\.retired-[0-9]{1,6}"),
         capture_failed in proptest::option::of((prop::sample::select(KNOWN_CAPTURE_OPS.to_vec()), proptest::option::of(0i64..140))),
         residue in any::<bool>(),
         receipt in any::<bool>(),
         divert_op in prop::sample::select(KNOWN_DIVERT_OPS.to_vec()),
+        pending in any::<bool>(),
     ) {
         let ctx = CopyContext {
             session: Some("s1".into()),
-            receipt_path: receipt.then(|| "/h/sessions/s1.jsonl".to_string()),
+            // A diverted copy always has its receipt: that is how it came to be.
+            receipt: (receipt || outcome == Outcome::Diverted).then(|| DivertReceipt {
+                path: "/h/sessions/s1.jsonl".into(),
+                offset: 0,
+                length: 9,
+                count: 1,
+                sha256: "ab".repeat(32),
+            }),
             divert_failure: Some(DivertFailure { operation: divert_op.into(), errno: Some(5) }),
             errno: None,
             capture_receipt: capture_path.clone().map(|path| CaptureReceipt { path, files: Vec::new(), manifest_sha256: String::new() }),
             capture_failure: capture_failed.map(|(op, errno)| CaptureFailure { operation: op.into(), errno }),
             divert_residue: residue.then(|| DivertResidue { path: "/h/sessions/s1.jsonl".into(), offset: 7 }),
+            pending_capture: pending.then(|| "/h/state.db.retired-20261201T000000Z-9".to_string()),
         };
-        if let Ok(copy) = explain(cause, outcome, &ctx) {
+        // Every pair sampled is producible: an `Err` here is a failure, not a pass.
+        let copy = explain(cause, outcome, &ctx);
+        prop_assert!(copy.is_ok(), "{:?}/{:?}: {:?}", cause, outcome, copy);
+        if let Ok(copy) = copy {
             let text = copy_to_value(&copy).to_string().to_lowercase();
             let claims_capture = text.contains("was captured") || text.contains("captured at");
             match &capture_path {
@@ -168,6 +187,19 @@ proptest! {
                     prop_assert!(claims_capture && text.contains(&p.to_lowercase()), "receipt not named: {}", text);
                 }
                 _ => prop_assert!(!claims_capture, "capture claimed without a receipt: {}", text),
+            }
+            // A batch kept out by a pending capture names it and how it is
+            // settled, and never sends the user to replay without that.
+            if pending && outcome != Outcome::Persisted {
+                prop_assert!(text.contains("state.db.retired-20261201t000000z-9"), "{}", text);
+                prop_assert!(text.contains("--dismiss") && text.contains("--install"), "{}", text);
+            }
+            if text.contains("turnsafe replay") {
+                prop_assert!(
+                    !pending || text.find("turnsafe recover").is_some_and(|r| Some(r) < text.find("turnsafe replay")),
+                    "replay named before what settles the capture: {}",
+                    text
+                );
             }
             if residue && outcome == Outcome::DivertFailed {
                 prop_assert!(!text.contains("not stored anywhere"), "{}", text);

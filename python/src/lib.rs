@@ -30,6 +30,7 @@ static ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static INVALID_SESSION_ID: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static REFUSED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static TURN_NOT_PERSISTED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static HISTORY_INCOMPLETE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 const ERRORS: &str = "turnsafe_store._errors";
 
@@ -372,10 +373,12 @@ enum Done {
     Answer(Result<Value, Failed>),
 }
 
-/// A read or an edit that failed: raised as `Error` with `cause`.
+/// A read or an edit that failed: raised as `Error` with `cause`, or as
+/// `HistoryIncomplete` with the rows and the captures that hold more.
 struct Failed {
     message: String,
     cause: Option<&'static str>,
+    incomplete: Option<Box<(Value, Value)>>,
 }
 
 impl Failed {
@@ -383,11 +386,39 @@ impl Failed {
         Failed {
             message: e.to_string(),
             cause: Some(e.cause.label()),
+            incomplete: None,
+        }
+    }
+
+    /// A read that found `holds` holding rows of `session` the database
+    /// lacks; `rows` is what the read returns otherwise.
+    fn incomplete(session: &SessionId, rows: Value, holds: &[turnsafe_host::captures::Hold]) -> Failed {
+        let captures: Vec<Value> = holds.iter().map(|h| h.to_value(Some(session.as_str()))).collect();
+        let paths: Vec<&str> = holds.iter().map(|h| h.path.as_str()).collect();
+        Failed {
+            message: format!(
+                "session {}'s history is not complete: unsettled capture(s) {} hold rows the database lacks; \
+                 settle them with `turnsafe recover --install` or `--dismiss`",
+                session.as_str(),
+                paths.join(", ")
+            ),
+            cause: holds.first().map(|h| h.cause.label()),
+            incomplete: Some(Box::new((rows, Value::Array(captures)))),
         }
     }
 
     fn into_err(self, py: Python<'_>) -> PyErr {
-        raise(py, &ERROR, "Error", self.message, self.cause)
+        let Some(parts) = self.incomplete else {
+            return raise(py, &ERROR, "Error", self.message, self.cause);
+        };
+        let (rows, captures) = *parts;
+        let made = (|| -> PyResult<PyErr> {
+            let cls = HISTORY_INCOMPLETE.import(py, ERRORS, "HistoryIncomplete")?;
+            let exc = cls.call1((self.message.clone(), to_py(py, &rows)?, to_py(py, &captures)?))?;
+            exc.setattr("cause", self.cause)?;
+            Ok(PyErr::from_value(exc))
+        })();
+        made.unwrap_or_else(|e| e)
     }
 }
 
@@ -632,7 +663,7 @@ impl Store {
     /// `seq` order, each exactly as it was written.
     #[pyo3(signature = (session_id, *, limit = None))]
     fn show<'py>(&self, py: Python<'py>, session_id: &str, limit: Option<i64>) -> PyResult<Bound<'py, PyList>> {
-        let rows = self.read(py, session_id, limit)?;
+        let rows = self.read(py, session_id, limit, false)?;
         let list = PyList::empty(py);
         for r in &rows {
             list.append(map_to_py(py, &r.message)?)?;
@@ -644,7 +675,7 @@ impl Store {
     /// `{"uid", "seq", "message"}`, as `turnsafe show --json` prints them.
     #[pyo3(signature = (session_id, *, limit = None))]
     fn rows<'py>(&self, py: Python<'py>, session_id: &str, limit: Option<i64>) -> PyResult<Bound<'py, PyList>> {
-        let rows = self.read(py, session_id, limit)?;
+        let rows = self.read(py, session_id, limit, true)?;
         let list = PyList::empty(py);
         for r in &rows {
             list.append(to_py(py, &r.to_value())?)?;
@@ -691,7 +722,7 @@ impl Store {
         let limit = read_limit(limit)?;
         let db = self.home.join("state.db");
         self.call_then(py, completions, ticket, move |s| {
-            read_in(s, &db, &session, limit)
+            read_in(s, &db, &session, limit, false)
                 .map(|rows| Value::Array(rows.into_iter().map(|r| Value::Object(r.message)).collect()))
         })
     }
@@ -763,12 +794,13 @@ impl Store {
         py: Python<'_>,
         session_id: &str,
         limit: Option<i64>,
+        full: bool,
     ) -> PyResult<Vec<turnsafe_host::transcript::StoredMessage>> {
         let session = parse_session(py, session_id)?;
         let limit = read_limit(limit)?;
         let store = self.shared(py)?;
         let db = self.home.join("state.db");
-        py.detach(move || store.with_store(|s| read_in(s, &db, &session, limit)))
+        py.detach(move || store.with_store(|s| read_in(s, &db, &session, limit, full)))
             .map_err(|failed| failed.into_err(py))
     }
 
@@ -789,6 +821,7 @@ impl Store {
                     Err(Failed {
                         message: "the store's work failed unexpectedly (a panic); nothing was changed by it".into(),
                         cause: None,
+                        incomplete: None,
                     })
                 });
                 lane.push(ticket, Done::Answer(answer))
@@ -807,7 +840,30 @@ fn read_limit(limit: Option<i64>) -> PyResult<Option<u64>> {
 
 /// The newest `limit` rows of `session`, through the store's own connection
 /// (a read-only one when the writer could not open it).
+/// A session's stored rows; `HistoryIncomplete` (with the rows, as `full`
+/// `{uid, seq, message}` objects or as messages) while an unsettled
+/// capture holds rows of it that the database lacks.
 fn read_in(
+    s: &mut turnsafe_host::store::SessionStore,
+    db: &Path,
+    session: &SessionId,
+    limit: Option<u64>,
+    full: bool,
+) -> Result<Vec<turnsafe_host::transcript::StoredMessage>, Failed> {
+    let rows = read_rows(s, db, session, limit)?;
+    let holds = s.pending_holds();
+    let holding: Vec<_> = holds.into_iter().filter(|h| h.holds(session.as_str())).collect();
+    if holding.is_empty() {
+        return Ok(rows);
+    }
+    let rendered = rows
+        .into_iter()
+        .map(|r| if full { r.to_value() } else { Value::Object(r.message) })
+        .collect();
+    Err(Failed::incomplete(session, Value::Array(rendered), &holding))
+}
+
+fn read_rows(
     s: &mut turnsafe_host::store::SessionStore,
     db: &Path,
     session: &SessionId,
@@ -819,6 +875,7 @@ fn read_in(
         return Err(Failed {
             message: format!("reading {}: {why}", db.display()),
             cause: Some(cause.label()),
+            incomplete: None,
         });
     }
     match s.connection() {
@@ -830,6 +887,7 @@ fn read_in(
     .map_err(|e| Failed {
         message: format!("reading {}: {e}", db.display()),
         cause: Some(observe::cause_of(Operation::Replay, &e).label()),
+        incomplete: None,
     })
 }
 
@@ -849,6 +907,7 @@ fn clear_in(s: &mut turnsafe_host::store::SessionStore, home: &Path, session: &S
     turnsafe_host::replay::clear_pending(home, session.as_str()).map_err(|e| Failed {
         message: format!("settling the session's divert lines: {e}"),
         cause: None,
+        incomplete: None,
     })?;
     Ok(removed)
 }

@@ -94,6 +94,7 @@ impl<B: Backend> Writer<B> {
             uids: uids.clone(),
             minted_uids: minted,
             seed: random_seed(),
+            pending_capture: None,
         };
         if self.machine.start(start.clone()).is_err() {
             tracing::error!("flush machine was busy; abandoning the old flush");

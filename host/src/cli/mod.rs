@@ -5,6 +5,7 @@
 //! `{"type": ..., "data": ...}` envelope.
 
 mod append;
+mod capture;
 mod classify;
 pub mod codes;
 mod component;
@@ -31,7 +32,8 @@ use crate::exit;
                   (retry, divert to a durable JSONL copy, or fail closed) and says so truthfully.\n\n\
                   Exit codes: 0 ok; 1 internal error; 2 usage; 3 a batch was not persisted; \
                   4 verification failed; 5 refused (a live lease, a capture not yet settled, or a process holds a file it would \
-                  replace); 6 doctor found problems; 65 unreadable input lines."
+                  replace); 6 doctor found problems; 7 a history read is not complete (an unsettled capture \
+                  holds rows of it); 65 unreadable input lines."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -41,6 +43,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Append(append::Args),
+    Capture(capture::Args),
     Show(show::Args),
     Search(search::Args),
     Replay(replay::Args),
@@ -67,6 +70,7 @@ pub fn main() -> i32 {
     init_logging();
     match cli.command {
         Command::Append(a) => append::run(a),
+        Command::Capture(a) => capture::run(a),
         Command::Show(a) => show::run(a),
         Command::Search(a) => search::run(a),
         Command::Replay(a) => replay::run(a),
@@ -178,6 +182,45 @@ pub(crate) fn refuse_newer_schema(db: &std::path::Path) -> Option<i32> {
 }
 
 /// A `{"type": kind, "data": data}` envelope line.
+/// The unsettled captures under `home` that hold rows of `session` (of any
+/// session, with `None`); exit 1 with a message when the home cannot be
+/// read, since a read must not claim a complete history it cannot check.
+pub(crate) fn holds_for(home: &std::path::Path, session: Option<&str>) -> Result<Vec<crate::captures::Hold>, i32> {
+    match crate::captures::holds(home) {
+        Ok(all) => Ok(all.into_iter().filter(|h| session.is_none_or(|s| h.holds(s))).collect()),
+        Err(e) => {
+            eprintln!("error: cannot list the captures under {}: {e}", home.display());
+            Err(exit::FAILURE)
+        }
+    }
+}
+
+/// Exit 0 for a complete history; otherwise say on stderr what it lacks,
+/// and exit 7.
+pub(crate) fn incomplete(holds: &[crate::captures::Hold], session: Option<&str>) -> i32 {
+    if holds.is_empty() {
+        return exit::OK;
+    }
+    let whose = match session {
+        Some(s) => format!("session {s}'s history"),
+        None => "the history searched".to_string(),
+    };
+    eprintln!("warning: {whose} is not complete: unsettled captures hold rows the database lacks:");
+    for h in holds {
+        let rows = match (&h.sessions, session) {
+            (Some(by), Some(s)) => format!("{} row(s)", by.get(s).copied().unwrap_or(0)),
+            (Some(by), None) => format!("{} row(s)", by.values().sum::<u64>()),
+            (None, _) => "an unknown number of rows".to_string(),
+        };
+        eprintln!("  {} (cause {}): {rows}", h.path, h.cause.label());
+    }
+    eprintln!(
+        "Settle each with `turnsafe recover --source <capture> --output <new.db> --install --home <home>` \
+         (or `--dismiss` if its rows do not matter); `turnsafe doctor` lists them."
+    );
+    exit::INCOMPLETE
+}
+
 pub(crate) fn envelope(kind: &str, data: serde_json::Value) -> String {
     serde_json::json!({ "type": kind, "data": data }).to_string()
 }

@@ -24,13 +24,15 @@ use crate::recover::{self, RecoverError};
 /// old state.db whose (session, uid) the rebuilt database lacks (lines
 /// replay imported meanwhile, say) is copied in, keeping its `seq`; the
 /// report says how many as `carried_over`. The old files are set aside,
-/// never deleted. Installing from a capture writes `<capture>/SETTLED`.
+/// never deleted. Installing from a capture (the folder, or its
+/// `state.db`) writes `<capture>/SETTLED`.
 ///
 /// A capture without `SETTLED` is pending: `turnsafe replay` refuses and
 /// `turnsafe doctor` reports an error until it is settled. `--dismiss`
 /// settles it without installing, once you decide its frames do not
-/// matter; it too refuses (exit 5) while any process holds the home's
-/// state.db or a sidecar.
+/// matter; it refuses (exit 5) while the process that made the capture is
+/// alive (it may still hold frames the capture lacks). Writers that only
+/// divert do not block it.
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("mode").required(true).args(["inspect_only", "output", "dismiss"])))]
 pub struct Args {
@@ -152,11 +154,11 @@ fn run_recover(args: &Args) -> Result<(), RecoverError> {
         && let Some(home) = &args.home
     {
         let installed = recover::install(output, home)?;
-        // A capture is settled once a database rebuilt from it is in place.
-        let settled = if args.source.is_dir() {
-            Some(recover::settle_installed(&args.source, &installed)?)
-        } else {
-            None
+        // A capture is settled once a database rebuilt from it is in place,
+        // whether the source named the folder or its `state.db`.
+        let settled = match recover::capture_of(&args.source) {
+            Some(capture) => Some(recover::settle_installed(&capture, &installed)?),
+            None => None,
         };
         let mut data = serde_json::to_value(&installed).unwrap_or_default();
         data["settled"] = json!(settled.as_ref().map(|p| p.to_string_lossy()));

@@ -16,7 +16,12 @@ use crate::search::{IndexHealth, SearchError, SearchOptions};
 ///
 /// Output: one line per hit. With `--json`,
 /// `{"type":"hit","data":{"session","uid","seq","role","snippet"}}` per hit,
-/// then `{"type":"end","data":{"hits","unindexed"}}`. Exit 2 for an empty
+/// then `{"type":"end","data":{"hits","unindexed"}}`. While an unsettled
+/// capture holds rows of a session searched (any session, without
+/// `--session`) that the database lacks, the hits are printed but the
+/// history is not complete: the end line adds `"complete": false` and
+/// `pending_captures` (each `{path, cause, rows}`), stderr says so, and the
+/// exit code is 7. Exit 2 for an empty
 /// query, an FTS5 syntax error (with SQLite's reason) or a database written
 /// by a newer turnsafe.
 ///
@@ -89,7 +94,21 @@ pub fn run(args: Args) -> i32 {
             home.display()
         ),
     }
-    print(&report.hits, report.unindexed, args.json)
+    let holds = match super::holds_for(&home, args.session.as_deref()) {
+        Ok(h) => h,
+        Err(code) => return code,
+    };
+    let code = print(
+        &report.hits,
+        report.unindexed,
+        &holds,
+        args.session.as_deref(),
+        args.json,
+    );
+    if code != exit::OK {
+        return code;
+    }
+    super::incomplete(&holds, args.session.as_deref())
 }
 
 /// Search PostgreSQL: the same output, from its `tsvector` index.
@@ -117,10 +136,16 @@ fn run_postgres(url: crate::pg::DbUrl, args: &Args) -> i32 {
             report.unindexed
         );
     }
-    print(&report.hits, report.unindexed, args.json)
+    print(&report.hits, report.unindexed, &[], args.session.as_deref(), args.json)
 }
 
-fn print(hits: &[crate::search::Hit], unindexed: u64, json: bool) -> i32 {
+fn print(
+    hits: &[crate::search::Hit],
+    unindexed: u64,
+    holds: &[crate::captures::Hold],
+    session: Option<&str>,
+    json: bool,
+) -> i32 {
     for hit in hits {
         let line = if json {
             super::envelope("hit", serde_json::to_value(hit).unwrap_or_default())
@@ -138,7 +163,14 @@ fn print(hits: &[crate::search::Hit], unindexed: u64, json: bool) -> i32 {
         }
     }
     let end = if json {
-        super::envelope("end", serde_json::json!({ "hits": hits.len(), "unindexed": unindexed }))
+        let mut end = serde_json::json!({ "hits": hits.len(), "unindexed": unindexed });
+        // Only an incomplete history adds to the end line.
+        if !holds.is_empty() {
+            let pending: Vec<serde_json::Value> = holds.iter().map(|h| h.to_value(session)).collect();
+            end["complete"] = false.into();
+            end["pending_captures"] = pending.into();
+        }
+        super::envelope("end", end)
     } else {
         format!(
             "{} hit(s); {} message(s) scanned without the index",

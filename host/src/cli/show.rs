@@ -11,7 +11,14 @@ use crate::exit;
 ///
 /// With `--json`, one `{"type":"message","data":{"uid", "seq", "message"}}`
 /// per line: `message` is the object exactly as it was written (any shape:
-/// a tool call or a reasoning item has no `role`), its uid and seq beside it.
+/// a tool call or a reasoning item has no `role`), its uid and seq beside it;
+/// the last line is `{"type":"end","data":{"complete", "pending_captures"}}`.
+///
+/// While an unsettled capture (`state.db.retired-*/`) holds rows of the
+/// session that the database lacks, the transcript is not complete: the
+/// rows are still printed, the end line says `"complete": false` and names
+/// each capture (`path`, `cause`, `rows`), stderr says so, and the exit
+/// code is 7. Settle the capture (`turnsafe recover`) to make it whole.
 /// Without, one line per message: seq, role (or `type`), and the text of
 /// its content (or the object).
 /// With `--db URL` (or `TURNSAFE_DB`) the transcript is read from PostgreSQL.
@@ -38,7 +45,7 @@ pub fn run(args: Args) -> i32 {
             use crate::backend::Backend;
             let mut pg = crate::pg::Postgres::new(*url, crate::pg::PgOptions::default());
             return match pg.transcript(&args.session) {
-                Ok(messages) => print(messages, args.json),
+                Ok(messages) => print(messages, &[], &args.session, args.json),
                 Err(e) => {
                     eprintln!("error: {e}");
                     exit::FAILURE
@@ -72,11 +79,17 @@ pub fn run(args: Args) -> i32 {
             return exit::FAILURE;
         }
     };
-    print(messages, args.json)
+    let holds = match super::holds_for(db.parent().unwrap_or(std::path::Path::new(".")), Some(&args.session)) {
+        Ok(h) => h,
+        Err(code) => return code,
+    };
+    print(messages, &holds, &args.session, args.json)
 }
 
-/// Each message is `{"uid", "seq", "message"}` (see [`crate::transcript`]).
-fn print(messages: Vec<Value>, json: bool) -> i32 {
+/// Each message is `{"uid", "seq", "message"}` (see [`crate::transcript`]),
+/// then the end of the transcript: complete, or which captures hold rows
+/// it lacks.
+fn print(messages: Vec<Value>, holds: &[crate::captures::Hold], session: &str, json: bool) -> i32 {
     for m in messages {
         let line = if json {
             super::envelope("message", m)
@@ -93,8 +106,15 @@ fn print(messages: Vec<Value>, json: bool) -> i32 {
             format!("{:>6}  {:<10} {}", m["seq"], kind, text)
         };
         if !super::emit(&line) {
-            break;
+            return exit::OK;
         }
     }
-    exit::OK
+    if json {
+        let pending: Vec<Value> = holds.iter().map(|h| h.to_value(Some(session))).collect();
+        let end = serde_json::json!({ "complete": holds.is_empty(), "pending_captures": pending });
+        if !super::emit(&super::envelope("end", end)) {
+            return exit::OK;
+        }
+    }
+    super::incomplete(holds, Some(session))
 }

@@ -155,7 +155,7 @@ impl Backend for SessionStore {
     }
 
     fn capture(&mut self, trigger: &str) -> Result<Capture, CaptureError> {
-        self.retire_generation(trigger).unwrap_or_else(|| {
+        self.retire_generation(trigger, &[]).unwrap_or_else(|| {
             Err(CaptureError {
                 operation: "read",
                 file: None,

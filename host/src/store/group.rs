@@ -41,14 +41,28 @@ pub(super) struct Member<'a> {
 }
 
 impl<'a> Member<'a> {
-    fn new(session: &'a SessionId, messages: &'a [Message], handle: &HandleState) -> Member<'a> {
+    fn new(
+        session: &'a SessionId,
+        messages: &'a [Message],
+        handle: &HandleState,
+        holds: &[crate::captures::Hold],
+    ) -> Member<'a> {
         let started = Instant::now();
         let (uids, minted) = crate::message::uids_minting(messages);
+        let pending_capture =
+            holds
+                .iter()
+                .find(|h| h.holds(session.as_str()))
+                .map(|h| turnsafe_policy::machine::PendingCapture {
+                    path: h.path.clone(),
+                    cause: h.cause,
+                });
         let start = FlushStart {
             session: session.as_str().to_string(),
             uids: uids.clone(),
             minted_uids: minted,
             seed: super::random_u64(),
+            pending_capture,
         };
         Member {
             flush: Flush {
@@ -128,9 +142,10 @@ impl SessionStore {
     /// ends the transaction is every batch's failure, and each then
     /// settles as the policy says. No batch is ever half committed.
     pub fn append_group(&mut self, batches: &[(&SessionId, &[Message])]) -> Vec<FlushOutcome> {
+        let holds = self.pending_holds();
         let mut members: Vec<Member<'_>> = batches
             .iter()
-            .map(|&(session, messages)| Member::new(session, messages, &self.handle))
+            .map(|&(session, messages)| Member::new(session, messages, &self.handle, &holds))
             .collect();
         self.run_group(&mut members);
         members.into_iter().map(Member::finish).collect()
@@ -144,7 +159,22 @@ impl SessionStore {
 
     /// A member for one batch, started on this handle.
     pub(super) fn member<'a>(&self, session: &'a SessionId, messages: &'a [Message]) -> Member<'a> {
-        Member::new(session, messages, &self.handle)
+        Member::new(session, messages, &self.handle, &self.pending_holds())
+    }
+
+    /// The unsettled captures under the home that hold some session's
+    /// rows, read before every group: a capture another process made since
+    /// the last group counts at once.
+    pub fn pending_holds(&self) -> Vec<crate::captures::Hold> {
+        match crate::captures::holds(&self.home) {
+            Ok(h) => h,
+            Err(e) => {
+                // The open that follows meets whatever keeps the home from
+                // being read, and fails with its own cause.
+                tracing::warn!(error = %e, "cannot list the home's captures");
+                Vec::new()
+            }
+        }
     }
 
     /// Drive every member's machine to its outcome.
@@ -241,7 +271,12 @@ impl SessionStore {
             .first()
             .map(|&i| members[i].made.trigger.clone())
             .unwrap_or_default();
-        let result = match self.retire_generation(&trigger) {
+        let evidence = waiting
+            .first()
+            .and_then(|&i| members[i].made.failure.as_ref())
+            .map(|f| f.evidence.clone())
+            .unwrap_or_default();
+        let result = match self.retire_generation(&trigger, &evidence) {
             Some(result) => result,
             // Already tried by this handle, or no generation was recorded
             // (the guard is off).

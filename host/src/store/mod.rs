@@ -150,6 +150,9 @@ pub struct SessionStore {
     handle: HandleState,
     /// The capture this handle made of its retired generation, once tried.
     captured: Option<Result<Capture, CaptureError>>,
+    /// Switching off the checkpoint at close failed for a retired
+    /// generation: the connection must never be closed.
+    close_may_checkpoint: bool,
     /// Why the open at construction failed; the first batch observes it
     /// instead of opening the file a second time.
     open_failure: Option<Box<OpenFailure>>,
@@ -193,12 +196,19 @@ impl SessionStore {
             guard: None,
             handle: HandleState::default(),
             captured: None,
+            close_may_checkpoint: false,
             open_failure: None,
             quarantined: None,
             counters: Counters::default(),
             sessions: HashMap::new(),
             lock_watch: lockwait::LockWatch::new(),
         };
+        // A writer never holds the database open only to divert: with a
+        // capture pending, it opens on the first batch that may write, so
+        // an operator can still install over a home whose writers divert.
+        if !s.pending_holds().is_empty() {
+            return s;
+        }
         if let Err(failure) = s.ensure_open() {
             s.open_failure = Some(failure);
         }
@@ -350,21 +360,42 @@ impl SessionStore {
 
     /// The retired generation must never be checkpointed into whatever file
     /// is at the path now; capture it once for the operator.
-    fn retire_generation(&mut self, trigger: &str) -> Option<Result<Capture, CaptureError>> {
-        if let Some(conn) = &self.conn {
-            let _ = conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
-        }
+    fn retire_generation(&mut self, trigger: &str, evidence: &[Evidence]) -> Option<Result<Capture, CaptureError>> {
+        self.forbid_close_checkpoint();
         if self.captured.is_some() {
             return None;
         }
+        let why = self.capture_why(trigger, evidence);
         let guard = self.guard.as_ref()?;
-        let result = capture::capture(guard, trigger);
+        let result = capture::capture(guard, &why);
         match &result {
             Ok(c) => tracing::warn!(capture = %c.path, files = c.files.len(), "retired generation captured"),
             Err(e) => tracing::error!(error = %e, "CAPTURE FAILED: the retired generation was not saved"),
         }
         self.captured = Some(result.clone());
         Some(result)
+    }
+
+    /// What a capture made now records of its cause: the handle's sticky
+    /// cause, else the cause the evidence proves.
+    fn capture_why(&self, trigger: &str, evidence: &[Evidence]) -> capture::Why {
+        let mut evidence: Vec<Evidence> = evidence.to_vec();
+        evidence.sort();
+        evidence.dedup();
+        let cause = self.handle.sticky.unwrap_or_else(|| {
+            if evidence.contains(&Evidence::DbReplaced) {
+                turnsafe_policy::Cause::Replaced
+            } else if evidence.contains(&Evidence::DeletedWalGeneration) {
+                turnsafe_policy::Cause::DeletedWal
+            } else {
+                turnsafe_policy::Cause::Unknown
+            }
+        });
+        capture::Why {
+            trigger: trigger.to_string(),
+            cause,
+            evidence,
+        }
     }
 
     /// Check the generation one last time, then close without ever
@@ -379,21 +410,71 @@ impl SessionStore {
         if let (Some(conn), Some(guard)) = (&self.conn, &mut self.guard) {
             match guard.check(conn) {
                 Ok(Verdict::Intact) if self.handle.sticky.is_none() => {}
-                Ok(Verdict::Intact) => capture = self.retire_generation("close after a sticky cause"),
-                Ok(Verdict::Mismatch { detail, .. }) => {
+                Ok(Verdict::Intact) => capture = self.retire_generation("close after a sticky cause", &[]),
+                Ok(Verdict::Mismatch { detail, evidence }) => {
                     tracing::warn!(detail = %detail, "generation changed before close");
-                    capture = self.retire_generation(&format!("close: {detail}"));
+                    capture = self.retire_generation(&format!("close: {detail}"), &[evidence]);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "guard probe failed at close; not checkpointing");
-                    if let Some(conn) = &self.conn {
-                        let _ = conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
-                    }
+                    self.forbid_close_checkpoint();
                 }
             }
         }
-        self.conn = None;
+        if matches!(self.captured, Some(Err(_)))
+            && let Some(guard) = &self.guard
+        {
+            // The retired frames live only in this handle's descriptors,
+            // which the close lets go: one more try to keep them.
+            let why = self.capture_why("close: a failed capture tried again", &[]);
+            let result = capture::capture(guard, &why);
+            match &result {
+                Ok(c) => tracing::warn!(capture = %c.path, "retired generation captured at close"),
+                Err(e) => tracing::error!(error = %e, "CAPTURE FAILED again at close"),
+            }
+            self.captured = Some(result.clone());
+            capture = Some(result);
+        }
+        match self.conn.take() {
+            Some(conn) if self.close_may_checkpoint => {
+                // Fail closed: a close that may checkpoint a retired
+                // generation into whatever file is at the path now must not
+                // happen. The connection is never closed; its descriptors
+                // (the retired frames among them) stay open until the
+                // process ends, which closes them without a checkpoint.
+                tracing::error!(
+                    "cannot forbid the close-time checkpoint; leaving the connection open until the process ends"
+                );
+                std::mem::forget(conn);
+            }
+            _ => {}
+        }
         capture
+    }
+
+    /// Switch off SQLite's checkpoint at close (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`),
+    /// the one step that keeps a close from writing a retired generation
+    /// over the file now at the path. If it cannot be switched off, the
+    /// handle remembers, and [`Self::close`] never closes the connection.
+    fn forbid_close_checkpoint(&mut self) {
+        let Some(conn) = &self.conn else { return };
+        let set = match crate::failpoint::io_fault("store.no_ckpt_on_close") {
+            Some(e) => Err(e.to_string()),
+            None => conn
+                .set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+                .map_err(|e| e.to_string())
+                .and_then(|on| {
+                    if on {
+                        Ok(())
+                    } else {
+                        Err("SQLite left it off".to_string())
+                    }
+                }),
+        };
+        if let Err(e) = set {
+            tracing::error!(error = %e, "could not switch off the checkpoint at close");
+            self.close_may_checkpoint = true;
+        }
     }
 }
 

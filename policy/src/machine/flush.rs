@@ -20,6 +20,21 @@ pub struct FlushStart {
     pub minted_uids: Vec<String>,
     /// The seed of the retry jitter.
     pub seed: u64,
+    /// An unsettled capture that holds rows of this session the database
+    /// lacks, as the host read it from the capture's manifest. The batch is
+    /// diverted with the capture's cause, without touching the database:
+    /// a commit now would build on a history without those rows.
+    #[serde(default)]
+    pub pending_capture: Option<PendingCapture>,
+}
+
+/// A capture of a retired generation that is not settled yet.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PendingCapture {
+    /// Absolute path of the capture folder.
+    pub path: String,
+    /// The cause its manifest records.
+    pub cause: Cause,
 }
 
 /// Where the flush stands: the step it waits on.
@@ -94,18 +109,26 @@ pub struct FlushMachine {
 impl FlushMachine {
     /// A flush of `start`'s batch on a handle in `handle`'s state.
     pub fn new(start: FlushStart, handle: &HandleState) -> FlushMachine {
-        let phase = match (handle.sticky, handle.open) {
-            (Some(cause), _) => Phase::Diverting { cause },
-            (None, true) => Phase::Writing,
-            (None, false) => Phase::Opening,
+        let pending = start.pending_capture.as_ref().map(|p| p.cause);
+        let phase = match (handle.sticky, pending, handle.open) {
+            (Some(cause), _, _) => Phase::Diverting { cause },
+            (None, Some(cause), _) => Phase::Diverting { cause },
+            (None, None, true) => Phase::Writing,
+            (None, None, false) => Phase::Opening,
         };
-        let action = handle.sticky.map(|_| ActionKind::Divert);
+        let action = handle.sticky.or(pending).map(|_| ActionKind::Divert);
+        // A sticky handle's cause is the handle's; a pending capture's is
+        // this batch's own (the handle goes on writing other sessions).
+        let last = match (handle.sticky, pending) {
+            (None, Some(cause)) => Some((cause, Operation::AppendBatch)),
+            _ => None,
+        };
         FlushMachine {
             start,
             phase,
             plan: WritePlan::default(),
             attempts: 0,
-            last: None,
+            last,
             action,
             errno: None,
             capture: None,

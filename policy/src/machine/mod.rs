@@ -53,9 +53,9 @@
 use crate::prelude::*;
 mod flush;
 mod report;
-mod wire;
+pub(crate) mod wire;
 
-pub use flush::{FlushMachine, FlushStart};
+pub use flush::{FlushMachine, FlushStart, PendingCapture};
 pub use report::{CaptureReport, DivertErrorReport, FlushReport};
 pub use wire::{STATE_FORMAT, event_from_text, event_to_text, flush_step_json, step_to_text};
 
@@ -125,6 +125,25 @@ pub struct DivertReceipt {
     pub count: u64,
     /// Hex sha256 of the bytes in `[offset, offset + length)`.
     pub sha256: String,
+}
+
+impl DivertReceipt {
+    /// Whether this is a whole receipt, as a host makes one after the
+    /// divert's fsync: an absolute path, at least one line, at least a byte
+    /// a line, and a sha256 of 64 hex digits. A copy claims a kept copy
+    /// only from one that passes.
+    pub fn check(&self) -> Result<(), &'static str> {
+        let whole = self.path.starts_with('/')
+            && self.count > 0
+            && self.length >= self.count
+            && self.sha256.len() == 64
+            && self.sha256.bytes().all(|b| b.is_ascii_hexdigit());
+        if whole {
+            Ok(())
+        } else {
+            Err("needs an absolute path, count, length and sha256")
+        }
+    }
 }
 
 /// The result of the step the machine waits on.
@@ -326,5 +345,6 @@ pub(crate) fn abandoned(start: FlushStart) -> FlushReport {
         error: Some(Cause::Unknown.failure_label()),
         uids: start.uids,
         minted_uids: start.minted_uids,
+        pending_capture: start.pending_capture,
     }
 }

@@ -112,6 +112,8 @@ pub struct FlushReport {
     pub error: Option<String>,
     pub uids: Vec<String>,
     pub minted_uids: Vec<String>,
+    /// The unsettled capture that kept this batch from the database.
+    pub pending_capture: Option<super::PendingCapture>,
 }
 
 impl FlushReport {
@@ -164,6 +166,18 @@ impl FlushReport {
             },
         );
         o.field("divert_residue", v::residue(self.divert_residue.as_ref()));
+        o.field(
+            "pending_capture",
+            match &self.pending_capture {
+                Some(c) => {
+                    let mut d = v::Obj::new();
+                    d.str("path", &c.path);
+                    d.str("cause", c.cause.label());
+                    d.done()
+                }
+                None => Json::Null,
+            },
+        );
         o.done()
     }
 
@@ -202,6 +216,7 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
     let failed = Facts {
         session,
         errno: p.errno,
+        pending_capture: p.start.pending_capture.as_ref().map(|c| c.path.as_str()),
         ..known
     };
     let (outcome, facts) = match &p.ending {
@@ -231,6 +246,10 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
     };
     let copy = p.cause.and_then(|c| explain_facts(c, outcome, &facts).ok());
     let n = p.start.uids.len();
+    let pending_capture = match p.ending {
+        Ending::Committed => None,
+        _ => p.start.pending_capture,
+    };
     let mut report = FlushReport {
         persisted: false,
         operation: p.operation,
@@ -248,6 +267,7 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
         error: None,
         uids: p.start.uids,
         minted_uids: p.start.minted_uids,
+        pending_capture,
     };
     match p.ending {
         Ending::Committed => {

@@ -65,8 +65,32 @@ fn start_from_value(v: &Value) -> Result<FlushStart, String> {
         uids: f.strings("uids"),
         minted_uids: f.strings("minted_uids"),
         seed: f.u64("seed"),
+        pending_capture: None,
+    };
+    let pending = f.get("pending_capture");
+    let start = FlushStart {
+        pending_capture: match pending {
+            None => None,
+            Some(p) => f.check(pending_capture_from(p).map(Some)),
+        },
+        ..start
     };
     f.done(start)
+}
+
+/// `{path, cause}`: an unsettled capture that holds rows of the session.
+fn pending_capture_from(v: &Value) -> Result<super::PendingCapture, String> {
+    let mut f = Fields::new(object(v, "`pending_capture`")?, "pending_capture");
+    let path = f.required_string("path");
+    let label = f.required_string("cause");
+    let cause = Cause::from_label(&label);
+    if cause.is_none() {
+        f.fail_field("cause", "must be a cause label");
+    }
+    f.done(super::PendingCapture {
+        path,
+        cause: cause.unwrap_or(Cause::Unknown),
+    })
 }
 
 fn start_to_value(s: &FlushStart) -> Value {
@@ -75,6 +99,12 @@ fn start_to_value(s: &FlushStart) -> Value {
     o.strs("uids", &s.uids);
     o.strs("minted_uids", &s.minted_uids);
     o.uint("seed", s.seed);
+    if let Some(p) = &s.pending_capture {
+        let mut c = v::Obj::new();
+        c.str("path", &p.path);
+        c.str("cause", p.cause.label());
+        o.field("pending_capture", c.done());
+    }
     o.done()
 }
 
@@ -101,7 +131,7 @@ fn capture_receipt_from(o: &Obj) -> Result<CaptureReceipt, String> {
     f.done(receipt)
 }
 
-fn divert_receipt_from(o: &Obj) -> Result<DivertReceipt, String> {
+pub(crate) fn divert_receipt_from(o: &Obj) -> Result<DivertReceipt, String> {
     let mut f = Fields::new(o, "divert receipt");
     let receipt = DivertReceipt {
         path: f.required_string("path"),

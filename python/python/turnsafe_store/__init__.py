@@ -11,12 +11,13 @@ an :class:`Outcome` that says plainly that neither happened.
     True
 """
 
-from ._errors import Error, InvalidSessionId, Refused, TurnNotPersisted
+from ._errors import Error, HistoryIncomplete, InvalidSessionId, Refused, TurnNotPersisted
 from ._native import SCHEMA_VERSION, Outcome, Store, doctor, replay, search
 
 __all__ = [
     "SCHEMA_VERSION",
     "Error",
+    "HistoryIncomplete",
     "InvalidSessionId",
     "Outcome",
     "Refused",

@@ -23,6 +23,24 @@ class Refused(Error):
     not settled, or a process holds files the command would replace."""
 
 
+class HistoryIncomplete(Error):
+    """A read whose history is not complete: an unsettled capture of a
+    retired database generation holds rows of the session that the
+    database lacks. ``rows`` is what the read would have returned (every
+    stored row, in order); ``captures`` lists each capture as
+    ``{"path", "cause", "rows"}``. Settle the capture (``turnsafe recover
+    --install`` or ``--dismiss``) to make the history whole; until then,
+    building a turn on ``rows`` would build it on a history without them."""
+
+    def __init__(self, message: str, rows: Any = None, captures: Any = None) -> None:
+        super().__init__(message)
+        self.rows = rows if rows is not None else []
+        self.captures = captures if captures is not None else []
+
+    def __reduce__(self):  # pragma: no cover - pickling keeps the rows
+        return (type(self), (str(self), self.rows, self.captures))
+
+
 class TurnNotPersisted(Error):
     """A batch was not committed. ``outcome`` says where every message is:
     diverted with a receipt, or handed back."""
