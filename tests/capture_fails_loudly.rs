@@ -47,3 +47,30 @@ fn a_failed_capture_is_reported_not_hidden() {
     assert_eq!(store.sticky(), Some(Cause::DeletedWal));
     drop(store);
 }
+
+/// The retired frames live only in the handle's descriptors: before the
+/// close lets them go, the handle tries its capture once more.
+#[test]
+fn a_failed_capture_is_tried_again_before_the_close() {
+    let home = Home::new();
+    let mut store = home.store();
+    assert!(store.append_batch(&sid("s1"), &batch("a", 3)).persisted);
+    std::fs::create_dir(home.path().join("sessions")).unwrap();
+    for s in ["state.db-wal", "state.db-shm"] {
+        std::fs::remove_file(home.path().join(s)).unwrap();
+    }
+    let frozen = skip_unless!(Immutable::new(home.path()));
+    let out = store.append_batch(&sid("s1"), &batch("b", 1));
+    assert!(matches!(out.capture, Some(Err(_))), "{:?}", out.capture);
+    // The home is writable again (an operator freed space, say).
+    drop(frozen);
+    let capture = store
+        .close()
+        .expect("the close tried the capture again")
+        .expect("and it succeeded");
+    let dir = std::path::PathBuf::from(&capture.path);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["cause"], "deleted_wal", "{manifest}");
+    assert_eq!(manifest["missing_rows"], serde_json::json!({"s1": 3}), "{manifest}");
+}

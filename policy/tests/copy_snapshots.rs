@@ -256,10 +256,7 @@ fn only_a_receipt_earns_a_copy_was_kept() {
 #[test]
 fn a_diverted_copy_cannot_be_built_without_a_receipt() {
     let err = explain(Cause::Disk, Outcome::Diverted, &CopyContext::default()).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "a `diverted` copy needs the divert receipt (path, offset, length, count, sha256)"
-    );
+    assert_eq!(err.to_string(), "a `diverted` copy needs the divert receipt");
     // A receipt that is not whole earns no claim either.
     for bad in [
         receipt("relative/s1.jsonl"),
