@@ -5,10 +5,12 @@ The writer holds no decision of its own. For each batch it starts the
 machine (``flush-step-json``) and performs the steps it asks for: open the
 database, write the batch, wait, capture (this host keeps no retired
 generation, so it reports that it cannot), or divert the batch to JSONL in
-the docs/DIVERT.md format (flock, O_NOFOLLOW, fsync, then a receipt). It
-feeds back what happened (Python 3.11 exposes the extended code as
-``sqlite_errorcode``) until the machine says ``done``, and returns the
-outcome the component built: ``outcome_text`` is its exact JSON.
+the docs/DIVERT.md format (flock, O_NOFOLLOW, every byte written, fsync of
+the file and its folders, then a receipt; a failed divert is cut back, or
+its residue is reported). It feeds back what happened (Python 3.11 exposes
+the extended code as ``sqlite_errorcode``) until the machine says
+``done``, and returns the outcome the component built: ``outcome_text`` is
+its exact JSON.
 """
 
 from __future__ import annotations
@@ -55,62 +57,144 @@ def observation(operation: str, err: BaseException, attempt: int, elapsed_ms: in
 
 
 class DivertFailed(Exception):
-    def __init__(self, operation: str, errno: int | None):
-        super().__init__(f"{operation}: errno {errno}")
+    """A divert that did not happen. ``residue`` is set when some of the
+    batch's bytes reached the file and could not be cut away again: lines
+    from ``residue["offset"]`` on may remain in ``residue["path"]``."""
+
+    def __init__(self, operation: str, errno: int | None, message: str | None = None):
         self.operation = operation
         self.errno = errno
+        self.residue: dict | None = None
+        text = message or (os.strerror(errno) if errno else "failed")
+        super().__init__(f"{operation}: {text}")
+
+
+def _valid_session(session: str) -> bool:
+    """docs/DIVERT.md: 1 to 128 bytes of ASCII letters, digits, ``-``,
+    ``_``, ``.``, ``:``; no leading ``.``, no ``..``."""
+    return (0 < len(session.encode()) <= 128 and not session.startswith(".") and ".." not in session
+            and all(c.isascii() and (c.isalnum() or c in "-_.:") for c in session))
+
+
+def _fsync_dir(folder: Path) -> None:
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` may write fewer bytes than asked (a file size limit, a
+    full disk): go on from where it stopped until every byte is written or
+    a call fails. The failure of a later call is the one reported."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except OSError as e:
+            raise DivertFailed("write", e.errno) from e
+        if n <= 0:
+            raise DivertFailed("write", None, "the write stored no bytes")
+        view = view[n:]
+
+
+def _cut_back(fd: int, size: int) -> bool:
+    """Truncate the file back to ``size`` and make that durable."""
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    except OSError:
+        return False
+    return True
 
 
 def divert(home: Path, session: str, cause: str, messages: list[dict], first_seq: int | None) -> dict:
-    """Append one line per message, fsync, and only then return the receipt."""
-    if not session or len(session) > 128 or "/" in session or ".." in session or session.startswith("."):
-        raise DivertFailed("validate", 22)
+    """Append one line per message, fsync, and only then return the receipt.
+
+    Folder durability does not depend on which call created the file or the
+    folder: every divert fsyncs ``sessions/`` and the home before its
+    receipt. A divert that created the file (or the folder) and then failed
+    before the folder's fsync leaves an entry that may not survive a power
+    cut, and the next divert, which finds the file already there, must not
+    vouch for it unsynced. Diverts are rare (the database already failed),
+    so two directory fsyncs each cost less than a durable marker would.
+
+    On a failure after the write began, the file is cut back to the size it
+    had (under the flock) and fsynced, so it holds exactly what it held
+    before; if that fails too, the error carries the residue (absolute path,
+    and the offset where this batch's lines began), as the native host does.
+    """
+    if not _valid_session(session):
+        raise DivertFailed("validate", 22, "invalid session id")
     folder = home / "sessions"
     try:
-        folder.mkdir(mode=0o700, exist_ok=True)
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
     except OSError as e:
         raise DivertFailed("mkdir", e.errno) from e
     path = folder / f"{session}.jsonl"
-    created = not path.exists()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # Read and append: the torn-line check reads the last byte.
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         raise DivertFailed("open", e.errno) from e
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        size = os.fstat(fd).st_size
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            raise DivertFailed("lock", e.errno) from e
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as e:
+            raise DivertFailed("stat", e.errno) from e
         prefix = b""
-        if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
-            prefix = b"\n"
-        at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{datetime.now(timezone.utc).microsecond // 1000:03d}Z"
+        if size > 0:
+            # A torn last line from an earlier crash stays detectable: start
+            # ours on a fresh line (an unreadable last byte counts as torn).
+            try:
+                last = os.pread(fd, 1, size - 1)
+            except OSError:
+                last = b""
+            if last != b"\n":
+                prefix = b"\n"
+        now = datetime.now(timezone.utc)
+        at = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
         batch = uuid.uuid4().hex
-        body = b""
-        for i, m in enumerate(messages):
-            line = {
-                "v": 1, "session": session, "uid": m["uid"],
-                "seq": None if first_seq is None else first_seq + i,
-                "batch": batch, "cause": cause, "at": at, "message": m,
-            }
-            body += json.dumps(line, separators=(",", ":")).encode() + b"\n"
         try:
-            os.write(fd, prefix + body)
-        except OSError as e:
-            raise DivertFailed("write", e.errno) from e
+            body = b"".join(
+                json.dumps({
+                    "v": 1, "session": session, "uid": m["uid"],
+                    "seq": None if first_seq is None else first_seq + i,
+                    "batch": batch, "cause": cause, "at": at, "message": m,
+                }, separators=(",", ":")).encode() + b"\n"
+                for i, m in enumerate(messages))
+        except (TypeError, ValueError) as e:
+            raise DivertFailed("encode", None, str(e)) from e
+        offset = size + len(prefix)
         try:
-            os.fsync(fd)
-            if created:
-                dfd = os.open(folder, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-        except OSError as e:
-            raise DivertFailed("fsync", e.errno) from e
+            _write_all(fd, prefix + body)
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                raise DivertFailed("fsync", e.errno) from e
+            try:
+                _fsync_dir(folder)
+                _fsync_dir(home)
+            except OSError as e:
+                raise DivertFailed("fsync_dir", e.errno) from e
+        except DivertFailed as e:
+            # Bytes of this batch may be in the file with no receipt to
+            # vouch for them.
+            if not _cut_back(fd, size):
+                e.residue = {"path": os.path.abspath(path), "offset": offset}
+            raise
     finally:
         os.close(fd)
     return {
         "path": str(path.resolve()),
-        "offset": size + len(prefix),
+        "offset": offset,
         "length": len(body),
         "count": len(messages),
         "sha256": hashlib.sha256(body).hexdigest(),
@@ -199,7 +283,7 @@ class SessionWriter:
             receipt = divert(self.home, self.session, cause, batch, self.next_seq)
         except DivertFailed as e:
             return {"type": "divert_failed", "operation": e.operation, "errno": e.errno,
-                    "message": str(e), "residue": None}
+                    "message": str(e), "residue": e.residue}
         if self.next_seq is not None:
             self.next_seq += len(batch)
         return {"type": "diverted", "receipt": receipt}

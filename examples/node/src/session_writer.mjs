@@ -1,9 +1,10 @@
 // A small session writer on better-sqlite3 whose flush protocol is the
 // turnsafe policy component's flush machine. The writer holds no decision
 // of its own: it performs the steps the machine asks for (open, write,
-// wait, capture, divert to JSONL per docs/DIVERT.md with fsync and a
-// receipt), feeds back what happened, and returns the outcome the
-// component built (`outcomeText` is its exact JSON).
+// wait, capture, divert to JSONL per docs/DIVERT.md: every byte written,
+// the file and its folders fsynced, then a receipt; a failed divert is cut
+// back, or its residue reported), feeds back what happened, and returns
+// the outcome the component built (`outcomeText` is its exact JSON).
 import Database from 'better-sqlite3';
 import { createHash, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
@@ -31,65 +32,155 @@ export function observation(operation, err, attempt, elapsedMs, seed) {
 
 const sleep = (ms) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
 
+/** A divert step that failed; `errno` is positive, or null. */
+function failed(operation, e, message) {
+  const err = e instanceof Error ? e : new Error(message ?? String(e));
+  const errno = typeof err.errno === 'number' ? Math.abs(err.errno) : null;
+  return Object.assign(err, { operation, errno, residue: null });
+}
+
+// docs/DIVERT.md: 1 to 128 bytes of ASCII letters, digits, `-`, `_`, `.`,
+// `:`; no leading `.`, no `..`.
+const validSession = (s) => typeof s === 'string' && /^[A-Za-z0-9_.:-]{1,128}$/.test(s)
+  && !s.startsWith('.') && !s.includes('..');
+
+function fsyncDir(dir) {
+  const dfd = fs.openSync(dir, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
+  try {
+    fs.fsyncSync(dfd);
+  } finally {
+    fs.closeSync(dfd);
+  }
+}
+
+// A write may store fewer bytes than asked (a file size limit, a full
+// disk): go on from where it stopped until every byte is written or a call
+// fails. The failure of a later call is the one reported.
+function writeAll(fd, bytes) {
+  let done = 0;
+  while (done < bytes.length) {
+    let n;
+    try {
+      n = fs.writeSync(fd, bytes, done, bytes.length - done);
+    } catch (e) {
+      throw failed('write', e);
+    }
+    if (!(n > 0)) throw failed('write', null, 'the write stored no bytes');
+    done += n;
+  }
+}
+
+/** Truncate the file back to `size` and make that durable. */
+function cutBack(fd, size) {
+  try {
+    fs.ftruncateSync(fd, size);
+    fs.fsyncSync(fd);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Append one line per message, fsync, and only then return the receipt.
+ *
+ * Folder durability does not depend on which call created the file or the
+ * folder: every divert fsyncs `sessions/` and the home before its receipt.
+ * A divert that created the file (or the folder) and then failed before the
+ * folder's fsync leaves an entry that may not survive a power cut, and the
+ * next divert, which finds the file already there, must not vouch for it
+ * unsynced. Diverts are rare (the database already failed), so two
+ * directory fsyncs each cost less than a durable marker would.
+ *
+ * On a failure after the write began, the file is cut back to the size it
+ * had and fsynced, so it holds exactly what it held before; if that fails
+ * too, the error carries the residue (absolute path, and the offset where
+ * this batch's lines began), as the native host does.
+ */
 export function divert(home, session, cause, batch, firstSeq) {
-  if (!session || session.length > 128 || session.includes('/') || session.includes('..') || session.startsWith('.')) {
-    throw Object.assign(new Error('invalid session id'), { operation: 'validate', errno: 22 });
+  if (!validSession(session)) {
+    throw failed('validate', null, 'invalid session id');
   }
   const folder = path.join(home, 'sessions');
   try {
     fs.mkdirSync(folder, { mode: 0o700, recursive: false });
   } catch (e) {
-    if (e.code !== 'EEXIST') throw Object.assign(e, { operation: 'mkdir' });
+    if (e.code !== 'EEXIST') throw failed('mkdir', e);
   }
   const file = path.join(folder, `${session}.jsonl`);
-  const created = !fs.existsSync(file);
   let fd;
   try {
-    const { O_WRONLY, O_APPEND, O_CREAT, O_NOFOLLOW } = fs.constants;
-    fd = fs.openSync(file, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW, 0o600);
+    // Read and append: the torn-line check reads the last byte.
+    const { O_RDWR, O_APPEND, O_CREAT, O_NOFOLLOW } = fs.constants;
+    fd = fs.openSync(file, O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW, 0o600);
   } catch (e) {
-    throw Object.assign(e, { operation: 'open' });
+    throw failed('open', e);
   }
   try {
     // Node has no flock; appends of one write() are atomic for O_APPEND,
     // and the Rust host's flock serialises it against replay's rename.
-    const size = fs.fstatSync(fd).size;
-    let prefix = '';
+    let size;
+    try {
+      size = fs.fstatSync(fd).size;
+    } catch (e) {
+      throw failed('stat', e);
+    }
+    let prefix = Buffer.alloc(0);
     if (size > 0) {
+      // A torn last line from an earlier crash stays detectable: start ours
+      // on a fresh line (an unreadable last byte counts as torn).
       const last = Buffer.alloc(1);
-      const rfd = fs.openSync(file, 'r');
-      fs.readSync(rfd, last, 0, 1, size - 1);
-      fs.closeSync(rfd);
-      if (last[0] !== 0x0a) prefix = '\n';
+      let got = 0;
+      try {
+        got = fs.readSync(fd, last, 0, 1, size - 1);
+      } catch {
+        got = 0;
+      }
+      if (got !== 1 || last[0] !== 0x0a) prefix = Buffer.from('\n');
     }
     const at = new Date().toISOString();
     const id = randomUUID().replaceAll('-', '');
-    const body = batch
-      .map((m, i) => JSON.stringify({ v: 1, session, uid: m.uid, seq: firstSeq === null ? null : firstSeq + i,
-        batch: id, cause, at, message: m }) + '\n')
-      .join('');
+    let body;
     try {
-      fs.writeSync(fd, prefix + body);
+      body = Buffer.from(batch
+        .map((m, i) => JSON.stringify({ v: 1, session, uid: m.uid, seq: firstSeq === null ? null : firstSeq + i,
+          batch: id, cause, at, message: m }) + '\n')
+        .join(''));
     } catch (e) {
-      throw Object.assign(e, { operation: 'write' });
+      throw failed('encode', e);
     }
+    const offset = size + prefix.length;
     try {
-      fs.fsyncSync(fd);
-      if (created) {
-        const dfd = fs.openSync(folder, 'r');
-        fs.fsyncSync(dfd);
-        fs.closeSync(dfd);
+      writeAll(fd, Buffer.concat([prefix, body]));
+      try {
+        fs.fsyncSync(fd);
+      } catch (e) {
+        throw failed('fsync', e);
+      }
+      try {
+        fsyncDir(folder);
+        fsyncDir(home);
+      } catch (e) {
+        throw failed('fsync_dir', e);
       }
     } catch (e) {
-      throw Object.assign(e, { operation: 'fsync' });
+      // Bytes of this batch may be in the file with no receipt to vouch
+      // for them.
+      if (!cutBack(fd, size)) e.residue = { path: path.resolve(file), offset };
+      throw e;
     }
-    const bytes = Buffer.from(body);
+    let abs;
+    try {
+      abs = fs.realpathSync(file);
+    } catch {
+      abs = path.resolve(file);
+    }
     return {
-      path: fs.realpathSync(file),
-      offset: size + Buffer.byteLength(prefix),
-      length: bytes.length,
+      path: abs,
+      offset,
+      length: body.length,
       count: batch.length,
-      sha256: createHash('sha256').update(bytes).digest('hex'),
+      sha256: createHash('sha256').update(body).digest('hex'),
     };
   } finally {
     fs.closeSync(fd);
@@ -179,9 +270,9 @@ export class SessionWriter {
       if (this.nextSeq !== null) this.nextSeq += batch.length;
       return { type: 'diverted', receipt };
     } catch (e) {
-      const errno = typeof e.errno === 'number' ? Math.abs(e.errno) : null;
-      return { type: 'divert_failed', operation: e.operation ?? 'write', errno, message: String(e.message ?? e),
-        residue: null };
+      if (!e?.operation) throw e;
+      return { type: 'divert_failed', operation: e.operation, errno: e.errno, message: String(e.message ?? e),
+        residue: e.residue ?? null };
     }
   }
 

@@ -24,3 +24,20 @@ export function vectors() {
   return readdirSync(dir).filter((f) => f.endsWith('.json') && f !== 'flush_sequences.json').sort()
     .flatMap((f) => JSON.parse(readFileSync(join(dir, f), 'utf8')));
 }
+
+const inCi = () => {
+  const ci = (process.env.CI ?? '').toLowerCase();
+  return ci === 'true' || ci === '1';
+};
+
+/**
+ * A capability the test needs (root, chattr, strace, a tmpfs mount): a
+ * failure under CI=true, a skip elsewhere that scripts/skip-reporter.mjs
+ * counts. Returns whether the test may go on.
+ */
+export function need(t, ok, why) {
+  if (ok) return true;
+  if (inCi()) throw new Error(`missing capability under CI: ${why}`);
+  t.skip(`missing capability: ${why}`);
+  return false;
+}

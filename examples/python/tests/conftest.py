@@ -17,6 +17,16 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true" or os.environ.get("CI") == "1"
 
 
+def need(ok: bool, why: str) -> None:
+    """A capability the test needs (root, chattr, strace, a tmpfs mount): a
+    failure under CI, a skip elsewhere that the skip log counts."""
+    if ok:
+        return
+    if in_ci():
+        pytest.fail(f"missing capability under CI: {why}")
+    pytest.skip(f"missing capability: {why}")
+
+
 def record_skip(test: str, reason: str) -> None:
     """Append one line to the skip log scripts/test-all counts (TURNSAFE_SKIP_LOG)."""
     path = os.environ.get("TURNSAFE_SKIP_LOG")
