@@ -34,16 +34,22 @@ fn traced(dir: &Path, args: &[&str], stdin: &str) -> (i32, String, String) {
         .unwrap();
     let t = std::fs::read_to_string(&trace).unwrap();
     std::fs::remove_file(&trace).unwrap();
-    (out.status.code().unwrap(), String::from_utf8_lossy(&out.stdout).into_owned(), t)
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        t,
+    )
 }
 
 /// Successful fsyncs of exactly `path` (a folder: `fsync(N</path>) = 0`).
 fn synced(trace: &str, path: &Path) -> usize {
-    let want = format!("<{}>) = 0", path.display());
-    trace
-        .lines()
-        .filter(|l| l.contains("fsync(") && l.contains(&want))
-        .count()
+    trace.lines().filter(|l| is_sync_of(l, path)).count()
+}
+
+/// `fsync(N</path>) = 0` (strace pads before `=`).
+fn is_sync_of(line: &str, path: &Path) -> bool {
+    let want = format!("<{}>)", path.display());
+    line.contains("fsync(") && line.contains(&want) && line.trim_end().ends_with("= 0")
 }
 
 #[test]
@@ -71,7 +77,10 @@ fn a_divert_into_a_file_it_did_not_create_fsyncs_every_folder_on_its_path() {
         synced(&trace, &home.join("sessions")) >= 1,
         "sessions/ is fsynced although this divert did not create the file:\n{trace}"
     );
-    assert!(synced(&trace, &home) >= 1, "the home is fsynced (the entry of sessions/):\n{trace}");
+    assert!(
+        synced(&trace, &home) >= 1,
+        "the home is fsynced (the entry of sessions/):\n{trace}"
+    );
 }
 
 #[test]
@@ -103,11 +112,13 @@ fn replay_fsyncs_the_folder_of_the_ledger_it_creates() {
         .unwrap_or_else(|| panic!("the ledger is created:\n{trace}"));
     let first_ledger_sync = lines
         .iter()
-        .position(|l| l.contains(&format!("<{}>) = 0", ledger.display())))
+        .position(|l| is_sync_of(l, &ledger))
         .unwrap_or_else(|| panic!("the ledger is fsynced:\n{trace}"));
-    let sessions = format!("<{}>) = 0", home.join("sessions").display());
+    let sessions = home.join("sessions");
     assert!(
-        lines[created..first_ledger_sync].iter().any(|l| l.contains(&sessions)),
+        lines[created..first_ledger_sync]
+            .iter()
+            .any(|l| is_sync_of(l, &sessions)),
         "sessions/ is fsynced after the ledger is created and before its first line counts:\n{trace}"
     );
 }
