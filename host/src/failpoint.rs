@@ -1,11 +1,87 @@
-//! Crash points for the torture test: with `TURNSAFE_CRASH_AT=<point>:<n>`
+//! Crash points and injected I/O errors, for the tests only.
+//!
+//! Built with the `test-hooks` feature (never a default: only the test
+//! builds turn it on), and only then: with `TURNSAFE_CRASH_AT=<point>:<n>`
 //! the process kills itself (SIGKILL) the n-th time it reaches `<point>`;
 //! with `TURNSAFE_JITTER_US=<max>` each point also sleeps a pseudo-random
-//! 0..max microseconds, to shake out orderings. Tests that drive the host
-//! in-process can also run their own code at a point with [`on`] (another
-//! connection committing inside a flush's window, say). Without either
-//! variable or a hook this is two relaxed atomic loads.
+//! 0..max microseconds, to shake out orderings; `TURNSAFE_IO_FAULT` fails
+//! turnsafe's own divert writes and syncs ([`io_fault`]). Tests that drive
+//! the host in-process can also run their own code at a point with `on`
+//! (another connection committing inside a flush's window, say), or fail
+//! a point with `fail_on`. Without either variable or a hook this is two
+//! relaxed atomic loads.
+//!
+//! Without `test-hooks` (the binary `cargo build --release` makes) every
+//! point is an empty inline function: no variable is read, so a stray
+//! variable in production can neither kill the writer nor fail its divert.
 
+/// Every crash point, for the torture test.
+pub const POINTS: &[&str] = &[
+    "flush.after_read",
+    "flush.before_commit",
+    "flush.after_commit",
+    "divert.before_mkdir",
+    "divert.before_write",
+    "divert.before_fsync",
+    "append.before_print",
+    "capture.before_mkdir",
+    "capture.before_write",
+    "replay.before_take",
+    "replay.before_commit",
+    "replay.before_ledger",
+    "replay.before_settle",
+];
+
+/// The crash points inside a group commit (several batches in one
+/// transaction), for its own torture.
+pub const GROUP_POINTS: &[&str] = &[
+    "group.between_batches",
+    "flush.before_commit",
+    "flush.after_commit",
+    "append.before_print",
+];
+
+/// Points where [`io_fault`] can fail a file operation of turnsafe's own
+/// (not SQLite's: the fault VFS covers those).
+pub const IO_POINTS: &[&str] = &[
+    "divert.write",
+    "divert.fsync",
+    "divert.fsync_dir",
+    "divert.truncate",
+    "divert.truncate_fsync",
+];
+
+/// Mark an effect boundary: a crash point (with `test-hooks` only).
+#[inline(always)]
+pub fn hit(point: &str) {
+    #[cfg(feature = "test-hooks")]
+    hooks::hit(point);
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = point;
+}
+
+/// An injected error for `point`, when a test armed one; always `None`
+/// in a build without the `test-hooks` feature.
+#[inline(always)]
+pub fn io_fault(point: &str) -> Option<std::io::Error> {
+    #[cfg(feature = "test-hooks")]
+    {
+        io_faults::check(point)
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    {
+        let _ = point;
+        None
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+pub use hooks::{HookGuard, on};
+#[cfg(feature = "test-hooks")]
+pub use io_faults::{IoFaults, fail_on};
+
+#[cfg(feature = "test-hooks")]
+mod hooks {
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
@@ -39,32 +115,6 @@ fn armed() -> bool {
         }
     }
 }
-
-/// Every crash point, for the torture test.
-pub const POINTS: &[&str] = &[
-    "flush.after_read",
-    "flush.before_commit",
-    "flush.after_commit",
-    "divert.before_mkdir",
-    "divert.before_write",
-    "divert.before_fsync",
-    "append.before_print",
-    "capture.before_mkdir",
-    "capture.before_write",
-    "replay.before_take",
-    "replay.before_commit",
-    "replay.before_ledger",
-    "replay.before_settle",
-];
-
-/// The crash points inside a group commit (several batches in one
-/// transaction), for its own torture.
-pub const GROUP_POINTS: &[&str] = &[
-    "group.between_batches",
-    "flush.before_commit",
-    "flush.after_commit",
-    "append.before_print",
-];
 
 type Hook = Arc<dyn Fn() + Send + Sync>;
 
@@ -124,8 +174,7 @@ fn run_hooks(point: &str) {
     }
 }
 
-/// Mark an effect boundary.
-pub fn hit(point: &str) {
+pub(super) fn hit(point: &str) {
     if HOOK_COUNT.load(Ordering::Relaxed) > 0 {
         run_hooks(point);
     }
@@ -148,17 +197,9 @@ pub fn hit(point: &str) {
     }
 }
 
-/// Points where [`io_fault`] can fail a file operation of turnsafe's own
-/// (not SQLite's: the fault VFS covers those).
-pub const IO_POINTS: &[&str] = &[
-    "divert.write",
-    "divert.fsync",
-    "divert.fsync_dir",
-    "divert.truncate",
-    "divert.truncate_fsync",
-];
+}
 
-#[cfg(feature = "fault-injection")]
+#[cfg(feature = "test-hooks")]
 mod io_faults {
     use std::cell::RefCell;
     use std::sync::OnceLock;
@@ -211,20 +252,3 @@ mod io_faults {
     }
 }
 
-#[cfg(feature = "fault-injection")]
-pub use io_faults::{IoFaults, fail_on};
-
-/// An injected error for `point`, when a test armed one; always `None`
-/// in a build without the `fault-injection` feature.
-#[inline]
-pub fn io_fault(point: &str) -> Option<std::io::Error> {
-    #[cfg(feature = "fault-injection")]
-    {
-        io_faults::check(point)
-    }
-    #[cfg(not(feature = "fault-injection"))]
-    {
-        let _ = point;
-        None
-    }
-}
