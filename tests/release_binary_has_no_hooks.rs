@@ -67,7 +67,7 @@ fn run_within(limit: Duration, bin: &Path, args: &[&str], env: &[(&str, &str)], 
     child.wait_with_output().unwrap()
 }
 
-fn answers(out: &Output, what: &str) -> Vec<Value> {
+fn not_killed(out: &Output, what: &str) {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(
         out.status.signal(),
@@ -75,6 +75,11 @@ fn answers(out: &Output, what: &str) -> Vec<Value> {
         "{what}: the process was killed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `append`'s answers, one JSON object a line.
+fn answers(out: &Output, what: &str) -> Vec<Value> {
+    not_killed(out, what);
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: {l:?}: {e}")))
@@ -141,7 +146,7 @@ fn commits_diverts_and_replays(bin: &Path, env: &[(&str, &str)]) {
 
     std::fs::remove_dir(home.join("state.db")).unwrap();
     let out = run(bin, &["replay", "--home", home_arg], env, "");
-    answers(&out, &what);
+    not_killed(&out, &what);
     assert_eq!(
         out.status.code(),
         Some(0),
