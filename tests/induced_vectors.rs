@@ -168,7 +168,9 @@ fn inducer_names(suite: &str) -> std::collections::BTreeSet<String> {
         .find("INDUCERS = {")
         .unwrap_or_else(|| panic!("{suite} has no `INDUCERS = {{` table"));
     let body = &text[start..];
-    let body = &body[..body.find("\n}").unwrap_or_else(|| panic!("{suite}: the INDUCERS table does not end"))];
+    let body = &body[..body
+        .find("\n}")
+        .unwrap_or_else(|| panic!("{suite}: the INDUCERS table does not end"))];
     body.lines()
         .skip(1)
         .filter_map(|l| {
@@ -209,7 +211,10 @@ fn every_induced_vector_is_reinduced_by_the_runtime_that_recorded_it() {
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));
     for runtime in ["turnsafe", "Python", "Node"] {
-        assert!(by_runtime.contains_key(runtime), "no vector recorded by {runtime}: {by_runtime:?}");
+        assert!(
+            by_runtime.contains_key(runtime),
+            "no vector recorded by {runtime}: {by_runtime:?}"
+        );
     }
 }
 

@@ -75,7 +75,12 @@ fn every_injected_disk_class_fault_diverts_with_a_receipt() {
         // Seen from below, not from the store's counters: no open or close
         // of state.db or its WAL while the flush met its fault.
         assert_eq!(
-            (during.main.opens, during.main.closes, during.wal.opens, during.wal.closes),
+            (
+                during.main.opens,
+                during.main.closes,
+                during.wal.opens,
+                during.wal.closes
+            ),
             (0, 0, 0, 0),
             "{}: the flush reopened: {during:?}",
             case.name

@@ -12,7 +12,11 @@ fn assert_sqlite_readonly(out: &FlushOutcome) {
     let f = out.failure.as_ref().expect("the flush observed a failure");
     assert_eq!(f.code, Some(8), "not SQLITE_READONLY: {f:?}");
     let extended = f.extended_code.expect("an extended code");
-    assert_eq!(extended & 0xff, 8, "extended code {extended} is not a READONLY code: {f:?}");
+    assert_eq!(
+        extended & 0xff,
+        8,
+        "extended code {extended} is not a READONLY code: {f:?}"
+    );
 }
 
 #[test]

@@ -120,7 +120,11 @@ fn commits_diverts_and_replays(bin: &Path, env: &[(&str, &str)]) {
         assert_eq!(v["committed"], 2, "{what}: {v}");
     }
     assert_eq!(out.status.code(), Some(0), "{what}");
-    assert_eq!(stored_uids(&home.join("state.db")), ["c1-1", "c1-2", "c2-1", "c2-2"], "{what}");
+    assert_eq!(
+        stored_uids(&home.join("state.db")),
+        ["c1-1", "c1-2", "c2-1", "c2-2"],
+        "{what}"
+    );
 
     let home = dir.path().join("diverts");
     let home_arg = home.to_str().unwrap();
@@ -135,12 +139,26 @@ fn commits_diverts_and_replays(bin: &Path, env: &[(&str, &str)]) {
     assert_eq!(lines.len(), 1, "{what}: {lines:?}");
     let v = &lines[0];
     assert_eq!(out.status.code(), Some(3), "{what}: {v}");
-    assert_eq!((&v["cause"], &v["diverted"], &v["handed_back"]), (&"disk".into(), &2.into(), &0.into()), "{what}: {v}");
+    assert_eq!(
+        (&v["cause"], &v["diverted"], &v["handed_back"]),
+        (&"disk".into(), &2.into(), &0.into()),
+        "{what}: {v}"
+    );
     assert_eq!(v["copy"]["code"], "disk.diverted", "{what}: {v}");
     let receipt = &v["receipt"];
-    let file = std::fs::read(receipt["path"].as_str().unwrap_or_else(|| panic!("{what}: no receipt: {v}"))).unwrap();
-    let (at, len) = (receipt["offset"].as_u64().unwrap() as usize, receipt["length"].as_u64().unwrap() as usize);
-    let range = file.get(at..at + len).unwrap_or_else(|| panic!("{what}: the receipt's range is not in the file"));
+    let file = std::fs::read(
+        receipt["path"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{what}: no receipt: {v}")),
+    )
+    .unwrap();
+    let (at, len) = (
+        receipt["offset"].as_u64().unwrap() as usize,
+        receipt["length"].as_u64().unwrap() as usize,
+    );
+    let range = file
+        .get(at..at + len)
+        .unwrap_or_else(|| panic!("{what}: the receipt's range is not in the file"));
     use sha2::Digest;
     assert_eq!(hex::encode(sha2::Sha256::digest(range)), receipt["sha256"], "{what}");
 
@@ -225,7 +243,12 @@ fn the_demo_runs_in_the_release_binary() {
         "",
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let fd_row = text
         .lines()
         .find(|l| l.starts_with("fd exhaustion in a child"))
@@ -235,5 +258,8 @@ fn the_demo_runs_in_the_release_binary() {
         cells.windows(5).any(|w| w == ["disk", "divert", "0", "0", "4"]),
         "the child's batch is handed back whole: {fd_row}"
     );
-    assert!(text.contains("verified: every message is accounted for exactly once"), "{text}");
+    assert!(
+        text.contains("verified: every message is accounted for exactly once"),
+        "{text}"
+    );
 }

@@ -24,8 +24,14 @@ fn a_two_second_lock_ends_persisted() {
     holder.join().unwrap();
     // The holder's connection was opened before, and may close during the
     // flush; any open of state.db while it ran is a reopen.
-    assert_eq!(during.main.opens, before.main.opens, "the flush reopened state.db: {during:?}");
-    assert_eq!(during.wal.opens, before.wal.opens, "the flush reopened the WAL: {during:?}");
+    assert_eq!(
+        during.main.opens, before.main.opens,
+        "the flush reopened state.db: {during:?}"
+    );
+    assert_eq!(
+        during.wal.opens, before.wal.opens,
+        "the flush reopened the WAL: {during:?}"
+    );
     assert!(out.persisted, "{:?}", out.error);
     assert!(started.elapsed() >= Duration::from_millis(1900));
     assert_eq!(out.cause, Some(Cause::Locked));

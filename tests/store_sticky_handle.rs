@@ -24,7 +24,10 @@ fn after_corruption_every_batch_is_diverted_without_touching_the_db() {
     assert_eq!(store.sticky(), Some(Cause::Corrupt));
     let attempts_after_hit = store.counters().append_attempts;
     let after_hit = watch.counts();
-    assert_eq!(after_hit.main.opens, before_hit.main.opens, "reopened at the hit: {after_hit:?}");
+    assert_eq!(
+        after_hit.main.opens, before_hit.main.opens,
+        "reopened at the hit: {after_hit:?}"
+    );
 
     for i in 0..3 {
         let out = store.append_batch(&sid("s1"), &batch(&format!("later{i}"), 3));

@@ -155,7 +155,9 @@ fn a_handle_that_holds_its_files_keeps_writing() {
     // The child lowers its limit after the first batch, before answering
     // it: from here on it opens nothing new.
     assert_exhausted(&child, before);
-    stdin.write_all(format!("{}{}", batch("two"), batch("three")).as_bytes()).unwrap();
+    stdin
+        .write_all(format!("{}{}", batch("two"), batch("three")).as_bytes())
+        .unwrap();
     drop(stdin);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();

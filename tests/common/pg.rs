@@ -713,7 +713,10 @@ pub fn make_certs(dir: &Path) -> Result<(PathBuf, Vec<String>), String> {
             .output()
             .map_err(|e| format!("openssl: {e}"))?;
         if !out.status.success() {
-            broken::<()>(Err(format!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr))));
+            broken::<()>(Err(format!(
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
         }
         Ok(())
     };

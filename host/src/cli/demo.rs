@@ -324,11 +324,18 @@ fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<Value, String> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
-    cmd.args(["append", "--session", "demo-session", "--holder", "demo-child", "--home"])
-        .arg(home)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    cmd.args([
+        "append",
+        "--session",
+        "demo-session",
+        "--holder",
+        "demo-child",
+        "--home",
+    ])
+    .arg(home)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
     // SAFETY: between fork and exec the closure only makes the two
     // async-signal-safe system calls behind getrlimit and setrlimit.
     unsafe {
