@@ -36,7 +36,11 @@ fn a_close_that_cannot_forbid_its_checkpoint_never_closes() {
     let capture = store.close().expect("close captured").expect("capture succeeded");
     assert!(std::path::Path::new(&capture.path).is_dir());
     // No checkpoint wrote the retired frames into the file at the path...
-    assert_eq!(std::fs::read(home.db()).unwrap(), before, "state.db was written at close");
+    assert_eq!(
+        std::fs::read(home.db()).unwrap(),
+        before,
+        "state.db was written at close"
+    );
     // ...because the connection was never closed: it still holds the WAL.
     assert_eq!(held_deleted(&wal_name), 1, "the connection was closed");
 }

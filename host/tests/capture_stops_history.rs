@@ -42,7 +42,8 @@ fn lines(stdout: &str) -> Vec<Value> {
 /// which is still running (sticky).
 fn captured(home: &Path) -> (Live, PathBuf) {
     let mut live = Live::start(home, "s1");
-    let first = live.send(r#"[{"role":"user","content":"one","uid":"m1"},{"role":"assistant","content":"two","uid":"m2"}]"#);
+    let first =
+        live.send(r#"[{"role":"user","content":"one","uid":"m1"},{"role":"assistant","content":"two","uid":"m2"}]"#);
     assert_eq!(first["persisted"], true, "{first}");
     std::fs::remove_file(home.join("state.db-wal")).unwrap();
     std::fs::remove_file(home.join("state.db-shm")).unwrap();
@@ -80,14 +81,23 @@ fn every_writer_diverts_the_held_session_and_no_read_calls_it_complete() {
     );
     assert_eq!(r.code, 3, "{}{}", r.stdout, r.stderr);
     let out: Value = serde_json::from_str(r.stdout.trim()).unwrap();
-    assert_eq!((out["persisted"].as_bool(), out["cause"].as_str()), (Some(false), Some("deleted_wal")));
+    assert_eq!(
+        (out["persisted"].as_bool(), out["cause"].as_str()),
+        (Some(false), Some("deleted_wal"))
+    );
     assert_eq!(out["diverted"], 1, "{out}");
     assert_eq!(out["attempts"], 0, "the database was not touched: {out}");
     assert_eq!(out["pending_capture"]["path"], cap, "{out}");
     let copy = out["copy"].to_string();
-    assert!(copy.contains(cap) && copy.contains("--dismiss") && copy.contains("--install"), "{copy}");
+    assert!(
+        copy.contains(cap) && copy.contains("--dismiss") && copy.contains("--install"),
+        "{copy}"
+    );
     let replay_at = copy.find("turnsafe replay").expect("replay is named");
-    assert!(copy.find("turnsafe recover").unwrap() < replay_at, "settle first: {copy}");
+    assert!(
+        copy.find("turnsafe recover").unwrap() < replay_at,
+        "settle first: {copy}"
+    );
 
     // The many-session writer: s1 diverted, s2 committed, in one run.
     let r = turnsafe(
@@ -97,14 +107,23 @@ fn every_writer_diverts_the_held_session_and_no_read_calls_it_complete() {
     );
     let outs = lines(&r.stdout);
     assert_eq!(outs.len(), 2, "{}", r.stdout);
-    assert_eq!((outs[0]["session"].as_str(), outs[0]["cause"].as_str()), (Some("s1"), Some("deleted_wal")));
-    assert_eq!((outs[1]["session"].as_str(), outs[1]["persisted"].as_bool()), (Some("s2"), Some(true)));
+    assert_eq!(
+        (outs[0]["session"].as_str(), outs[0]["cause"].as_str()),
+        (Some("s1"), Some("deleted_wal"))
+    );
+    assert_eq!(
+        (outs[1]["session"].as_str(), outs[1]["persisted"].as_bool()),
+        (Some("s2"), Some(true))
+    );
 
     // s1 has no row beyond what the capture lacks: nothing was committed.
-    let ro = rusqlite::Connection::open_with_flags(dir.path().join("state.db"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .unwrap();
+    let ro =
+        rusqlite::Connection::open_with_flags(dir.path().join("state.db"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
     let s1: i64 = ro
-        .query_row("SELECT count(*) FROM messages WHERE session_id = 's1'", [], |r| r.get(0))
+        .query_row("SELECT count(*) FROM messages WHERE session_id = 's1'", [], |r| {
+            r.get(0)
+        })
         .unwrap();
     assert_eq!(s1, 0);
     drop(ro);
@@ -119,7 +138,11 @@ fn every_writer_diverts_the_held_session_and_no_read_calls_it_complete() {
         end["data"]["pending_captures"],
         serde_json::json!([{"path": cap, "cause": "deleted_wal", "rows": 2}])
     );
-    assert!(r.stderr.contains("not complete") && r.stderr.contains(cap), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("not complete") && r.stderr.contains(cap),
+        "{}",
+        r.stderr
+    );
     let r = turnsafe(&["show", "--home", home, "--session", "s1"], "");
     assert_eq!(r.code, 7);
     assert!(r.stderr.contains("not complete"), "{}", r.stderr);

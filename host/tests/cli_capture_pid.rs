@@ -30,7 +30,8 @@ fn the_frames_a_live_writer_holds_are_kept_before_it_is_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path();
     let mut live = Live::start(home, "s1");
-    let first = live.send(r#"[{"role":"user","content":"one","uid":"m1"},{"role":"assistant","content":"two","uid":"m2"}]"#);
+    let first =
+        live.send(r#"[{"role":"user","content":"one","uid":"m1"},{"role":"assistant","content":"two","uid":"m2"}]"#);
     assert_eq!(first["persisted"], true);
 
     // Nothing retired yet: refused loudly, nothing written.
@@ -50,7 +51,11 @@ fn the_frames_a_live_writer_holds_are_kept_before_it_is_stopped() {
         .unwrap();
     let doctor = String::from_utf8_lossy(&doctor.stdout);
     assert!(
-        doctor.contains(&format!("turnsafe capture --pid {} --home {}", live.pid(), home.display())),
+        doctor.contains(&format!(
+            "turnsafe capture --pid {} --home {}",
+            live.pid(),
+            home.display()
+        )),
         "{doctor}"
     );
 
@@ -59,7 +64,12 @@ fn the_frames_a_live_writer_holds_are_kept_before_it_is_stopped() {
     let v: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(v["type"], "capture");
     let path = std::path::PathBuf::from(v["data"]["path"].as_str().unwrap());
-    let names: Vec<&str> = v["data"]["files"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = v["data"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
     assert!(names.contains(&"state.db-wal"), "{v}");
     let manifest: Value = serde_json::from_slice(&std::fs::read(path.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["cause"], "deleted_wal");

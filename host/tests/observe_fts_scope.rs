@@ -3,7 +3,10 @@
 use turnsafe_policy::{Basis, Cause, Evidence, Operation};
 
 fn corrupt(message: &str) -> rusqlite::Error {
-    rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT), Some(message.into()))
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+        Some(message.into()),
+    )
 }
 
 #[test]
@@ -12,7 +15,8 @@ fn a_message_naming_the_index_is_no_scope() {
         "fts5: corruption found reading blob 17 from table \"messages_fts\"",
         "database disk image is malformed (messages_fts_data)",
     ] {
-        let obs = turnsafe_host::observe::observation(Operation::AppendBatch, &corrupt(text), None, Vec::new(), 1, 0, 0);
+        let obs =
+            turnsafe_host::observe::observation(Operation::AppendBatch, &corrupt(text), None, Vec::new(), 1, 0, 0);
         assert!(obs.evidence.is_empty(), "{text}: {:?}", obs.evidence);
         let c = turnsafe_policy::classify(&obs);
         assert_eq!((c.cause, c.basis), (Cause::Corrupt, Basis::Code), "{text}");

@@ -34,7 +34,11 @@ fn traced(dir: &Path, args: &[&str], stdin: &str) -> (i32, String, String) {
         .unwrap();
     let t = std::fs::read_to_string(&trace).unwrap();
     std::fs::remove_file(&trace).unwrap();
-    (out.status.code().unwrap(), String::from_utf8_lossy(&out.stdout).into_owned(), t)
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        t,
+    )
 }
 
 /// Successful fsyncs of exactly `path` (a folder: `fsync(N</path>) = 0`).
@@ -71,7 +75,10 @@ fn a_divert_into_a_file_it_did_not_create_fsyncs_every_folder_on_its_path() {
         synced(&trace, &home.join("sessions")) >= 1,
         "sessions/ is fsynced although this divert did not create the file:\n{trace}"
     );
-    assert!(synced(&trace, &home) >= 1, "the home is fsynced (the entry of sessions/):\n{trace}");
+    assert!(
+        synced(&trace, &home) >= 1,
+        "the home is fsynced (the entry of sessions/):\n{trace}"
+    );
 }
 
 #[test]
