@@ -90,3 +90,13 @@ macro_rules! require {
         }
     };
 }
+
+/// `strace`, for the tests that watch a process from outside: `Ok`, or why
+/// it cannot run here (for [`require!`]).
+pub fn strace() -> Result<(), String> {
+    match std::process::Command::new("strace").arg("-V").output() {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!("strace -V failed ({}); .ci/run installs strace", out.status)),
+        Err(e) => Err(format!("strace is not installed ({e}); .ci/run installs it")),
+    }
+}

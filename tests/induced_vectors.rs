@@ -5,9 +5,10 @@
 //! message. Attempt, elapsed time and seed vary by nature and are left out.
 //!
 //! This file re-induces the vectors the Rust host recorded (`turnsafe ...`)
-//! and checks that every induced vector names a runtime whose suite does
-//! the same: `Python ...` in `examples/python/tests/test_induced_vectors.py`,
-//! `Node ...` in `examples/node/test/induced.test.mjs`.
+//! and checks that every other induced vector has an inducer in the suite
+//! of the runtime it names: `Python ...` in the `INDUCERS` table of
+//! `examples/python/tests/test_induced_vectors.py`, `Node ...` in that of
+//! `examples/node/test/induced.test.mjs` (each suite induces every entry).
 mod common;
 use common::*;
 use serde_json::Value;
@@ -158,11 +159,39 @@ fn reinduce(name: &str) -> Option<Observation> {
     Some(observed)
 }
 
+/// The names in the `INDUCERS = { ... }` table of another runtime's suite:
+/// each key, quoted (Python) or bare (JavaScript), before its colon.
+fn inducer_names(suite: &str) -> std::collections::BTreeSet<String> {
+    let path = turnsafe_tests::root().join(suite);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let start = text
+        .find("INDUCERS = {")
+        .unwrap_or_else(|| panic!("{suite} has no `INDUCERS = {{` table"));
+    let body = &text[start..];
+    let body = &body[..body
+        .find("\n}")
+        .unwrap_or_else(|| panic!("{suite}: the INDUCERS table does not end"))];
+    body.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let key = l.trim().split_once(':')?.0.trim().trim_matches('"');
+            let identifier = !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            identifier.then(|| key.to_string())
+        })
+        .collect()
+}
+
 #[test]
 fn every_induced_vector_is_reinduced_by_the_runtime_that_recorded_it() {
     let vectors = induced_vectors();
     assert!(vectors.len() >= 5, "only {} induced vectors", vectors.len());
+    // Each runtime's inducers: the Rust host's here ([`reinduce`]); the
+    // Python and Node suites' own tables, whose tests induce each entry
+    // for real and fail on any vector of theirs without one.
+    let python = inducer_names("examples/python/tests/test_induced_vectors.py");
+    let node = inducer_names("examples/node/test/induced.test.mjs");
     let mut by_runtime = std::collections::BTreeMap::<&str, Vec<&str>>::new();
+    let mut missing = Vec::new();
     for v in &vectors {
         let name = v["name"].as_str().unwrap();
         let note = v["induced"].as_str().unwrap();
@@ -171,9 +200,22 @@ fn every_induced_vector_is_reinduced_by_the_runtime_that_recorded_it() {
             .find(|r| note.starts_with(r))
             .unwrap_or_else(|| panic!("{name}: `induced` must start with the runtime that recorded it: {note}"));
         by_runtime.entry(runtime).or_default().push(name);
+        let reinduced = match runtime {
+            "turnsafe" => reinduce(name).is_some(),
+            "Python" => python.contains(name),
+            _ => node.contains(name),
+        };
+        if !reinduced {
+            missing.push(format!("{name}: recorded by {runtime}, which does not induce it again"));
+        }
     }
-    // The Python and Node suites fail on any vector of theirs they cannot induce.
-    assert!(by_runtime.contains_key("turnsafe"), "{by_runtime:?}");
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    for runtime in ["turnsafe", "Python", "Node"] {
+        assert!(
+            by_runtime.contains_key(runtime),
+            "no vector recorded by {runtime}: {by_runtime:?}"
+        );
+    }
 }
 
 #[test]

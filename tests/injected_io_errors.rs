@@ -68,8 +68,23 @@ fn every_injected_disk_class_fault_diverts_with_a_receipt() {
             "{}",
             case.name
         );
+        let watch = watch_opens(&home);
         let guard = faultvfs::arm((case.fault)(&tag)).unwrap();
         let out = store.append_batch(&sid("s1"), &batch("hit", 3));
+        let during = watch.counts();
+        // Seen from below, not from the store's counters: no open or close
+        // of state.db or its WAL while the flush met its fault.
+        assert_eq!(
+            (
+                during.main.opens,
+                during.main.closes,
+                during.wal.opens,
+                during.wal.closes
+            ),
+            (0, 0, 0, 0),
+            "{}: the flush reopened: {during:?}",
+            case.name
+        );
         assert!(guard.fired() >= 1, "{}: the fault never fired", case.name);
         drop(guard);
         assert!(!out.persisted, "{}", case.name);

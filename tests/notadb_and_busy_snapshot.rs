@@ -31,7 +31,14 @@ fn garbage_over_the_header_is_corrupt_and_sticky() {
     // is diverted without another open or write attempt.
     assert_eq!(store.sticky(), Some(Cause::Corrupt));
     let before = store.counters();
+    let watch = watch_opens(&home);
     let next = store.append_batch(&sid("s1"), &batch("c", 3));
+    let seen = watch.counts();
+    assert_eq!(
+        (seen.main.opens, seen.main.closes, seen.main.write_locks, seen.wal.opens),
+        (0, 0, 0, 0),
+        "seen from below, the sticky handle touched state.db: {seen:?}"
+    );
     assert!(!next.persisted);
     assert_eq!(
         (next.cause, next.action),

@@ -3,7 +3,21 @@
 mod common;
 use common::privileged::Immutable;
 use common::*;
+use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_policy::{ActionKind, Cause};
+
+/// The failure the policy saw was SQLite's own READONLY: primary code 8,
+/// and an extended code whose low byte is 8 (not a message, not CANTOPEN).
+fn assert_sqlite_readonly(out: &FlushOutcome) {
+    let f = out.failure.as_ref().expect("the flush observed a failure");
+    assert_eq!(f.code, Some(8), "not SQLITE_READONLY: {f:?}");
+    let extended = f.extended_code.expect("an extended code");
+    assert_eq!(
+        extended & 0xff,
+        8,
+        "extended code {extended} is not a READONLY code: {f:?}"
+    );
+}
 
 #[test]
 fn an_immutable_db_file_diverts() {
@@ -15,6 +29,7 @@ fn an_immutable_db_file_diverts() {
     assert!(!out.persisted);
     assert_eq!(out.cause, Some(Cause::Disk));
     assert_eq!(out.action, Some(ActionKind::Divert));
+    assert_sqlite_readonly(&out);
     assert_eq!(out.diverted, 3);
     receipt_lines(out.receipt.as_ref().unwrap());
     assert_eq!(out.copy.unwrap().code, "disk.diverted");
@@ -37,6 +52,7 @@ fn an_immutable_wal_diverts() {
     let out = store.append_batch(&sid("s1"), &batch("x", 2));
     assert!(!out.persisted);
     assert_eq!(out.cause, Some(Cause::Disk));
+    assert_sqlite_readonly(&out);
     assert_eq!(out.diverted, 2);
     drop(other);
 }

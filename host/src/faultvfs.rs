@@ -328,7 +328,8 @@ struct FileInfo {
 }
 
 struct Vfs {
-    vfs: ffi::sqlite3_vfs,
+    /// SQLite links registered VFSes through `pNext`, so it writes here.
+    vfs: std::cell::UnsafeCell<ffi::sqlite3_vfs>,
     base: *mut ffi::sqlite3_vfs,
     _name: CString,
 }
@@ -346,7 +347,8 @@ fn base_vfs() -> *mut ffi::sqlite3_vfs {
         .map_or(std::ptr::null_mut(), |v| v.base)
 }
 
-/// Register the VFS (idempotent). It is never made the default.
+/// Register the VFS (idempotent). It is not made the default (tests may,
+/// with `make_default`).
 pub fn register() -> Result<(), String> {
     VFS.get_or_init(|| {
         // SAFETY: plain calls into SQLite's VFS registry.
@@ -368,8 +370,12 @@ pub fn register() -> Result<(), String> {
             vfs.xAccess = Some(x_access);
             vfs.xFullPathname = Some(x_full_pathname);
             vfs.xGetLastError = Some(x_get_last_error);
-            let mut boxed = Box::new(Vfs { vfs, base, _name: name });
-            let rc = ffi::sqlite3_vfs_register(&mut boxed.vfs, 0);
+            let boxed = Box::new(Vfs {
+                vfs: std::cell::UnsafeCell::new(vfs),
+                base,
+                _name: name,
+            });
+            let rc = ffi::sqlite3_vfs_register(boxed.vfs.get(), 0);
             if rc != ffi::SQLITE_OK {
                 return Err(format!("sqlite3_vfs_register failed: {rc}"));
             }
@@ -379,6 +385,27 @@ pub fn register() -> Result<(), String> {
     .as_ref()
     .map(|_| ())
     .map_err(Clone::clone)
+}
+
+/// Make this VFS SQLite's default (registering it if needed), so every
+/// connection of the process goes through it, whatever VFS name its opener
+/// asked for or did not: a [`Counter`] then sees every open of a file by
+/// any path. For tests that watch opens from below; nothing is armed.
+#[cfg(feature = "test-hooks")]
+pub fn make_default() -> Result<(), String> {
+    register()?;
+    let vfs = VFS
+        .get()
+        .and_then(|v| v.as_ref().ok())
+        .ok_or("the fault VFS is not registered")?;
+    // SAFETY: registering an already registered VFS again only moves it to
+    // the head of SQLite's list (under SQLite's own mutex); the struct
+    // lives for the whole process.
+    let rc = unsafe { ffi::sqlite3_vfs_register(vfs.vfs.get(), 1) };
+    if rc != ffi::SQLITE_OK {
+        return Err(format!("sqlite3_vfs_register (default) failed: {rc}"));
+    }
+    Ok(())
 }
 
 unsafe fn real(file: *mut ffi::sqlite3_file) -> *mut ffi::sqlite3_file {

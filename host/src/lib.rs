@@ -24,7 +24,7 @@ pub mod durable;
 pub mod engine;
 pub mod exit;
 pub mod failpoint;
-#[cfg(feature = "fault-injection")]
+#[cfg(feature = "fault-vfs")]
 pub mod faultvfs;
 pub mod guard;
 pub mod holders;

@@ -2,18 +2,10 @@
 //! SQLite is built with `-DHAVE_FDATASYNC=1` (`LIBSQLITE3_FLAGS` in
 //! `.cargo/config.toml`, which only builds run inside this workspace read).
 //! Watched from outside with strace, on the binary itself.
-use std::process::Command;
 
 #[test]
 fn commits_call_fdatasync_not_fsync() {
-    if Command::new("strace").arg("-V").output().is_err() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "strace is needed to watch the syncs from outside (.ci/run installs it)"
-        );
-        eprintln!("SKIPPED commits_call_fdatasync_not_fsync: strace is not installed");
-        return;
-    }
+    turnsafe_tests::require!(turnsafe_tests::strace());
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace");
     let home = dir.path().join("home");

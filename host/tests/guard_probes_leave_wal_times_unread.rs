@@ -5,18 +5,10 @@
 //! `fdatasync` writes it out: one more synchronous write per batch.
 //! Watched from outside with strace: every probe of `state.db-wal` is a
 //! `statx` for identity and link count only.
-use std::process::Command;
 
 #[test]
 fn the_guard_never_reads_the_wal_times() {
-    if Command::new("strace").arg("-V").output().is_err() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "strace is needed to watch the probes from outside (.ci/run installs it)"
-        );
-        eprintln!("SKIPPED the_guard_never_reads_the_wal_times: strace is not installed");
-        return;
-    }
+    turnsafe_tests::require!(turnsafe_tests::strace());
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace");
     let home = dir.path().join("home");

@@ -135,3 +135,12 @@ pub fn hold_write_lock(home: &Home, hold: std::time::Duration) -> std::thread::J
     rx.recv().expect("lock taken");
     t
 }
+
+/// Every open and close of `home`'s `state.db` (and its WAL) by any
+/// connection of this process, seen from below: the counting VFS made
+/// SQLite's default, so no open by any path or VFS name escapes it. The
+/// store's own counters and handle identity are not consulted.
+pub fn watch_opens(home: &Home) -> turnsafe_host::faultvfs::Counter {
+    turnsafe_host::faultvfs::make_default().expect("the counting VFS as SQLite's default");
+    turnsafe_host::faultvfs::count(&home.db().to_string_lossy()).expect("a counter on the home's files")
+}

@@ -90,15 +90,18 @@ impl PgServer {
         PgServer::start_with(&[])
     }
 
+    /// `Err` only when a capability is missing (the binaries, the
+    /// `postgres` account); a harness that fails once they are there
+    /// (initdb, pg_ctl, the folder) panics: a failure, never a skip.
     pub fn start_with(extra: &[&str]) -> Result<PgServer, String> {
         let mut server = PgServer::empty()?;
         let pwfile = server.dir().join("pw");
-        std::fs::write(&pwfile, PASSWORD).map_err(|e| e.to_string())?;
+        broken(std::fs::write(&pwfile, PASSWORD).map_err(|e| e.to_string()));
         if let Some((uid, gid)) = server.run_as {
-            chown(&pwfile, uid, gid)?;
+            broken(chown(&pwfile, uid, gid));
         }
         let data = server.data();
-        let out = server.run(
+        let out = broken(server.run(
             "initdb",
             &[
                 "-D",
@@ -114,17 +117,17 @@ impl PgServer {
                 "--locale=C",
                 "--no-sync",
             ],
-        )?;
+        ));
         if !out.status.success() {
-            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
+            broken::<()>(Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr))));
         }
         let mut conf = String::from("listen_addresses = '127.0.0.1'\nmax_connections = 40\n");
         for setting in extra {
             conf.push_str(setting);
             conf.push('\n');
         }
-        server.append_conf(&conf)?;
-        server.start_on_a_free_port()?;
+        broken(server.append_conf(&conf));
+        broken(server.start_on_a_free_port());
         Ok(server)
     }
 
@@ -137,17 +140,19 @@ impl PgServer {
         } else {
             None
         };
-        let dir = tempfile::Builder::new()
-            .prefix("turnsafe-pg-")
-            .tempdir()
-            .map_err(|e| e.to_string())?;
+        let dir = broken(
+            tempfile::Builder::new()
+                .prefix("turnsafe-pg-")
+                .tempdir()
+                .map_err(|e| e.to_string()),
+        );
         // The server's user must reach and own what is in here.
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
+        broken(std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string()));
         let sock = dir.path().join("sock");
-        std::fs::create_dir(&sock).map_err(|e| e.to_string())?;
+        broken(std::fs::create_dir(&sock).map_err(|e| e.to_string()));
         if let Some((uid, gid)) = run_as {
             for p in [dir.path(), &sock] {
-                chown(p, uid, gid)?;
+                broken(chown(p, uid, gid));
             }
         }
         Ok(PgServer {
@@ -653,6 +658,13 @@ impl Drop for PgServer {
     }
 }
 
+/// A harness step that failed although every capability is there: the
+/// test fails, under `CI=true` or not (only a missing capability is a skip).
+#[track_caller]
+pub fn broken<T>(step: Result<T, String>) -> T {
+    step.unwrap_or_else(|e| panic!("the PostgreSQL harness failed (a failure, not a missing capability): {e}"))
+}
+
 fn chown(p: &Path, uid: u32, gid: u32) -> Result<(), String> {
     std::os::unix::fs::chown(p, Some(uid), Some(gid)).map_err(|e| format!("chown {}: {e}", p.display()))
 }
@@ -700,13 +712,15 @@ pub fn make_certs(dir: &Path) -> Result<(PathBuf, Vec<String>), String> {
             .current_dir(dir)
             .output()
             .map_err(|e| format!("openssl: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr)))
+        if !out.status.success() {
+            broken::<()>(Err(format!(
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
         }
+        Ok(())
     };
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
+    broken(std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string()));
     run(&[
         "req",
         "-x509",
@@ -738,12 +752,14 @@ pub fn make_certs(dir: &Path) -> Result<(PathBuf, Vec<String>), String> {
         "-subj",
         "/CN=localhost",
     ])?;
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-         keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-    )
-    .map_err(|e| e.to_string())?;
+    broken(
+        std::fs::write(
+            dir.join("ext.cnf"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        )
+        .map_err(|e| e.to_string()),
+    );
     run(&[
         "x509",
         "-req",
@@ -762,10 +778,10 @@ pub fn make_certs(dir: &Path) -> Result<(PathBuf, Vec<String>), String> {
         "ext.cnf",
     ])?;
     let key = dir.join("server.key");
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
+    broken(std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string()));
     if unsafe { libc::geteuid() } == 0 {
         let (uid, gid) = postgres_account()?;
-        chown(&key, uid, gid)?;
+        broken(chown(&key, uid, gid));
     }
     let settings = vec![
         "ssl = on".to_string(),

@@ -28,7 +28,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::pg::{PASSWORD, PgServer, USER};
+use super::pg::{self, PASSWORD, PgServer, USER};
 
 /// The standby's `application_name`, as `synchronous_standby_names` names it.
 pub const STANDBY_NAME: &str = "turnsafe_standby";
@@ -132,10 +132,12 @@ impl SyncPair {
     pub fn start_with(extra: &[&str]) -> Result<SyncPair, String> {
         let mut settings = vec!["synchronous_commit = remote_apply"];
         settings.extend_from_slice(extra);
+        // `Err` only for a missing capability; past the first server,
+        // every step that fails is a broken harness (a panic).
         let primary = PgServer::start_with(&settings)?;
-        let standby = PgServer::standby_of(&primary, STANDBY_NAME)?;
+        let standby = pg::broken(PgServer::standby_of(&primary, STANDBY_NAME));
         let pair = SyncPair { primary, standby };
-        wait_for(
+        pg::broken(wait_for(
             "the standby streaming from the primary",
             Duration::from_secs(30),
             || {
@@ -146,21 +148,25 @@ impl SyncPair {
                     .any(|s| s.application_name == STANDBY_NAME && s.state == "streaming")
                     .then_some(()))
             },
-        )?;
+        ));
         {
             let mut admin = pair.primary.admin("postgres");
-            admin
-                .batch_execute(&format!(
-                    "ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'"
-                ))
-                .map_err(|e| e.to_string())?;
-            admin
-                .batch_execute("SELECT pg_reload_conf()")
-                .map_err(|e| e.to_string())?;
+            pg::broken(
+                admin
+                    .batch_execute(&format!(
+                        "ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'"
+                    ))
+                    .map_err(|e| e.to_string()),
+            );
+            pg::broken(
+                admin
+                    .batch_execute("SELECT pg_reload_conf()")
+                    .map_err(|e| e.to_string()),
+            );
         }
-        wait_for("the standby synchronous", Duration::from_secs(30), || {
+        pg::broken(wait_for("the standby synchronous", Duration::from_secs(30), || {
             Ok(replication_state(&pair.primary)?.is_sync(STANDBY_NAME).then_some(()))
-        })?;
+        }));
         Ok(pair)
     }
 

@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::pg::{PASSWORD, PgServer, USER};
+use super::pg::{self, PASSWORD, PgServer, USER};
 use super::privileged::Tmpfs;
 
 /// The role [`hold_slots`] connects as.
@@ -192,16 +192,21 @@ impl<'a> SmallTablespace<'a> {
         let tmpfs = Tmpfs::new(&dir, size)?;
         // The mount's root is root's, mode 0700: the server's account must
         // own it (CREATE TABLESPACE refuses a location it does not own).
-        let data_owner = std::fs::metadata(server.data()).map_err(|e| e.to_string())?;
+        // Past the mount (a capability), a failing step is a broken harness.
+        let data_owner = pg::broken(std::fs::metadata(server.data()).map_err(|e| e.to_string()));
         {
             use std::os::unix::fs::MetadataExt;
-            std::os::unix::fs::chown(&dir, Some(data_owner.uid()), Some(data_owner.gid()))
-                .map_err(|e| format!("chown {}: {e}", dir.display()))?;
+            pg::broken(
+                std::os::unix::fs::chown(&dir, Some(data_owner.uid()), Some(data_owner.gid()))
+                    .map_err(|e| format!("chown {}: {e}", dir.display())),
+            );
         }
-        server
-            .admin("postgres")
-            .batch_execute(&format!("CREATE TABLESPACE \"{name}\" LOCATION '{}'", dir.display()))
-            .map_err(|e| format!("create tablespace on {}: {e}", dir.display()))?;
+        pg::broken(
+            server
+                .admin("postgres")
+                .batch_execute(&format!("CREATE TABLESPACE \"{name}\" LOCATION '{}'", dir.display()))
+                .map_err(|e| format!("create tablespace on {}: {e}", dir.display())),
+        );
         Ok(SmallTablespace {
             server,
             name: name.to_string(),

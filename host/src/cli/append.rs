@@ -73,6 +73,16 @@ pub struct Args {
     /// `PRAGMA synchronous` for the store.
     #[arg(long, value_enum, default_value = "full")]
     synchronous: Synchronous,
+    /// The hidden testing aids, in test builds only.
+    #[command(flatten)]
+    hooks: TestHooks,
+}
+
+/// The testing aids of a `test-hooks` build, all hidden; a release build
+/// has none of them (the flag is an unexpected argument, exit 2).
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, clap::Args)]
+struct TestHooks {
     /// Testing aid: after N batches (0: before the store is opened), lower
     /// RLIMIT_NOFILE so that no new file descriptor can be opened.
     #[arg(long, hide = true, value_name = "N")]
@@ -85,25 +95,65 @@ pub struct Args {
     fd_headroom: u64,
 }
 
-#[cfg(feature = "fault-injection")]
-fn arm_wal_fault(home: &std::path::Path, every: u32) -> Result<crate::faultvfs::FaultGuard, String> {
-    use crate::faultvfs::{Fault, FileKind, Op, arm};
-    let tag = std::path::absolute(home)
-        .map_err(|e| e.to_string())?
-        .to_string_lossy()
-        .into_owned();
-    arm(Fault::new(&tag, Op::Write, FileKind::Wal, every).every(every))
+#[cfg(not(feature = "test-hooks"))]
+#[derive(Debug, clap::Args)]
+struct TestHooks {}
+
+#[cfg(feature = "test-hooks")]
+impl TestHooks {
+    fn any(&self) -> bool {
+        self.exhaust_fds_after.is_some() || self.fault_wal_write_every.is_some()
+    }
+
+    /// Arm the WAL fault for `home`, and name the fault VFS in `opts`.
+    fn arm_wal_fault(
+        &self,
+        home: &std::path::Path,
+        opts: &mut StoreOptions,
+    ) -> Result<Option<crate::faultvfs::FaultGuard>, String> {
+        use crate::faultvfs::{Fault, FileKind, Op, arm};
+        let Some(every) = self.fault_wal_write_every else {
+            return Ok(None);
+        };
+        let tag = std::path::absolute(home)
+            .map_err(|e| e.to_string())?
+            .to_string_lossy()
+            .into_owned();
+        let guard = arm(Fault::new(&tag, Op::Write, FileKind::Wal, every).every(every))?;
+        opts.vfs = Some(crate::faultvfs::VFS_NAME.into());
+        Ok(Some(guard))
+    }
+
+    /// After the `when`-th batch (0: before the open), lower the limit if asked.
+    fn exhaust(&self, when: u64) {
+        if self.exhaust_fds_after == Some(when) {
+            match exhaust_fds(self.fd_headroom) {
+                Ok(n) => tracing::warn!(limit = n, "RLIMIT_NOFILE lowered: no new descriptors can be opened"),
+                Err(e) => tracing::error!(error = %e, "could not lower RLIMIT_NOFILE"),
+            }
+        }
+    }
 }
 
-#[cfg(not(feature = "fault-injection"))]
-fn arm_wal_fault(_: &std::path::Path, _: u32) -> Result<(), String> {
-    Err("built without the fault-injection feature".into())
+#[cfg(not(feature = "test-hooks"))]
+impl TestHooks {
+    fn any(&self) -> bool {
+        false
+    }
+
+    fn arm_wal_fault(&self, _: &std::path::Path, _: &mut StoreOptions) -> Result<Option<()>, String> {
+        Ok(None)
+    }
+
+    #[inline(always)]
+    fn exhaust(&self, _: u64) {}
 }
 
 /// Lower the soft RLIMIT_NOFILE to the lowest free descriptor number (plus
 /// `headroom`), so later opens fail with EMFILE while held descriptors keep
 /// working.
-pub fn exhaust_fds(headroom: u64) -> std::io::Result<u64> {
+#[cfg(feature = "test-hooks")]
+fn exhaust_fds(headroom: u64) -> std::io::Result<u64> {
     let mut lowest = 0u64;
     while lowest < 65_536 {
         // SAFETY: F_GETFD only queries whether the descriptor number is open.
@@ -177,7 +227,7 @@ pub fn run(args: Args) -> i32 {
             eprintln!("error: --db {}: {why}", url.display());
             return exit::USAGE;
         }
-        if args.exhaust_fds_after.is_some() || args.fault_wal_write_every.is_some() {
+        if args.hooks.any() {
             eprintln!("error: the SQLite testing aids do not apply to --db");
             return exit::USAGE;
         }
@@ -206,27 +256,14 @@ pub fn run(args: Args) -> i32 {
     if let Some(h) = args.holder {
         opts.holder = h;
     }
-    let _fault = match args.fault_wal_write_every {
-        Some(k) => match arm_wal_fault(&args.home, k) {
-            Ok(g) => {
-                opts.vfs = Some(crate::faultvfs::VFS_NAME.into());
-                Some(g)
-            }
-            Err(e) => {
-                eprintln!("error: cannot arm the fault VFS: {e}");
-                return exit::FAILURE;
-            }
-        },
-        None => None,
-    };
-    let exhaust = |when: u64| {
-        if args.exhaust_fds_after == Some(when) {
-            match exhaust_fds(args.fd_headroom) {
-                Ok(n) => tracing::warn!(limit = n, "RLIMIT_NOFILE lowered: no new descriptors can be opened"),
-                Err(e) => tracing::error!(error = %e, "could not lower RLIMIT_NOFILE"),
-            }
+    let _fault = match args.hooks.arm_wal_fault(&args.home, &mut opts) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("error: cannot arm the fault VFS: {e}");
+            return exit::FAILURE;
         }
     };
+    let exhaust = |when: u64| args.hooks.exhaust(when);
     exhaust(0);
     // A home that cannot be created still gets every batch answered: the
     // open fails, the policy decides, and the outcome says what happened.

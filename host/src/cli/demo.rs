@@ -312,8 +312,16 @@ fn hold_lock(db: &Path, hold: Duration) -> Result<std::thread::JoinHandle<()>, S
     }))
 }
 
-/// `turnsafe append` in a child whose RLIMIT_NOFILE leaves no free descriptor.
+/// The child's RLIMIT_NOFILE: its stdin, stdout and stderr, plus the one
+/// descriptor the dynamic loader and the runtime's start-up open and close
+/// again before `main`. Past start-up the child has one free descriptor,
+/// and opening the store takes more than that.
+const CHILD_NOFILE: u64 = 4;
+
+/// `turnsafe append` in a child whose RLIMIT_NOFILE (set between fork and
+/// exec) leaves it no descriptor to open its store or its divert with.
 fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<Value, String> {
+    use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
     cmd.args([
@@ -322,14 +330,24 @@ fn fd_exhausted_child(home: &Path, batch: &[Message]) -> Result<Value, String> {
         "demo-session",
         "--holder",
         "demo-child",
-        "--exhaust-fds-after",
-        "0",
         "--home",
     ])
     .arg(home)
     .stdin(Stdio::piped())
     .stdout(Stdio::piped())
     .stderr(Stdio::null());
+    // SAFETY: between fork and exec the closure only makes the two
+    // async-signal-safe system calls behind getrlimit and setrlimit.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+            let lowered = rustix::process::Rlimit {
+                current: Some(CHILD_NOFILE),
+                maximum: lim.maximum,
+            };
+            rustix::process::setrlimit(rustix::process::Resource::Nofile, lowered).map_err(std::io::Error::from)
+        });
+    }
     let mut child = cmd.spawn().map_err(|e| format!("spawning the child: {e}"))?;
     let line: Vec<Value> = batch
         .iter()

@@ -9,7 +9,7 @@ mod capture;
 mod classify;
 pub mod codes;
 mod component;
-#[cfg(feature = "fault-injection")]
+#[cfg(feature = "fault-vfs")]
 mod demo;
 mod doctor;
 mod evaluate;
@@ -54,7 +54,7 @@ enum Command {
     Evaluate(evaluate::Args),
     Codes(codes::Args),
     Component(component::Args),
-    #[cfg(feature = "fault-injection")]
+    #[cfg(feature = "fault-vfs")]
     Demo(demo::Args),
 }
 
@@ -81,7 +81,7 @@ pub fn main() -> i32 {
         Command::Evaluate(a) => evaluate::run(a),
         Command::Codes(a) => codes::run(a),
         Command::Component(a) => component::run(a),
-        #[cfg(feature = "fault-injection")]
+        #[cfg(feature = "fault-vfs")]
         Command::Demo(a) => demo::run(a),
     }
 }

@@ -451,3 +451,37 @@ pub fn run(iterations: u64, seed: u64) -> Stats {
     println!("kills by point: {:?}", stats.by_point);
     stats
 }
+
+/// Fail (panic) unless a run of `iterations` kept every invariant and
+/// reached every crash point.
+pub fn check(stats: &Stats, iterations: u64) {
+    for f in stats.failures.iter().take(30) {
+        println!("FAILURE {f}");
+    }
+    assert!(
+        stats.failures.is_empty(),
+        "{} failures:\n{}",
+        stats.failures.len(),
+        stats.failures.join("\n")
+    );
+    assert_eq!(stats.iterations, iterations);
+    assert_eq!((stats.lost, stats.duplicated, stats.quarantined), (0, 0, 0));
+    assert!(stats.acknowledged > 0 && stats.resent > 0);
+    assert!(stats.fenced > 0, "the writers sharing a session never met the lease");
+    assert!(
+        stats.kills >= iterations,
+        "too few kills to mean anything: {}",
+        stats.kills
+    );
+    // Every crash point was reached and killed a process at least once.
+    let missed: Vec<&str> = POINTS
+        .iter()
+        .copied()
+        .filter(|p| !stats.by_point.contains_key(p))
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "crash points never hit in {iterations} iterations: {missed:?} (kills by point: {:?})",
+        stats.by_point
+    );
+}
