@@ -450,6 +450,12 @@ fn resolved_cases() -> Vec<Value> {
 fn the_file_holds_the_cases() {
     let cases = resolved_cases();
     if std::env::var("TURNSAFE_WRITE_SEQUENCES").as_deref() == Ok("1") {
+        // Writing the expected steps from the machine under test is a
+        // reviewed act on a developer's machine; CI only checks them.
+        assert!(
+            !turnsafe_tests::in_ci(),
+            "TURNSAFE_WRITE_SEQUENCES=1 is refused under CI=true: CI checks the recorded steps, never writes them"
+        );
         let text = serde_json::to_string_pretty(&cases).expect("serialises") + "\n";
         std::fs::write(file(), text).expect("writes the vectors");
     }

@@ -287,6 +287,12 @@ impl Outcome {
     fn divert_residue<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.get(py, "divert_residue")
     }
+    /// The unsettled capture (`{path, cause}`) that kept this batch out of
+    /// the database, or `None`.
+    #[getter]
+    fn pending_capture<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "pending_capture")
+    }
     #[getter]
     fn capture<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.get(py, "capture")

@@ -15,6 +15,7 @@ from conftest import turnsafe_bin
 OUTCOME_KEYS = {
     "persisted", "operation", "cause", "action", "attempts", "committed", "diverted", "handed_back",
     "receipt", "divert_error", "divert_residue", "capture", "copy", "error", "uids", "minted_uids",
+    "pending_capture",
 }
 
 SHAPES = [
