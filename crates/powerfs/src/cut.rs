@@ -133,9 +133,7 @@ fn staging_name(root: &BTreeMap<OsString, Ino>) -> OsString {
 pub(crate) fn rebuild(model: &Model, backing: &Path, mode: CutMode) -> io::Result<CutReport> {
     let mut report = CutReport {
         syncs: model.syncs.len() as u64,
-        frozen_at: model
-            .frozen_at
-            .and_then(|n| model.syncs.get(n as usize - 1).cloned()),
+        frozen_at: model.frozen_at.and_then(|n| model.syncs.get(n as usize - 1).cloned()),
         ..CutReport::default()
     };
     let mut rng = rng(mode);
@@ -184,14 +182,14 @@ pub(crate) fn rebuild(model: &Model, backing: &Path, mode: CutMode) -> io::Resul
     let mut done = HashSet::new();
     for (_, ino) in &items {
         let node = &model.nodes[ino];
-        if let Kind::File(log) = &node.kind {
-            if done.insert(*ino) {
-                let keep = keeps[ino];
-                report.file_ops_kept += keep.ops;
-                report.file_ops_dropped += log.ops.len() - keep.ops;
-                report.torn_writes += usize::from(keep.torn.is_some());
-                log.apply_cut(&node.file, keep)?;
-            }
+        if let Kind::File(log) = &node.kind
+            && done.insert(*ino)
+        {
+            let keep = keeps[ino];
+            report.file_ops_kept += keep.ops;
+            report.file_ops_dropped += log.ops.len() - keep.ops;
+            report.torn_writes += usize::from(keep.torn.is_some());
+            log.apply_cut(&node.file, keep)?;
         }
     }
 

@@ -14,10 +14,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
-    TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::fault::FaultOp;
@@ -193,10 +192,8 @@ impl Filesystem for PowerFsImpl {
             let node = m.node(ino.0)?;
             let fd = node.file.as_raw_fd();
             let has_content = matches!(node.kind, Kind::File(_) | Kind::Dir(_));
-            if let Some(mode) = mode {
-                if has_content {
-                    sys::fchmod(fd, mode)?;
-                }
+            if let (Some(mode), true) = (mode, has_content) {
+                sys::fchmod(fd, mode)?;
             }
             if uid.is_some() || gid.is_some() {
                 sys::fchown(fd, uid, gid)?;
@@ -254,15 +251,7 @@ impl Filesystem for PowerFsImpl {
         }
     }
 
-    fn mkdir(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let mut m = self.lock();
         let r = (|| {
             let dir = m.dir_file(parent.0)?.as_raw_fd();
@@ -289,14 +278,7 @@ impl Filesystem for PowerFsImpl {
         self.remove(parent, name, libc::AT_REMOVEDIR, reply)
     }
 
-    fn symlink(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &std::path::Path,
-        reply: ReplyEntry,
-    ) {
+    fn symlink(&self, _req: &Request, parent: INodeNo, link_name: &OsStr, target: &std::path::Path, reply: ReplyEntry) {
         let mut m = self.lock();
         let r = (|| {
             let dir = m.dir_file(parent.0)?.as_raw_fd();
@@ -326,7 +308,9 @@ impl Filesystem for PowerFsImpl {
         let mut m = self.lock();
         let r = (|| {
             let (p, np) = (parent.0, newparent.0);
-            let src = m.peek(p, name)?.ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+            let src = m
+                .peek(p, name)?
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
             let dst = m.peek(np, newname)?;
             let (pfd, npfd) = (m.dir_file(p)?.as_raw_fd(), m.dir_file(np)?.as_raw_fd());
             sys::renameat2(pfd, name, npfd, newname, flags.bits())?;
@@ -359,14 +343,7 @@ impl Filesystem for PowerFsImpl {
         }
     }
 
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let mut m = self.lock();
         let r = (|| {
             let fd = m.node(ino.0)?.file.as_raw_fd();
@@ -447,11 +424,7 @@ impl Filesystem for PowerFsImpl {
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        let kind = if datasync {
-            SyncKind::Fdatasync
-        } else {
-            SyncKind::Fsync
-        };
+        let kind = if datasync { SyncKind::Fdatasync } else { SyncKind::Fsync };
         self.sync(ino, kind, reply)
     }
 
@@ -463,14 +436,7 @@ impl Filesystem for PowerFsImpl {
         }
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let m = self.lock();
         let Some(listing) = m.listings.get(&fh.0) else {
             return reply.error(Errno::EBADF);
@@ -537,13 +503,7 @@ impl Filesystem for PowerFsImpl {
             m.lookup(parent.0, name)
         })();
         match r.and_then(|ino| Ok((ino, attr_of(&m, ino)?))) {
-            Ok((_, attr)) => reply.created(
-                &TTL,
-                &attr,
-                Generation(0),
-                FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
+            Ok((_, attr)) => reply.created(&TTL, &attr, Generation(0), FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -567,9 +527,7 @@ impl Filesystem for PowerFsImpl {
         let r = (|| {
             let node = m.node_mut(ino.0)?;
             match &mut node.kind {
-                Kind::File(log) if offset + length > log.size => {
-                    log.set_len(&node.file, offset + length)
-                }
+                Kind::File(log) if offset + length > log.size => log.set_len(&node.file, offset + length),
                 Kind::File(_) => Ok(()),
                 _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
             }

@@ -120,14 +120,9 @@ impl PowerFs {
             std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
         }
         let backing = backing.canonicalize().map_err(io_err("resolve", backing))?;
-        let mountpoint = mountpoint
-            .canonicalize()
-            .map_err(io_err("resolve", mountpoint))?;
+        let mountpoint = mountpoint.canonicalize().map_err(io_err("resolve", mountpoint))?;
         if backing.starts_with(&mountpoint) || mountpoint.starts_with(&backing) {
-            return Err(Error::Nested {
-                backing,
-                mountpoint,
-            });
+            return Err(Error::Nested { backing, mountpoint });
         }
         let mut fs = PowerFs {
             backing,
@@ -159,13 +154,10 @@ impl PowerFs {
             fuser::MountOption::Subtype("powerfs".into()),
             fuser::MountOption::DefaultPermissions,
         ];
-        let session = fuser::spawn_mount(fs, &self.mountpoint, &config)
-            .map_err(io_err("mount", &self.mountpoint))?;
+        let session = fuser::spawn_mount(fs, &self.mountpoint, &config).map_err(io_err("mount", &self.mountpoint))?;
         self.session = Some(session);
-        let st = sys::fstat(
-            &std::fs::File::open(&self.mountpoint).map_err(io_err("open", &self.mountpoint))?,
-        )
-        .map_err(io_err("stat", &self.mountpoint))?;
+        let st = sys::fstat(&std::fs::File::open(&self.mountpoint).map_err(io_err("open", &self.mountpoint))?)
+            .map_err(io_err("stat", &self.mountpoint))?;
         // fusectl names a connection by the kernel's dev_t: (major << 20) | minor.
         self.conn = (u64::from(libc::major(st.st_dev)) << 20) | u64::from(libc::minor(st.st_dev));
         Ok(())
@@ -324,11 +316,7 @@ fn probe() -> Result<(), String> {
     if unsafe { libc::geteuid() } != 0 {
         return Err("powerfs needs root (it mounts FUSE with mount(2))".into());
     }
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-    {
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
         return Err(format!("powerfs needs /dev/fuse: {e}"));
     }
     let dir = std::env::temp_dir().join(format!("powerfs-probe-{}", std::process::id()));

@@ -99,9 +99,7 @@ impl FileOp {
     /// `keep` bytes had reached the disk.
     pub fn undo(&self, img: &mut impl Image, keep: Option<u64>) -> io::Result<()> {
         match self {
-            FileOp::Write {
-                off, old_size, pre, ..
-            } => {
+            FileOp::Write { off, old_size, pre, .. } => {
                 let t = keep.unwrap_or(0) as usize;
                 if pre.len() > t {
                     img.write_at(off + t as u64, &pre[t..])?;
@@ -194,9 +192,7 @@ impl FileLog {
 
     pub fn set_len(&mut self, file: &File, len: u64) -> io::Result<()> {
         let pre = match self.durable {
-            Durable::Live if len < self.size => {
-                read_up_to(file, len, (self.size - len) as usize)?
-            }
+            Durable::Live if len < self.size => read_up_to(file, len, (self.size - len) as usize)?,
             _ => Vec::new(),
         };
         file.set_len(len)?;

@@ -24,14 +24,7 @@ fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
 /// `openat(dir, name, flags | O_CLOEXEC, mode)`.
 pub fn openat(dir: RawFd, name: &OsStr, flags: i32, mode: u32) -> io::Result<File> {
     let name = cstr(name)?;
-    let fd = check(unsafe {
-        libc::openat(
-            dir,
-            name.as_ptr(),
-            flags | libc::O_CLOEXEC,
-            mode as libc::c_uint,
-        )
-    })?;
+    let fd = check(unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
     // SAFETY: a fresh descriptor that nothing else owns.
     Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
@@ -74,13 +67,7 @@ pub fn unlinkat(dir: RawFd, name: &OsStr, flags: i32) -> io::Result<()> {
     check(unsafe { libc::unlinkat(dir, name.as_ptr(), flags) }).map(drop)
 }
 
-pub fn renameat2(
-    olddir: RawFd,
-    old: &OsStr,
-    newdir: RawFd,
-    new: &OsStr,
-    flags: u32,
-) -> io::Result<()> {
+pub fn renameat2(olddir: RawFd, old: &OsStr, newdir: RawFd, new: &OsStr, flags: u32) -> io::Result<()> {
     let old = cstr(old)?;
     let new = cstr(new)?;
     check(unsafe { libc::renameat2(olddir, old.as_ptr(), newdir, new.as_ptr(), flags) }).map(drop)
@@ -92,16 +79,7 @@ pub fn renameat2(
 pub fn link_fd(fd: RawFd, newdir: RawFd, new: &OsStr) -> io::Result<()> {
     let new = cstr(new)?;
     let empty = c"";
-    check(unsafe {
-        libc::linkat(
-            fd,
-            empty.as_ptr(),
-            newdir,
-            new.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        )
-    })
-    .map(drop)
+    check(unsafe { libc::linkat(fd, empty.as_ptr(), newdir, new.as_ptr(), libc::AT_EMPTY_PATH) }).map(drop)
 }
 
 pub fn symlinkat(target: &OsStr, dir: RawFd, name: &OsStr) -> io::Result<()> {

@@ -20,7 +20,11 @@ fn unsynced_write_is_lost_at_the_cut() {
         .open(m.at("a"))
         .and_then(|mut f| std::io::Write::write_all(&mut f, b" and more"))
         .unwrap();
-    assert_eq!(fs::read(m.at("a")).unwrap(), b"durable and more", "the live view shows it");
+    assert_eq!(
+        fs::read(m.at("a")).unwrap(),
+        b"durable and more",
+        "the live view shows it"
+    );
     let report = m.cut(CutMode::DropPending).unwrap();
     assert_eq!(report.file_ops_dropped, 1, "{report:?}");
     m.remount().unwrap();
@@ -33,7 +37,12 @@ fn unsynced_truncate_is_lost_at_the_cut() {
     let mut m = common::mount();
     common::write_synced(&m.at("t"), &[7u8; 3000]).unwrap();
     common::sync_dir(m.path()).unwrap();
-    fs::OpenOptions::new().write(true).open(m.at("t")).unwrap().set_len(10).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(m.at("t"))
+        .unwrap()
+        .set_len(10)
+        .unwrap();
     m.cut(CutMode::DropPending).unwrap();
     m.remount().unwrap();
     assert_eq!(fs::read(m.at("t")).unwrap(), vec![7u8; 3000]);

@@ -55,7 +55,7 @@ fn synced_data_survives_every_mode_and_seed() {
                     let kept = got[100..1600].iter().take_while(|&&b| b == 0xEE).count();
                     assert_eq!(got[100 + kept..1600], durable[100 + kept..1600], "{mode:?} {report:?}");
                     assert!(
-                        kept == 0 || kept == 1500 || (100 + kept) % 512 == 0,
+                        kept == 0 || kept == 1500 || (100 + kept).is_multiple_of(512),
                         "{mode:?}: torn at {} (not a sector boundary)",
                         100 + kept
                     );
@@ -88,7 +88,10 @@ fn torn_mode_tears_and_reorder_mode_reorders() {
         m.remount().unwrap();
         for name in ["a", "b"] {
             let len = fs::metadata(m.at(name)).unwrap().len();
-            assert!(len % 512 == 0, "seed {seed}: {name} torn off a sector boundary: {len}");
+            assert!(
+                len.is_multiple_of(512),
+                "seed {seed}: {name} torn off a sector boundary: {len}"
+            );
         }
         m.cut(CutMode::DropPending).unwrap();
         m.remount().unwrap();
