@@ -34,6 +34,7 @@
 //! `docs/POWERFS.md` for the full contract and an example.
 
 mod cut;
+mod daemon;
 mod fault;
 mod fs;
 mod log;
@@ -42,16 +43,17 @@ mod sys;
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 pub use cut::{CutMode, CutReport};
 pub use fault::{Fault, FaultId, FaultOp, PathMatch, When};
 pub use model::{SyncKind, SyncPoint};
 
-use model::Model;
+use daemon::Daemon;
 
-/// How long an unmount may take before the FS says it hung.
+/// How long a mount, an unmount (with its rebuild) or one question to the
+/// daemon may take before the FS says it hung.
 const SESSION_END: Duration = Duration::from_secs(10);
 
 /// What went wrong mounting, cutting or unmounting.
@@ -71,8 +73,6 @@ pub enum Error {
     Nested { backing: PathBuf, mountpoint: PathBuf },
     #[error("powerfs: {0} is not mounted")]
     NotMounted(PathBuf),
-    #[error("powerfs: the FUSE session for {} did not end within {:?} of the unmount", .0.display(), SESSION_END)]
-    Hung(PathBuf),
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error + use<> {
@@ -82,13 +82,15 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error + 
 
 /// A mounted powerfs (or one between a cut and its remount).
 ///
-/// Dropping it unmounts (lazily, and aborting the FUSE connection, if files
-/// are still open) without a cut: the backing folder keeps the live view.
+/// The FUSE daemon runs in a child process (see `daemon.rs` for why: an
+/// in-process daemon can deadlock against `munmap` of a shared mapping).
+/// Dropping a `PowerFs` unmounts (lazily, and aborting the FUSE connection,
+/// if files are still open) without a cut: the backing folder keeps the
+/// live view.
 pub struct PowerFs {
     backing: PathBuf,
     mountpoint: PathBuf,
-    model: Arc<Mutex<Model>>,
-    session: Option<fuser::BackgroundSession>,
+    daemon: Mutex<Option<Daemon>>,
     /// The FUSE connection's number under `/sys/fs/fuse/connections`.
     conn: u64,
 }
@@ -98,7 +100,7 @@ impl std::fmt::Debug for PowerFs {
         f.debug_struct("PowerFs")
             .field("backing", &self.backing)
             .field("mountpoint", &self.mountpoint)
-            .field("mounted", &self.session.is_some())
+            .field("mounted", &self.is_mounted())
             .finish()
     }
 }
@@ -127,8 +129,7 @@ impl PowerFs {
         let mut fs = PowerFs {
             backing,
             mountpoint,
-            model: Arc::default(),
-            session: None,
+            daemon: Mutex::new(None),
             conn: 0,
         };
         fs.start()?;
@@ -136,27 +137,11 @@ impl PowerFs {
     }
 
     fn start(&mut self) -> Result<(), Error> {
-        let root = sys::openat(
-            libc::AT_FDCWD,
-            self.backing.as_os_str(),
-            libc::O_RDONLY | libc::O_DIRECTORY,
-            0,
-        )
-        .map_err(io_err("open", &self.backing))?;
-        let model = Model::scan(root).map_err(io_err("scan", &self.backing))?;
-        self.model = Arc::new(Mutex::new(model));
-        let fs = fs::PowerFsImpl {
-            model: self.model.clone(),
-        };
-        let mut config = fuser::Config::default();
-        config.mount_options = vec![
-            fuser::MountOption::FSName("powerfs".into()),
-            fuser::MountOption::Subtype("powerfs".into()),
-            fuser::MountOption::DefaultPermissions,
-        ];
-        let session = fuser::spawn_mount(fs, &self.mountpoint, &config).map_err(io_err("mount", &self.mountpoint))?;
-        self.session = Some(session);
-        let st = sys::fstat(&std::fs::File::open(&self.mountpoint).map_err(io_err("open", &self.mountpoint))?)
+        let daemon =
+            Daemon::spawn(&self.backing, &self.mountpoint, SESSION_END).map_err(io_err("mount", &self.mountpoint))?;
+        *self.daemon.get_mut().unwrap_or_else(|p| p.into_inner()) = Some(daemon);
+        let st = std::fs::File::open(&self.mountpoint)
+            .and_then(|f| sys::fstat(&f))
             .map_err(io_err("stat", &self.mountpoint))?;
         // fusectl names a connection by the kernel's dev_t: (major << 20) | minor.
         self.conn = (u64::from(libc::major(st.st_dev)) << 20) | u64::from(libc::minor(st.st_dev));
@@ -175,11 +160,22 @@ impl PowerFs {
     }
 
     pub fn is_mounted(&self) -> bool {
-        self.session.is_some()
+        self.daemon.lock().map(|d| d.is_some()).unwrap_or(false)
     }
 
-    fn model(&self) -> MutexGuard<'_, Model> {
-        self.model.lock().unwrap_or_else(|p| p.into_inner())
+    /// Asks the daemon something. A question to a mount that is gone, or a
+    /// daemon that stopped answering, is a bug in the test: it panics.
+    fn ask<T>(&self, what: &str, f: impl FnOnce(&mut Daemon) -> io::Result<T>) -> T {
+        let mut guard: MutexGuard<'_, Option<Daemon>> = self.daemon.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(daemon) = guard.as_mut() else {
+            panic!("powerfs: {what}: {} is not mounted", self.mountpoint.display());
+        };
+        f(daemon).unwrap_or_else(|e| {
+            panic!(
+                "powerfs: {what}: the daemon for {} failed: {e}",
+                self.mountpoint.display()
+            )
+        })
     }
 
     /// Plans a power loss at sync point `n` (1-based, in arrival order):
@@ -188,45 +184,38 @@ impl PowerFs {
     /// request is still served (the flow runs on, unknowing) until
     /// [`PowerFs::cut`]. Reset by a remount.
     pub fn cut_at_sync(&self, n: u64) {
-        self.model().cut_at = Some(n);
+        self.ask("cut_at_sync", |d| d.cut_at_sync(n))
     }
 
     /// How many sync requests (fsync, fdatasync, directory fsync) this
     /// mount has received so far.
     pub fn sync_count(&self) -> u64 {
-        self.model().syncs.len() as u64
+        self.ask("sync_count", Daemon::sync_count)
     }
 
     /// Every sync request this mount received, in order.
     pub fn sync_points(&self) -> Vec<SyncPoint> {
-        self.model().syncs.clone()
+        self.ask("sync_points", Daemon::sync_points)
     }
 
     /// The sync point the durable state froze at, once reached.
     pub fn frozen_at(&self) -> Option<SyncPoint> {
-        let m = self.model();
-        m.frozen_at.and_then(|n| m.syncs.get(n as usize - 1).cloned())
+        self.ask("frozen_at", Daemon::frozen_at)
     }
 
     /// Arms a fault for this mount (reset by a remount).
     pub fn inject(&self, fault: Fault) -> FaultId {
-        let mut m = self.model();
-        m.faults.push(fault::Armed {
-            fault,
-            seen: 0,
-            fired: 0,
-        });
-        FaultId(m.faults.len() - 1)
+        FaultId(self.ask("inject", |d| d.inject(&fault)))
     }
 
     /// How many calls the fault has failed so far.
     pub fn fault_fired(&self, id: FaultId) -> u64 {
-        self.model().faults.get(id.0).map_or(0, |a| a.fired)
+        self.ask("fault_fired", |d| d.fault_fired(id.0))
     }
 
     /// Disarms every fault.
     pub fn clear_faults(&self) {
-        self.model().faults.clear();
+        self.ask("clear_faults", Daemon::clear_faults)
     }
 
     /// The power loss: unmounts (open handles on the mount fail from now
@@ -234,19 +223,23 @@ impl PowerFs {
     /// `mode` keeps of the pending state. [`PowerFs::remount`] then shows
     /// what survived.
     pub fn cut(&mut self, mode: CutMode) -> Result<CutReport, Error> {
-        if self.session.is_none() {
+        if !self.is_mounted() {
             return Err(Error::NotMounted(self.mountpoint.clone()));
         }
-        self.stop()?;
-        let model = self.model();
-        cut::rebuild(&model, &self.backing, mode).map_err(io_err("rebuild", &self.backing))
+        self.ask("cut", |d| d.plan_cut(mode));
+        let report = self.stop()?;
+        report.ok_or_else(|| Error::Io {
+            what: "rebuild",
+            path: self.backing.clone(),
+            source: io::Error::other("the daemon ended without a report"),
+        })
     }
 
     /// Mounts again over the same backing folder, with a fresh model (all
     /// of the backing folder durable, no faults, no planned cut, sync count
     /// zero). Inode numbers start again.
     pub fn remount(&mut self) -> Result<(), Error> {
-        if self.session.is_some() {
+        if self.is_mounted() {
             self.stop()?;
         }
         self.start()
@@ -254,18 +247,18 @@ impl PowerFs {
 
     /// Unmounts without a cut: the backing folder keeps the live view.
     pub fn unmount(&mut self) -> Result<(), Error> {
-        if self.session.is_none() {
+        if !self.is_mounted() {
             return Err(Error::NotMounted(self.mountpoint.clone()));
         }
-        self.stop()
+        self.stop().map(drop)
     }
 
-    /// Unmounts and waits for the session thread to end. A busy mount (a
-    /// file still open) is detached and its connection aborted, as a power
-    /// loss would: the open handles then fail with ENOTCONN.
-    fn stop(&mut self) -> Result<(), Error> {
-        let Some(session) = self.session.take() else {
-            return Ok(());
+    /// Unmounts and waits for the daemon's last word and exit. A busy
+    /// mount (a file still open) is detached and its connection aborted, as
+    /// a power loss would: the open handles then fail with ENOTCONN.
+    fn stop(&mut self) -> Result<Option<CutReport>, Error> {
+        let Some(daemon) = self.daemon.get_mut().unwrap_or_else(|p| p.into_inner()).take() else {
+            return Ok(None);
         };
         match sys::umount2(&self.mountpoint, 0) {
             Ok(()) => {}
@@ -276,18 +269,7 @@ impl PowerFs {
                 let _ = abort_connection(self.conn);
             }
         }
-        let deadline = Instant::now() + SESSION_END;
-        while !session.guard.is_finished() {
-            if Instant::now() > deadline {
-                // Leave the thread; dropping the session detaches it.
-                return Err(Error::Hung(self.mountpoint.clone()));
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        // The session's own result (an error reading /dev/fuse after an
-        // abort) says nothing about the model, which is intact.
-        let _ = session.join();
-        Ok(())
+        daemon.finish(SESSION_END).map_err(io_err("unmount", &self.mountpoint))
     }
 }
 

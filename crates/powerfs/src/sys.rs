@@ -116,8 +116,8 @@ pub fn fchown(fd: RawFd, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
     .map(drop)
 }
 
-/// `chmod` through `/proc/self/fd`, so it works for directories opened
-/// read-only as well as files.
+/// `fchmod`: works on files and on directories opened read-only (not on
+/// `O_PATH` descriptors, which is why symlinks and specials skip it).
 pub fn fchmod(fd: RawFd, mode: u32) -> io::Result<()> {
     check(unsafe { libc::fchmod(fd, (mode & 0o7777) as libc::mode_t) }).map(drop)
 }
