@@ -138,7 +138,7 @@ pub(crate) fn rebuild(model: &Model, backing: &Path, mode: CutMode) -> io::Resul
     };
     let mut rng = rng(mode);
     let mut keeps: HashMap<Ino, Keep> = HashMap::new();
-    let mut entries: HashMap<Ino, BTreeMap<OsString, Ino>> = HashMap::new();
+    let mut dir_keeps: HashMap<Ino, usize> = HashMap::new();
     for (&ino, node) in &model.nodes {
         match &node.kind {
             Kind::File(log) => {
@@ -148,9 +148,23 @@ pub(crate) fn rebuild(model: &Model, backing: &Path, mode: CutMode) -> io::Resul
                 let keep = plan_dir(mode, &mut rng, log.candidates());
                 report.dir_changes_kept += keep;
                 report.dir_changes_dropped += log.ops.len() - keep;
-                entries.insert(ino, log.after_cut(keep));
+                dir_keeps.insert(ino, keep);
             }
             _ => {}
+        }
+    }
+    // The ids of every pending directory change the cut drops, so that the
+    // source half of a rename goes only with its destination half.
+    let mut dropped = HashSet::new();
+    for (ino, &keep) in &dir_keeps {
+        if let Kind::Dir(log) = &model.nodes[ino].kind {
+            dropped.extend(log.ops[keep..].iter().map(|op| op.id));
+        }
+    }
+    let mut entries: HashMap<Ino, BTreeMap<OsString, Ino>> = HashMap::new();
+    for (ino, &keep) in &dir_keeps {
+        if let Kind::Dir(log) = &model.nodes[ino].kind {
+            entries.insert(*ino, log.after_cut(keep, &dropped));
         }
     }
 

@@ -125,7 +125,7 @@ impl PowerFsImpl {
         let r = (|| {
             let dir = m.dir_file(parent.0)?.as_raw_fd();
             sys::unlinkat(dir, name, flags)?;
-            m.dir_change(parent.0, vec![(name.to_owned(), None)])
+            m.dir_change(parent.0, vec![(name.to_owned(), None)]).map(drop)
         })();
         match r {
             Ok(()) => reply.ok(),
@@ -324,8 +324,8 @@ impl Filesystem for PowerFsImpl {
                 // Within one directory a rename is one atomic change.
                 m.dir_change(p, vec![(name.to_owned(), back), (newname.to_owned(), Some(src))])?;
             } else {
-                m.dir_change(p, vec![(name.to_owned(), back)])?;
-                m.dir_change(np, vec![(newname.to_owned(), Some(src))])?;
+                let added = m.dir_change(np, vec![(newname.to_owned(), Some(src))])?;
+                m.dir_change_paired(p, vec![(name.to_owned(), back)], Some(added))?;
             }
             let node = m.node_mut(src)?;
             node.parent = np;
@@ -350,6 +350,7 @@ impl Filesystem for PowerFsImpl {
             let dir = m.dir_file(newparent.0)?.as_raw_fd();
             sys::link_fd(fd, dir, newname)?;
             m.dir_change(newparent.0, vec![(newname.to_owned(), Some(ino.0))])
+                .map(drop)
         })();
         match r {
             Ok(()) => self.entry(&m, ino.0, reply),

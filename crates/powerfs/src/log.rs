@@ -273,10 +273,23 @@ impl FileLog {
 /// directories is one change in each.
 pub(crate) type DirChange = Vec<(OsString, Option<Ino>)>;
 
+/// A pending directory change, numbered across the whole mount. The
+/// source half of a rename across directories names its other half
+/// (`pair`): a cut keeps the removal only if it keeps the addition, so a
+/// rename never loses its file (a journaling filesystem commits both
+/// together; the two names may both survive, as on a filesystem without
+/// a journal).
+#[derive(Debug)]
+pub(crate) struct DirOp {
+    pub id: u64,
+    pub change: DirChange,
+    pub pair: Option<u64>,
+}
+
 #[derive(Debug)]
 pub(crate) struct DirLog {
     pub durable: BTreeMap<OsString, Ino>,
-    pub ops: Vec<DirChange>,
+    pub ops: Vec<DirOp>,
     pub frozen_len: Option<usize>,
 }
 
@@ -294,8 +307,8 @@ impl DirLog {
             return;
         }
         let ops = std::mem::take(&mut self.ops);
-        for change in &ops {
-            apply(&mut self.durable, change);
+        for op in &ops {
+            apply(&mut self.durable, &op.change);
         }
     }
 
@@ -310,11 +323,15 @@ impl DirLog {
         self.frozen_len.unwrap_or(self.ops.len())
     }
 
-    /// The entries after a cut that keeps the first `keep` changes.
-    pub fn after_cut(&self, keep: usize) -> BTreeMap<OsString, Ino> {
+    /// The entries after a cut that keeps the first `keep` changes, less
+    /// the rename halves whose other half the cut drops.
+    pub fn after_cut(&self, keep: usize, dropped: &std::collections::HashSet<u64>) -> BTreeMap<OsString, Ino> {
         let mut entries = self.durable.clone();
-        for change in &self.ops[..keep] {
-            apply(&mut entries, change);
+        for op in &self.ops[..keep] {
+            if op.pair.is_some_and(|p| dropped.contains(&p)) {
+                continue;
+            }
+            apply(&mut entries, &op.change);
         }
         entries
     }

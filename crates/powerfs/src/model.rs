@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
 use crate::fault::{Armed, FaultOp};
-use crate::log::{DirChange, DirLog, FileLog};
+use crate::log::{DirChange, DirLog, DirOp, FileLog};
 use crate::sys;
 
 pub(crate) type Ino = u64;
@@ -80,6 +80,7 @@ pub(crate) struct Model {
     pub faults: Vec<Armed>,
     pub listings: HashMap<u64, Listing>,
     next_fh: u64,
+    next_op: u64,
 }
 
 pub(crate) fn kind_of(mode: libc::mode_t) -> libc::mode_t {
@@ -246,15 +247,21 @@ impl Model {
         parts.iter().rev().collect()
     }
 
-    /// Records a pending change to a directory's entries.
-    pub fn dir_change(&mut self, dir: Ino, change: DirChange) -> io::Result<()> {
+    /// Records a pending change to a directory's entries; returns its id.
+    pub fn dir_change(&mut self, dir: Ino, change: DirChange) -> io::Result<u64> {
+        self.dir_change_paired(dir, change, None)
+    }
+
+    /// Records a pending change that is the source half of a rename whose
+    /// destination half is `pair`.
+    pub fn dir_change_paired(&mut self, dir: Ino, change: DirChange, pair: Option<u64>) -> io::Result<u64> {
+        let id = self.next_op;
         match &mut self.node_mut(dir)?.kind {
-            Kind::Dir(log) => {
-                log.ops.push(change);
-                Ok(())
-            }
-            _ => Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+            Kind::Dir(log) => log.ops.push(DirOp { id, change, pair }),
+            _ => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
         }
+        self.next_op += 1;
+        Ok(id)
     }
 
     /// The errno a fault makes this call fail with, if one fires.
