@@ -1,7 +1,8 @@
 //! `powerfs`: a filesystem for tests that forgets what was not synced.
 //!
-//! A FUSE passthrough, run in-process on a background thread, over a
-//! backing folder. The backing folder holds the *live* view (everything the
+//! A FUSE passthrough over a backing folder, served by a child process the
+//! test forks (an in-process daemon can deadlock against `munmap` of a
+//! shared mapping on the mount; see `daemon.rs`). The backing folder holds the *live* view (everything the
 //! flow wrote, synced or not), so reads and shared `mmap` are plain
 //! passthrough. Beside it the FS keeps a strict durability model:
 //!
