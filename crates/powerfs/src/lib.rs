@@ -2,9 +2,9 @@
 //!
 //! A FUSE passthrough over a backing folder, served by a child process the
 //! test forks (an in-process daemon can deadlock against `munmap` of a
-//! shared mapping on the mount; see `daemon.rs`). The backing folder holds the *live* view (everything the
-//! flow wrote, synced or not), so reads and shared `mmap` are plain
-//! passthrough. Beside it the FS keeps a strict durability model:
+//! shared mapping on the mount; see `daemon.rs`). The backing folder
+//! holds the *live* view (everything the flow wrote, synced or not), so
+//! reads and shared `mmap` are plain passthrough. Beside it the FS keeps a strict durability model:
 //!
 //! - a file's written data and size changes are *pending* until that file
 //!   is synced (`fsync` or `fdatasync`: both make data and size durable);
