@@ -15,11 +15,13 @@
 use crate::prelude::*;
 use crate::text;
 
-/// Deepest nesting accepted, as serde_json's default.
+/// Deepest nesting of arrays and objects accepted, whatever the innermost
+/// holds. One level more than serde_json's default, which refuses the
+/// 128th level.
 const MAX_DEPTH: usize = 128;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Json {
+pub enum Json {
     Null,
     Bool(bool),
     /// A number, as its (validated) text.
@@ -89,7 +91,7 @@ impl Json {
     }
 
     /// Compact JSON text, keys sorted, as serde_json writes it.
-    pub(crate) fn to_text(&self) -> String {
+    pub fn to_text(&self) -> String {
         let mut out = String::new();
         self.write(&mut out);
         out
@@ -222,7 +224,7 @@ fn integral(text: &str) -> Option<i64> {
 }
 
 /// Parse one JSON text (surrounding whitespace allowed).
-pub(crate) fn parse(text: &str) -> Result<Json, String> {
+pub fn parse(text: &str) -> Result<Json, String> {
     let mut p = Parser {
         s: text.as_bytes(),
         i: 0,
@@ -274,8 +276,11 @@ impl Parser<'_> {
         }
     }
 
+    /// A value inside `depth` arrays and objects.
     fn value(&mut self, depth: usize) -> Result<Json, String> {
-        if depth > MAX_DEPTH {
+        // Checked where a level opens: a check on every value let an
+        // empty array or object pass one level past the limit.
+        if depth >= MAX_DEPTH && matches!(self.s.get(self.i), Some(b'[' | b'{')) {
             return Err(self.error("recursion limit exceeded"));
         }
         match self.s.get(self.i) {

@@ -56,6 +56,14 @@ pub mod table;
 mod text;
 mod value;
 
+/// The component's own JSON value, parser and writer, for the tests that
+/// hold them to serde_json. Native builds only: the component gains nothing.
+#[doc(hidden)]
+#[cfg(not(target_arch = "wasm32"))]
+pub mod jsontext_api {
+    pub use crate::jsontext::{Json, parse};
+}
+
 #[cfg(target_arch = "wasm32")]
 mod component;
 
