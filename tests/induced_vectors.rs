@@ -224,6 +224,8 @@ fn the_rust_host_builds_the_recorded_observations() {
     let mut checked = 0;
     for v in induced_vectors() {
         let name = v["name"].as_str().unwrap();
+        // Not a skip: the Python and Node suites induce their own vectors,
+        // and the test above fails on any vector no runtime induces again.
         if !v["induced"].as_str().unwrap().starts_with("turnsafe") {
             continue;
         }

@@ -123,6 +123,28 @@ fn write_durably(dir: &Path, name: &str, data: &[u8]) -> Result<(), CaptureError
     std::fs::rename(&tmp, dir.join(name)).map_err(err("rename", Some(name)))
 }
 
+/// Make `state.db.retired-<UTC>-<holder>/`. Two captures of one holder in
+/// the same second (`turnsafe capture --pid`, then the writer's own at
+/// close) get `<UTC>.<n>-<holder>`: a folder that exists is never reused.
+fn new_capture_dir(parent: &Path, holder: u32) -> Result<PathBuf, CaptureError> {
+    let stamp = utc_stamp();
+    let mut last = None;
+    for n in 1..=64u32 {
+        let name = match n {
+            1 => format!("state.db.retired-{stamp}-{holder}"),
+            n => format!("state.db.retired-{stamp}.{n}-{holder}"),
+        };
+        let dir = parent.join(name);
+        match DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(CaptureError::io("mkdir", None, &e)),
+        }
+    }
+    let e = last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists));
+    Err(CaptureError::io("mkdir", None, &e))
+}
+
 /// UTC now as `yyyymmddThhmmssZ`, for the dated names of set-aside files.
 pub(crate) fn utc_stamp() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now())
@@ -174,10 +196,8 @@ pub(crate) fn write_capture(
     files: Vec<HeldFile>,
 ) -> Result<Capture, CaptureError> {
     let parent = db.parent().unwrap_or(Path::new("."));
-    let stamp = utc_stamp();
-    let dir: PathBuf = parent.join(format!("state.db.retired-{stamp}-{holder}"));
     crate::failpoint::hit("capture.before_mkdir");
-    DirBuilder::new().mode(0o700).create(&dir).map_err(err("mkdir", None))?;
+    let dir = new_capture_dir(parent, holder)?;
     let mut receipt_files = Vec::new();
     let mut manifest_files = Vec::new();
     for f in &files {

@@ -81,9 +81,11 @@ fn the_frames_a_live_writer_holds_are_kept_before_it_is_stopped() {
         let data = std::fs::read(path.join(f["name"].as_str().unwrap())).unwrap();
         assert_eq!(f["sha256"], hex::encode(sha2::Sha256::digest(&data)));
     }
-    // The writer is stopped the way a crash stops it; the rows survive in
-    // the capture.
-    live.kill();
+    // The writer is stopped; at its close it captures what it holds too,
+    // into a folder of its own (never the one `capture --pid` made, even
+    // within the same second).
+    assert_eq!(live.finish(), 0);
+    assert_eq!(captures(home), 2, "the writer's own capture at close was made");
     let copy = tempfile::tempdir().unwrap();
     for n in ["state.db", "state.db-wal"] {
         std::fs::copy(path.join(n), copy.path().join(n)).unwrap();
