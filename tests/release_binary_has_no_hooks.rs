@@ -58,7 +58,12 @@ fn run_within(limit: Duration, bin: &Path, args: &[&str], env: &[(&str, &str)], 
     // pipe is then closed under the write, which is the refusal, not a
     // failure of the harness.
     if let Err(e) = child.stdin.take().unwrap().write_all(input.as_bytes()) {
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "write to {}: {e}", bin.display());
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe,
+            "write to {}: {e}",
+            bin.display()
+        );
     }
     let started = Instant::now();
     while child.try_wait().unwrap().is_none() {
