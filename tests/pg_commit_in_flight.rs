@@ -17,11 +17,23 @@
 //! - The server unreachable for a while (the proxy refuses connections):
 //!   within the patience the batch waits and is stored; past it the batch
 //!   is diverted as `unavailable`, and replay brings it in.
+//!
+//! Every writer here reaches the server through the proxy, which counts
+//! the connections it accepts: "connects again" is observed there, from
+//! outside the code under test, not read from the store's own counters.
 mod common;
 use common::pg_proxy::{Mode, PgProxy};
 use common::*;
+use std::time::Duration;
 use turnsafe_host::replay::ReplayOptions;
 use turnsafe_policy::{ActionKind, Cause};
+
+/// Connections the proxy has accepted, read once a connection already
+/// made has had time to be accepted (the listener polls every 100 ms).
+fn connections(proxy: &PgProxy) -> usize {
+    std::thread::sleep(Duration::from_millis(300));
+    proxy.accepted()
+}
 
 fn uids(server: &pg::PgServer, db: &str, session: &str) -> Vec<String> {
     pg::rows(server, db, session).into_iter().map(|r| r.0).collect()
@@ -36,9 +48,15 @@ fn a_commit_cut_after_the_server_took_it_is_found_stored() {
     let mut store = pg::store(&proxy.url(&db), home.path());
     assert!(store.append_batch(&sid("s1"), &batch("a", 2)).persisted);
 
+    let before = connections(&proxy);
     proxy.once(Mode::DropAfterCommit);
     let out = store.append_batch(&sid("s1"), &batch("b", 3));
     assert_eq!(proxy.cuts_after_commit(), 1, "the cut happened after COMMIT");
+    assert_eq!(
+        connections(&proxy) - before,
+        1,
+        "one new connection, to look the uids up"
+    );
     assert!(out.persisted, "{}", out.to_value());
     assert_eq!(out.cause, Some(Cause::OutcomeUnknown), "{}", out.to_value());
     assert_eq!(out.action, Some(ActionKind::Resolve));
@@ -61,10 +79,16 @@ fn a_commit_cut_before_the_server_took_it_is_written_again_once() {
     let mut store = pg::store(&proxy.url(&db), home.path());
     assert!(store.append_batch(&sid("s1"), &batch("a", 2)).persisted);
 
+    let before = connections(&proxy);
     proxy.once(Mode::DropBeforeCommit);
     let attempts_before = store.counters().append_attempts;
     let out = store.append_batch(&sid("s1"), &batch("b", 3));
     assert_eq!(proxy.cuts_before_commit(), 1, "the cut happened before COMMIT");
+    assert_eq!(
+        connections(&proxy) - before,
+        1,
+        "one new connection, to look the uids up and write again"
+    );
     assert!(out.persisted, "{}", out.to_value());
     assert_eq!(out.cause, Some(Cause::OutcomeUnknown), "{}", out.to_value());
     assert_eq!(
@@ -79,8 +103,9 @@ fn a_commit_cut_before_the_server_took_it_is_written_again_once() {
 fn a_connection_lost_before_commit_is_unavailable_and_retried() {
     let server = pg_or_skip!();
     let db = server.create_db("lost_before");
+    let proxy = PgProxy::start(server.port()).expect("proxy");
     let home = Home::new();
-    let mut store = pg::store(&server.url(&db), home.path());
+    let mut store = pg::store(&proxy.url(&db), home.path());
     assert!(store.append_batch(&sid("s1"), &batch("a", 2)).persisted);
 
     // The server ends the writer's backend: its next statement fails
@@ -95,7 +120,7 @@ fn a_connection_lost_before_commit_is_unavailable_and_retried() {
         .unwrap()
         .get(0);
     assert!(ended >= 1);
-    let opens = store.counters().open_attempts;
+    let before = connections(&proxy);
     let out = store.append_batch(&sid("s1"), &batch("b", 2));
     assert!(out.persisted, "{}", out.to_value());
     assert_eq!(out.cause, Some(Cause::Unavailable), "{}", out.to_value());
@@ -104,7 +129,11 @@ fn a_connection_lost_before_commit_is_unavailable_and_retried() {
         out.copy.as_ref().map(|c| c.code.as_str()),
         Some("unavailable.persisted")
     );
-    assert!(store.counters().open_attempts > opens, "a new connection was made");
+    assert_eq!(
+        connections(&proxy) - before,
+        1,
+        "one new connection was made (seen by the proxy), and the batch stored on it"
+    );
     assert_eq!(uids(&server, &db, "s1"), ["a-0", "a-1", "b-0", "b-1"]);
 }
 
