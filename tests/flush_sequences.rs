@@ -304,6 +304,25 @@ fn cases() -> Vec<(String, Vec<Turn>)> {
             (held("c", 1, 42, "corrupt"), vec![divert_failed(false)]),
         ],
     ));
+    // A host that commits without a sync (SQLite `synchronous=NORMAL`)
+    // says so at the start: a commit is then `durable: false`, a commit
+    // after a retry is told as written, not saved; a receipt stays durable.
+    let unsynced = |batch: &str, n: usize, seed: u64| {
+        let mut s = start(batch, n, seed);
+        s["durability"] = json!("unsynced");
+        s
+    };
+    out.push((
+        "unsynced_commits_are_not_durable".into(),
+        vec![
+            (unsynced("a", 2, 50), vec![opened(), committed()]),
+            (
+                unsynced("b", 2, 51),
+                vec![failed("locked", 10), waited(40), committed()],
+            ),
+            (unsynced("c", 1, 52), vec![failed("disk", 0), diverted(1, 0)]),
+        ],
+    ));
     out.push((
         "disk_at_open_opens_again_next_batch".into(),
         vec![

@@ -269,3 +269,37 @@ fn the_core_sequences_follow_the_rules_as_written() {
         }
     }
 }
+
+/// `durable`, by the rule as written: a commit under `unsynced` is not
+/// durable and its copy (after a retry) never says "saved"; a receipt is
+/// durable whatever the host's commits are; a synced commit is durable.
+#[test]
+fn durable_follows_the_hosts_durability_as_written() {
+    let text = std::fs::read_to_string(turnsafe_tests::root().join("tests/vectors/flush_sequences.json")).unwrap();
+    let cases: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let find = |name: &str| {
+        cases
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no case {name} in the vectors"))["turns"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let mut native = NativeEngine;
+    let mut wasm = WasmEngine::new().expect("component loads");
+    for engine in [&mut native as &mut dyn PolicyEngine, &mut wasm] {
+        let got = run(engine, &find("unsynced_commits_are_not_durable"));
+        let durable: Vec<(bool, bool)> = got
+            .iter()
+            .map(|(_, o)| (o["persisted"].as_bool().unwrap(), o["durable"].as_bool().unwrap()))
+            .collect();
+        assert_eq!(durable, [(true, false), (true, false), (false, true)]);
+        assert!(got[0].1["copy"].is_null(), "a first-try commit has no copy");
+        let retried = got[1].1["copy"].to_string().to_lowercase();
+        assert!(!retried.contains("saved"), "{retried}");
+        assert!(retried.contains("power cut"), "{retried}");
+        let synced = run(engine, &find("first_try_commit"));
+        assert_eq!(synced[0].1["durable"], json!(true));
+    }
+}

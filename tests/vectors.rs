@@ -81,3 +81,28 @@ fn every_vector_agrees_natively_and_in_wasm() {
         failures.join("\n")
     );
 }
+
+/// A bare path is no receipt: both engines' `explain-json` refuse
+/// `receipt_path` and name `receipt`, and copy nothing from it.
+#[test]
+fn explain_json_refuses_a_bare_receipt_path_in_both_engines() {
+    let request = json!({"cause": "disk", "outcome": "diverted", "session": "s1",
+        "receipt_path": "/nonexistent/x.jsonl"})
+    .to_string();
+    let native = NativeEngine.explain_json(&request).expect("native explain");
+    let wasm = WasmEngine::new()
+        .expect("load the component")
+        .explain_json(&request)
+        .expect("wasm explain");
+    assert_eq!(native, wasm, "the engines disagree");
+    let answer: Value = serde_json::from_str(&native).expect("JSON answer");
+    let error = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("receipt_path") && error.contains("receipt"),
+        "a bare path must be refused, naming its replacement: {answer}"
+    );
+    assert!(
+        !native.contains("/nonexistent/x.jsonl\""),
+        "no copy names the bare path: {native}"
+    );
+}

@@ -71,6 +71,7 @@ fn main() {
         capture_failure: None,
         divert_residue: None,
         pending_capture: None,
+        durability: wit::Durability::Synced,
     };
     let m = 20_000u32;
     let t = Instant::now();
@@ -110,6 +111,7 @@ fn main() {
             minted_uids: Vec::new(),
             seed: u64::from(i),
             pending_capture: None,
+            durability: Default::default(),
         })
         .unwrap();
         let events = [

@@ -43,6 +43,10 @@ pub struct FlushOutcome {
     /// A failed divert that could not be cut back: some of its lines may
     /// remain in the divert file, from `offset` on.
     pub divert_residue: Option<DivertResidue>,
+    /// Whether what this outcome says is stored survives a power cut now:
+    /// `false` for a commit under `synchronous=NORMAL` (or PostgreSQL's
+    /// `synchronous_commit=off`).
+    pub durable: bool,
     /// The machine's outcome, which the JSON is made from.
     pub report: FlushReport,
     /// The last failed open or write of this flush, as the host observed it
@@ -76,6 +80,7 @@ impl FlushOutcome {
             error: report.error.clone(),
             capture,
             divert_residue: report.divert_residue.clone(),
+            durable: report.durable,
             report,
             failure: None,
         }

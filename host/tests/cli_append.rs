@@ -47,6 +47,7 @@ fn first_try_commits_print_nulls_and_exit_zero() {
         "error",
         "uids",
         "minted_uids",
+        "durable",
     ] {
         assert!(lines[0].get(key).is_some(), "missing {key}");
     }
@@ -208,5 +209,39 @@ fn messages_of_any_shape_round_trip_through_append_show_and_replay() {
     assert!(
         text.lines().nth(2).unwrap().contains("user") && text.contains(" hi"),
         "{text}"
+    );
+}
+
+/// Every outcome says `durable`: true under `--synchronous full` (the
+/// default), false under `--synchronous normal`, whose COMMIT returns
+/// before its sync.
+#[test]
+fn append_prints_durable_as_the_store_syncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| -> Vec<Value> {
+        let out = assert_cmd::Command::new(bin())
+            .args(["append", "--session", "s1", "--home"])
+            .arg(dir.path())
+            .args(extra)
+            .write_stdin("[{\"role\":\"user\",\"content\":\"hi\"}]\n")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let full = run(&[]);
+    assert_eq!(full.len(), 1);
+    assert_eq!(full[0]["durable"], true, "{}", full[0]);
+    let normal = run(&["--synchronous", "normal"]);
+    assert_eq!(normal.len(), 1);
+    assert_eq!(
+        (&normal[0]["persisted"], &normal[0]["durable"]),
+        (&Value::Bool(true), &Value::Bool(false)),
+        "{}",
+        normal[0]
     );
 }

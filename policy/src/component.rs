@@ -16,8 +16,8 @@ use core::cell::{RefCell, RefMut};
 
 use exports::turnsafe::policy::engine;
 use exports::turnsafe::policy::engine::{
-    Action, Basis, Cause, Classification, CopyContext, DbEngine, Decision, Event, Evidence, Flush, FlushStart, Guest,
-    GuestFlush, GuestHandle, Observation, Operation, Outcome, Step, UserCopy, WritePlan,
+    Action, Basis, Cause, Classification, CopyContext, DbEngine, Decision, Durability, Event, Evidence, Flush,
+    FlushStart, Guest, GuestFlush, GuestHandle, Observation, Operation, Outcome, Step, UserCopy, WritePlan,
 };
 
 struct Component;
@@ -120,6 +120,13 @@ fn cause_in(c: Cause) -> m::Cause {
         Cause::ReadOnly => m::Cause::ReadOnly,
         Cause::OutcomeUnknown => m::Cause::OutcomeUnknown,
         Cause::Unknown => m::Cause::Unknown,
+    }
+}
+
+fn durability_in(d: Durability) -> m::Durability {
+    match d {
+        Durability::Synced => m::Durability::Synced,
+        Durability::Unsynced => m::Durability::Unsynced,
     }
 }
 
@@ -311,6 +318,7 @@ impl GuestHandle for HandleResource {
                     path: p.path,
                     cause: cause_in(p.cause),
                 }),
+                durability: durability_in(start.durability),
             })
             .map_err(|e| e.message())?;
         Ok(Flush::new(FlushResource {
@@ -362,6 +370,7 @@ impl Guest for Component {
             capture_failure: context.capture_failure.map(capture_failure),
             divert_residue: context.divert_residue.map(divert_residue),
             pending_capture: context.pending_capture,
+            durability: durability_in(context.durability),
         };
         crate::explain(cause_in(cause), outcome_in(outcome), &ctx)
             .map(|c| UserCopy {

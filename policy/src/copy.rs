@@ -11,10 +11,13 @@
 //!   failed, with what the operator should do instead.
 //! - A failed divert that may have left lines behind never says the
 //!   messages are "not stored anywhere".
+//! - A `persisted` copy says "saved" only of commits the host syncs
+//!   ([`Durability::Synced`]); an unsynced commit is told as written, not
+//!   yet safe from a power cut.
 
 use crate::decide::is_producible;
 use crate::errno;
-use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Outcome};
+use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Durability, Outcome};
 #[allow(unused_imports)]
 use crate::prelude::*;
 use crate::text::{cat, find};
@@ -77,6 +80,8 @@ pub(crate) struct Facts<'a> {
     pub(crate) divert_residue: bool,
     /// The unsettled capture that kept the batch from the database.
     pub(crate) pending_capture: Option<&'a str>,
+    /// How the host's commits reach the disk.
+    pub(crate) durability: Durability,
 }
 
 impl<'a> Facts<'a> {
@@ -96,6 +101,7 @@ impl<'a> Facts<'a> {
             }),
             divert_residue: ctx.divert_residue.is_some(),
             pending_capture: ctx.pending_capture.as_deref(),
+            durability: ctx.durability,
         }
     }
 }
@@ -123,7 +129,17 @@ fn reason(cause: Cause) -> &'static str {
 }
 
 /// What turnsafe did that made a `persisted` outcome possible.
-fn remedy(cause: Cause) -> &'static str {
+fn remedy(cause: Cause, durability: Durability) -> &'static str {
+    match (cause, durability) {
+        (Cause::FtsIndex, Durability::Unsynced) => {
+            "wrote them without updating the search index, which is marked for rebuild,"
+        }
+        (Cause::CompressionClosed, Durability::Unsynced) => "wrote them to the continuation session,",
+        _ => remedy_of(cause),
+    }
+}
+
+fn remedy_of(cause: Cause) -> &'static str {
     match cause {
         Cause::Locked | Cause::Compression => "waited and tried again",
         Cause::FtsIndex => "saved them without updating the search index, which is marked for rebuild",
@@ -185,7 +201,13 @@ fn cause_steps(cause: Cause) -> &'static [&'static str] {
 
 fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
     if outcome == Outcome::Persisted {
-        return Vec::new();
+        return match ctx.durability {
+            Durability::Synced => Vec::new(),
+            Durability::Unsynced => alloc::vec![String::from(
+                "If a turn must survive a power cut, run the store with synchronous=FULL (turnsafe's default; \
+                 PostgreSQL: synchronous_commit=on).",
+            )],
+        };
     }
     if let Some(path) = ctx.pending_capture {
         return pending_capture_steps(outcome, path);
@@ -480,15 +502,27 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
         None => ", so this turn's messages were not saved to the session database.",
     };
     let (title, body) = match outcome {
-        Outcome::Persisted => (
-            "Messages saved after a retry",
-            cat(&[
-                &why,
-                "; turnsafe ",
-                remedy(cause),
-                " and this turn's messages were saved.",
-            ]),
-        ),
+        Outcome::Persisted => match ctx.durability {
+            Durability::Synced => (
+                "Messages saved after a retry",
+                cat(&[
+                    &why,
+                    "; turnsafe ",
+                    remedy(cause, Durability::Synced),
+                    " and this turn's messages were saved.",
+                ]),
+            ),
+            Durability::Unsynced => (
+                "Messages written after a retry, not yet safe from a power cut",
+                cat(&[
+                    &why,
+                    "; turnsafe ",
+                    remedy(cause, Durability::Unsynced),
+                    " and this turn's messages are in the session database, but not yet synced to disk: a crash \
+                     of the process keeps them, a power cut before the next sync may lose them.",
+                ]),
+            ),
+        },
         Outcome::Diverted => {
             let path = ctx.receipt_path.ok_or(CopyError::MissingReceipt)?;
             (

@@ -71,6 +71,20 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A durability label (`synced`, `unsynced`); absent is `synced`.
+    pub(crate) fn durability(&mut self, key: &str) -> crate::Durability {
+        let Some(label) = self.opt_string(key) else {
+            return crate::Durability::Synced;
+        };
+        match crate::Durability::from_label(&label) {
+            Some(d) => d,
+            None => {
+                self.fail_field(key, "must be `synced` or `unsynced`");
+                crate::Durability::Synced
+            }
+        }
+    }
+
     /// A string, or absent.
     pub(crate) fn opt_string(&mut self, key: &str) -> Option<String> {
         match self.get(key)? {

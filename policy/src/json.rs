@@ -179,7 +179,9 @@ pub fn classify_json(observation: &str) -> String {
 /// `"open: EMFILE"`, or `{operation, errno}`; `capture_receipt` as the
 /// capture folder's path or `{path, files?, manifest_sha256?}`;
 /// `capture_failure` / `capture_error` as `true`, a string or
-/// `{operation, errno}`; `divert_residue` as `{path, offset}`.
+/// `{operation, errno}`; `divert_residue` as `{path, offset}`;
+/// `pending_capture` as the capture folder's path; `durability` as
+/// `synced` (the default) or `unsynced`.
 fn context_from_json(v: Option<&Json>) -> Result<CopyContext, String> {
     let Some(obj) = v.filter(|v| !v.is_null()) else {
         return Ok(CopyContext::default());
@@ -202,6 +204,7 @@ fn context_from_json(v: Option<&Json>) -> Result<CopyContext, String> {
         capture_failure: capture_failure(&mut f, obj.get("capture_failure").or_else(|| obj.get("capture_error"))),
         divert_residue: f.check(divert_residue(obj.get("divert_residue"))),
         pending_capture: f.opt_string("pending_capture"),
+        durability: f.durability("durability"),
     };
     f.done(ctx)
 }

@@ -78,7 +78,7 @@ pub use decide::{
 };
 pub use model::{
     ActionKind, Basis, CaptureFailure, CaptureReceipt, CapturedFile, Cause, Classification, Copy, CopyContext,
-    Decision, DivertFailure, DivertResidue, Engine, Evidence, Observation, Operation, Outcome,
+    Decision, DivertFailure, DivertResidue, Durability, Engine, Evidence, Observation, Operation, Outcome,
 };
 pub use retry::RetryPlan;
 

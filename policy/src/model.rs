@@ -370,6 +370,37 @@ pub struct Decision {
     pub capture: bool,
 }
 
+/// Whether a commit the host reports is on stable storage when the
+/// outcome is returned. The host knows how it writes: SQLite with
+/// `synchronous=FULL` (turnsafe's default) syncs the WAL at every COMMIT;
+/// with `synchronous=NORMAL` it syncs only at checkpoints, so a power cut
+/// may take the last commits (a killed process does not). PostgreSQL with
+/// `synchronous_commit=off` is the same.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// Every COMMIT is synced before it returns.
+    #[default]
+    Synced,
+    /// A COMMIT returns before its sync: a power cut may still lose it.
+    Unsynced,
+}
+
+impl Durability {
+    pub const ALL: [Durability; 2] = [Durability::Synced, Durability::Unsynced];
+
+    /// The labels, in the order of [`Durability::ALL`].
+    const LABELS: [&'static str; 2] = ["synced", "unsynced"];
+
+    pub fn label(self) -> &'static str {
+        Self::LABELS[self as usize]
+    }
+
+    pub fn from_label(s: &str) -> Option<Durability> {
+        Self::ALL.get(position(&Self::LABELS, s)?).copied()
+    }
+}
+
 /// How a flush ended, as far as the user is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -467,6 +498,9 @@ pub struct CopyContext {
     /// The unsettled capture (its folder's absolute path) that holds rows
     /// of this session the database lacks, and kept the batch from it.
     pub pending_capture: Option<String>,
+    /// How the host's commits reach the disk: a `persisted` copy says
+    /// "saved" only of synced commits.
+    pub durability: Durability,
 }
 
 /// User-facing copy: a structured value that hosts render as they like.

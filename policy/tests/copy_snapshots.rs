@@ -3,8 +3,8 @@
 
 use turnsafe_policy::json::copy_to_value;
 use turnsafe_policy::{
-    CaptureFailure, CaptureReceipt, CapturedFile, Cause, CopyContext, DivertFailure, DivertResidue, Outcome, explain,
-    is_producible, needs_capture, producible_pairs,
+    CaptureFailure, CaptureReceipt, CapturedFile, Cause, CopyContext, DivertFailure, DivertResidue, Durability,
+    Outcome, explain, is_producible, needs_capture, producible_pairs,
 };
 
 const RECEIPT: &str = "/home/agent/.turnsafe/sessions/s-7f3a.jsonl";
@@ -103,6 +103,20 @@ fn one_snapshot_per_artifact_variant() {
                 let copy = explain(cause, outcome, &ctx).expect("explains");
                 insta::assert_json_snapshot!(
                     format!("copy__{}__{}__residue", cause.label(), outcome.label()),
+                    copy_to_value(&copy)
+                );
+                n += 1;
+            }
+            // A commit the host does not sync (SQLite `synchronous=NORMAL`):
+            // written, not yet safe from a power cut, never plainly "saved".
+            if outcome == Outcome::Persisted {
+                let ctx = CopyContext {
+                    durability: Durability::Unsynced,
+                    ..context_for(outcome)
+                };
+                let copy = explain(cause, outcome, &ctx).expect("explains");
+                insta::assert_json_snapshot!(
+                    format!("copy__{}__{}__unsynced", cause.label(), outcome.label()),
                     copy_to_value(&copy)
                 );
                 n += 1;

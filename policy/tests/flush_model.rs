@@ -99,6 +99,7 @@ fn start(batch: usize) -> FlushStart {
         minted_uids: Vec::new(),
         seed: 7 + batch as u64,
         pending_capture: None,
+        durability: Default::default(),
     }
 }
 

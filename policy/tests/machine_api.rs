@@ -17,6 +17,7 @@ fn start(uids: &[&str], minted: &[&str]) -> FlushStart {
         minted_uids: minted.iter().map(|u| u.to_string()).collect(),
         seed: 1,
         pending_capture: None,
+        durability: Default::default(),
     }
 }
 

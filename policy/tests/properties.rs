@@ -6,9 +6,9 @@ use proptest::prelude::*;
 use turnsafe_policy::json::{classify_json, copy_to_value, evaluate_json, explain_json};
 use turnsafe_policy::machine::DivertReceipt;
 use turnsafe_policy::{
-    ActionKind, CaptureFailure, CaptureReceipt, Cause, CopyContext, DivertFailure, DivertResidue, Engine, Evidence,
-    KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, Observation, Operation, Outcome, classify, decide, explain, is_producible,
-    possible_actions,
+    ActionKind, CaptureFailure, CaptureReceipt, Cause, CopyContext, DivertFailure, DivertResidue, Durability, Engine,
+    Evidence, KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, Observation, Operation, Outcome, classify, decide, explain,
+    is_producible, possible_actions,
 };
 
 fn any_code() -> impl Strategy<Value = Option<i64>> {
@@ -158,7 +158,9 @@ proptest! {
         receipt in any::<bool>(),
         divert_op in prop::sample::select(KNOWN_DIVERT_OPS.to_vec()),
         pending in any::<bool>(),
+        unsynced in any::<bool>(),
     ) {
+        let durability = if unsynced { Durability::Unsynced } else { Durability::Synced };
         let ctx = CopyContext {
             session: Some("s1".into()),
             // A diverted copy always has its receipt: that is how it came to be.
@@ -175,6 +177,7 @@ proptest! {
             capture_failure: capture_failed.map(|(op, errno)| CaptureFailure { operation: op.into(), errno }),
             divert_residue: residue.then(|| DivertResidue { path: "/h/sessions/s1.jsonl".into(), offset: 7 }),
             pending_capture: pending.then(|| "/h/state.db.retired-20261201T000000Z-9".to_string()),
+            durability,
         };
         // Every pair sampled is producible: an `Err` here is a failure, not a pass.
         let copy = explain(cause, outcome, &ctx);
@@ -200,6 +203,12 @@ proptest! {
                     "replay named before what settles the capture: {}",
                     text
                 );
+            }
+            // An unsynced commit is never called saved: it is written, and
+            // the copy says a power cut may still take it.
+            if unsynced && outcome == Outcome::Persisted {
+                prop_assert!(!text.contains("saved"), "unsynced commit called saved: {}", text);
+                prop_assert!(text.contains("power cut"), "{}", text);
             }
             if residue && outcome == Outcome::DivertFailed {
                 prop_assert!(!text.contains("not stored anywhere"), "{}", text);

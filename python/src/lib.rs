@@ -297,6 +297,13 @@ impl Outcome {
     fn capture<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.get(py, "capture")
     }
+    /// Whether what this outcome says is stored survives a power cut now:
+    /// `False` for a commit under `synchronous="normal"`.
+    #[getter]
+    fn durable(&self) -> bool {
+        // An outcome that does not say claims the less.
+        self.value["durable"].as_bool().unwrap_or(false)
+    }
     #[getter]
     fn copy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.get(py, "copy")

@@ -15,7 +15,7 @@ from conftest import turnsafe_bin
 OUTCOME_KEYS = {
     "persisted", "operation", "cause", "action", "attempts", "committed", "diverted", "handed_back",
     "receipt", "divert_error", "divert_residue", "capture", "copy", "error", "uids", "minted_uids",
-    "pending_capture",
+    "pending_capture", "durable",
 }
 
 SHAPES = [
@@ -158,7 +158,12 @@ def test_bad_arguments_are_type_and_value_errors(store: Store):
 
 def test_options_and_close(home):
     with Store(home, synchronous="normal", holder="worker-1", lease_ttl=0.5) as s:
-        assert s.append("s1", [{"role": "user", "content": "x"}]).persisted
+        out = s.append("s1", [{"role": "user", "content": "x"}])
+        # Committed without a sync: stored, but not safe from a power cut.
+        assert out.persisted and out.durable is False and out.to_dict()["durable"] is False
+    with Store(home) as s:
+        out = s.append("s1", [{"role": "user", "content": "y"}])
+        assert out.persisted and out.durable is True
     with pytest.raises(turnsafe_store.Error):
         s.append("s1", [{"role": "user", "content": "x"}])
     import sqlite3

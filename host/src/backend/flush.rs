@@ -95,6 +95,7 @@ impl<B: Backend> Writer<B> {
             minted_uids: minted,
             seed: random_seed(),
             pending_capture: None,
+            durability: self.backend.durability(),
         };
         if self.machine.start(start.clone()).is_err() {
             tracing::error!("flush machine was busy; abandoning the old flush");

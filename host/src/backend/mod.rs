@@ -87,6 +87,9 @@ pub trait Backend {
     fn location(&self) -> String;
     /// A live connection is held.
     fn is_open(&self) -> bool;
+    /// How this backend's COMMIT reaches stable storage, as the flush
+    /// machine is told at each batch's start.
+    fn durability(&self) -> turnsafe_policy::Durability;
     /// Connect (or open the file), migrate, and record the identity. A
     /// reopen that finds a different database reports `db_replaced`.
     fn open(&mut self) -> Result<(), Failure>;

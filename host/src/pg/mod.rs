@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use postgres::Client;
 use serde_json::Value;
-use turnsafe_policy::Evidence;
 use turnsafe_policy::machine::{Failure, WritePlan};
+use turnsafe_policy::{Durability, Evidence};
 
 use crate::backend::{Backend, BackendError, Batch, Cursor, Hit, Identity, Lease, SearchReport, Writer};
 use schema::Migrated;
@@ -63,6 +63,9 @@ pub struct Postgres {
     last_stored: Option<(String, Vec<String>)>,
     /// The server's WAL position read inside the last batch stored.
     last_lsn: Option<i64>,
+    /// Whether this connection's COMMIT waits for its WAL flush
+    /// (`synchronous_commit`), read at every connect.
+    durability: Durability,
 }
 
 /// What says whether a server is the one a handle wrote to before: its
@@ -115,6 +118,7 @@ impl Postgres {
             server: None,
             last_stored: None,
             last_lsn: None,
+            durability: Durability::Synced,
         }
     }
 
@@ -232,6 +236,10 @@ impl Backend for Postgres {
         self.client.as_ref().is_some_and(|c| !c.is_closed())
     }
 
+    fn durability(&self) -> Durability {
+        self.durability
+    }
+
     fn open(&mut self) -> Result<(), Failure> {
         self.client = None;
         let mut client = match connect::connect(&self.url) {
@@ -263,6 +271,13 @@ impl Backend for Postgres {
             _ => {}
         }
         self.check_server(&mut client)?;
+        // `off` returns from COMMIT before the WAL is flushed: a crash of
+        // the server may lose it. A setting that cannot be read claims the
+        // less.
+        self.durability = match client.query_one("SHOW synchronous_commit", &[]) {
+            Ok(row) if row.get::<_, String>(0) != "off" => Durability::Synced,
+            _ => Durability::Unsynced,
+        };
         tracing::debug!(target_db = self.url.display(), "postgres store opened");
         self.generation = Some(generation);
         self.client = Some(client);

@@ -37,6 +37,10 @@ impl Backend for SessionStore {
         self.conn.is_some()
     }
 
+    fn durability(&self) -> turnsafe_policy::Durability {
+        self.opts.synchronous.durability()
+    }
+
     /// A failed open's connection, if SQLite made one, is held until the
     /// next open or the handle's end, so a quarantined file is opened once.
     fn open(&mut self) -> Result<(), Failure> {

@@ -46,6 +46,7 @@ impl<'a> Member<'a> {
         messages: &'a [Message],
         handle: &HandleState,
         holds: &[crate::captures::Hold],
+        durability: turnsafe_policy::Durability,
     ) -> Member<'a> {
         let started = Instant::now();
         let (uids, minted) = crate::message::uids_minting(messages);
@@ -63,6 +64,7 @@ impl<'a> Member<'a> {
             minted_uids: minted,
             seed: super::random_u64(),
             pending_capture,
+            durability,
         };
         Member {
             flush: Flush {
@@ -145,7 +147,15 @@ impl SessionStore {
         let holds = self.pending_holds();
         let mut members: Vec<Member<'_>> = batches
             .iter()
-            .map(|&(session, messages)| Member::new(session, messages, &self.handle, &holds))
+            .map(|&(session, messages)| {
+                Member::new(
+                    session,
+                    messages,
+                    &self.handle,
+                    &holds,
+                    self.opts.synchronous.durability(),
+                )
+            })
             .collect();
         self.run_group(&mut members);
         members.into_iter().map(Member::finish).collect()
@@ -159,7 +169,13 @@ impl SessionStore {
 
     /// A member for one batch, started on this handle.
     pub(super) fn member<'a>(&self, session: &'a SessionId, messages: &'a [Message]) -> Member<'a> {
-        Member::new(session, messages, &self.handle, &self.pending_holds())
+        Member::new(
+            session,
+            messages,
+            &self.handle,
+            &self.pending_holds(),
+            self.opts.synchronous.durability(),
+        )
     }
 
     /// The unsettled captures under the home that hold some session's

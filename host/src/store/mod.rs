@@ -56,6 +56,17 @@ pub enum Synchronous {
     Normal,
 }
 
+impl Synchronous {
+    /// What the policy is told: in WAL mode, `FULL` syncs the WAL at every
+    /// COMMIT, `NORMAL` only at checkpoints.
+    pub fn durability(self) -> turnsafe_policy::Durability {
+        match self {
+            Synchronous::Full => turnsafe_policy::Durability::Synced,
+            Synchronous::Normal => turnsafe_policy::Durability::Unsynced,
+        }
+    }
+}
+
 /// How a store is opened and how it writes.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::report::{self, CaptureReport, DivertErrorReport, FlushReport};
 use super::{DivertReceipt, Event, Failure, HandleState, ProtocolError, Step, WritePlan};
-use crate::model::{ActionKind, Cause, DivertResidue, Observation, Operation};
+use crate::model::{ActionKind, Cause, DivertResidue, Durability, Observation, Operation};
 
 /// Everything a flush needs from the host before its first step.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -26,6 +26,11 @@ pub struct FlushStart {
     /// a commit now would build on a history without those rows.
     #[serde(default)]
     pub pending_capture: Option<PendingCapture>,
+    /// How the host's COMMIT reaches the disk. A commit under
+    /// [`Durability::Unsynced`] is reported `durable: false`, and its copy
+    /// never says "saved" without saying that.
+    #[serde(default)]
+    pub durability: Durability,
 }
 
 /// A capture of a retired generation that is not settled yet.

@@ -346,5 +346,7 @@ pub(crate) fn abandoned(start: FlushStart) -> FlushReport {
         uids: start.uids,
         minted_uids: start.minted_uids,
         pending_capture: start.pending_capture,
+        // Nothing was committed, so nothing it claims can be lost.
+        durable: true,
     }
 }

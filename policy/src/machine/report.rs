@@ -114,6 +114,11 @@ pub struct FlushReport {
     pub minted_uids: Vec<String>,
     /// The unsettled capture that kept this batch from the database.
     pub pending_capture: Option<super::PendingCapture>,
+    /// Whether everything this outcome says is stored would survive a power
+    /// cut now: `false` only when messages were committed under
+    /// [`crate::Durability::Unsynced`]. A receipt is always durable (it is
+    /// made after the divert's fsync).
+    pub durable: bool,
 }
 
 impl FlushReport {
@@ -178,6 +183,7 @@ impl FlushReport {
                 None => Json::Null,
             },
         );
+        o.bool("durable", self.durable);
         o.done()
     }
 
@@ -224,6 +230,7 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
             Outcome::Persisted,
             Facts {
                 session,
+                durability: p.start.durability,
                 ..Facts::default()
             },
         ),
@@ -250,6 +257,10 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
         Ending::Committed => None,
         _ => p.start.pending_capture,
     };
+    let durable = !matches!(
+        (&p.ending, p.start.durability),
+        (Ending::Committed, crate::Durability::Unsynced)
+    );
     let mut report = FlushReport {
         persisted: false,
         operation: p.operation,
@@ -268,6 +279,7 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
         uids: p.start.uids,
         minted_uids: p.start.minted_uids,
         pending_capture,
+        durable,
     };
     match p.ending {
         Ending::Committed => {

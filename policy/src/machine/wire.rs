@@ -66,13 +66,16 @@ fn start_from_value(v: &Value) -> Result<FlushStart, String> {
         minted_uids: f.strings("minted_uids"),
         seed: f.u64("seed"),
         pending_capture: None,
+        durability: crate::Durability::Synced,
     };
     let pending = f.get("pending_capture");
+    let durability = f.durability("durability");
     let start = FlushStart {
         pending_capture: match pending {
             None => None,
             Some(p) => f.check(pending_capture_from(p).map(Some)),
         },
+        durability,
         ..start
     };
     f.done(start)
@@ -104,6 +107,11 @@ fn start_to_value(s: &FlushStart) -> Value {
         c.str("path", &p.path);
         c.str("cause", p.cause.label());
         o.field("pending_capture", c.done());
+    }
+    // Written only when it is not the default, so a state written before
+    // the field existed reads back the same.
+    if s.durability != crate::Durability::Synced {
+        o.str("durability", s.durability.label());
     }
     o.done()
 }

@@ -41,6 +41,10 @@ class Outcome:
     @property
     def capture(self) -> Optional[Dict[str, Any]]: ...
     @property
+    def durable(self) -> bool:
+        """Whether what this outcome says is stored survives a power cut
+        now: ``False`` for a commit under ``synchronous="normal"``."""
+    @property
     def copy(self) -> Optional[Dict[str, Any]]: ...
     @property
     def error(self) -> Optional[str]: ...
