@@ -2,15 +2,16 @@
 action the Rust host gets for the same failure (its scenario tests assert
 the same pairs), and the copy must match what actually happened."""
 
+import hashlib
 import json
-import os
 import sqlite3
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import native
+from conftest import native, turnsafe_bin
 from session_writer import SessionWriter, observation
 
 
@@ -45,7 +46,6 @@ def test_read_only_open_is_disk_and_diverted(policy, tmp_path):
     assert (out["cause"], out["action"], out["diverted"]) == ("disk", "divert", 1)
     receipt = out["receipt"]
     data = Path(receipt["path"]).read_bytes()[receipt["offset"]:receipt["offset"] + receipt["length"]]
-    import hashlib
     assert hashlib.sha256(data).hexdigest() == receipt["sha256"]
     assert receipt["path"] in out["copy"]["body"]
     c = sqlite3.connect(f"file:{tmp_path / 'state.db'}?mode=ro", uri=True)
@@ -73,13 +73,72 @@ def test_busy_from_a_second_connection_is_locked_and_retried(policy, tmp_path):
     assert time.monotonic() - started >= 0.4
 
 
+def native_rows(db: Path, session: str) -> list:
+    """The rows the native replay stored, read from its database directly."""
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [(uid, seq, json.loads(item)) for uid, seq, item in c.execute(
+            "SELECT uid, seq, item FROM messages WHERE session_id = ? ORDER BY seq", (session,))]
+    finally:
+        c.close()
+
+
+def diverted_lines(receipt: dict) -> list:
+    data = Path(receipt["path"]).read_bytes()[receipt["offset"]:receipt["offset"] + receipt["length"]]
+    assert hashlib.sha256(data).hexdigest() == receipt["sha256"]
+    return [json.loads(line) for line in data.decode().splitlines()]
+
+
 def test_divert_lines_follow_the_shared_format(policy, tmp_path):
-    os.mkdir(tmp_path / "state.db")
-    out = SessionWriter(tmp_path, "py-session", policy).append(
-        [{"role": "user", "content": "hello", "uid": "py-1"}, {"role": "assistant", "content": "hi", "uid": "py-2"}])
-    assert out["diverted"] == 2
-    lines = [json.loads(line) for line in Path(out["receipt"]["path"]).read_text().splitlines()]
-    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "diverted.jsonl"
-    reference = [json.loads(line) for line in fixture.read_text().splitlines()]
-    assert [sorted(line) for line in lines] == [sorted(line) for line in reference]
-    assert [line["uid"] for line in lines] == ["py-1", "py-2"]
+    """The Python writer diverts now (one batch past a real SQLITE_FULL, with
+    its seqs known; one from a writer that never opened its database, seq
+    null), and the native `turnsafe replay` stores exactly those values:
+    each uid at its seq (null: appended), each message as diverted, and a
+    `replayed` ledger line per uid."""
+    home = tmp_path / "home"
+    home.mkdir()
+    # The Python writer's own database lies outside the home: the home's
+    # state.db is the native store the replay creates.
+    w = SessionWriter(home, "py-session", policy, db_uri=f"file:{tmp_path / 'python.db'}")
+    first = [{"role": "user", "content": "committed", "uid": "py-0a"},
+             {"role": "assistant", "content": "also committed", "uid": "py-0b"}]
+    assert w.append(first)["persisted"]
+    pages = w.conn.execute("PRAGMA page_count").fetchone()[0]
+    w.conn.execute(f"PRAGMA max_page_count = {pages}")  # the database is full from here
+    kept = [{"role": "user", "content": "h\u00e9llo \u2713 " + "x" * 20000, "uid": "py-1"},
+            {"role": "assistant", "content": [{"type": "text", "text": "hi", "n": 1.5, "ok": True, "none": None}],
+             "uid": "py-2", "extra": {"nested": ["a", 2]}}]
+    out = w.append(kept)
+    assert (out["persisted"], out["cause"], out["diverted"]) == (False, "disk_full", 2), out
+    w.conn.close()
+
+    unopened = SessionWriter(home, "py-unopened", policy, db_uri=f"file:{tmp_path / 'no' / 'such.db'}")
+    orphans = [{"role": "user", "content": "never stored", "uid": "py-3"},
+               {"role": "assistant", "content": "nor this", "uid": "py-4"}]
+    out2 = unopened.append(orphans)
+    assert (out2["persisted"], out2["cause"], out2["diverted"]) == (False, "disk", 2), out2
+
+    lines = diverted_lines(out["receipt"])
+    assert [(line["v"], line["session"], line["uid"], line["seq"], line["cause"], line["message"])
+            for line in lines] == [(1, "py-session", m["uid"], 3 + i, "disk_full", m) for i, m in enumerate(kept)]
+    null_lines = diverted_lines(out2["receipt"])
+    assert [(line["session"], line["uid"], line["seq"], line["message"]) for line in null_lines] == \
+        [("py-unopened", m["uid"], None, m) for m in orphans]
+
+    proc = subprocess.run([turnsafe_bin(), "replay", "--home", str(home), "--json"],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    summary = [r["data"] for r in records if r["type"] == "summary"]
+    assert [(s["lines"], s["replayed"], s["duplicate"], s["quarantined"]) for s in summary] == [(4, 4, 0, 0)], records
+
+    # Version 1 lines carry the uid inside the message; the store keeps it beside.
+    def stored(m: dict) -> dict:
+        return {k: v for k, v in m.items() if k != "uid"}
+
+    db = home / "state.db"
+    assert native_rows(db, "py-session") == [(line["uid"], line["seq"], stored(line["message"])) for line in lines]
+    assert native_rows(db, "py-unopened") == [(m["uid"], 1 + i, stored(m)) for i, m in enumerate(orphans)]
+    ledger = [json.loads(line) for line in (home / "sessions" / "ledger.jsonl").read_text().splitlines()]
+    assert sorted((e["session"], e["uid"], e["state"]) for e in ledger) == sorted(
+        [("py-session", m["uid"], "replayed") for m in kept] + [("py-unopened", m["uid"], "replayed") for m in orphans])
