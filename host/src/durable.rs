@@ -2,10 +2,38 @@
 //! new one: a temporary name in the same folder, fsync, rename, fsync the
 //! folder. Mode 0600, never through a symlink.
 
-use std::fs::OpenOptions;
+use std::fs::{DirBuilder, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
+
+/// Create `dir` and its missing parents with `mode`, and make the path
+/// durable: the parent of every folder created here, and of `dir` itself
+/// whoever created it, is fsynced. Without it a power cut takes a new
+/// home's entry in its parent, and every commit inside it with it (SQLite
+/// fsyncs the folder its journal is in, never that folder's parent).
+pub fn create_dir_all(dir: &Path, mode: u32) -> io::Result<()> {
+    let mut created = Vec::new();
+    let mut p = dir;
+    while std::fs::symlink_metadata(p).is_err() {
+        created.push(p);
+        match p.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => p = parent,
+            _ => break,
+        }
+    }
+    DirBuilder::new().recursive(true).mode(mode).create(dir)?;
+    if created.is_empty() {
+        created.push(dir);
+    }
+    for made in created.iter().rev() {
+        match made.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => crate::divert::sync_dir(parent)?,
+            _ => crate::divert::sync_dir(Path::new("."))?,
+        }
+    }
+    Ok(())
+}
 
 /// Write `data` to `path` atomically and durably.
 pub fn write_file(path: &Path, data: &[u8]) -> io::Result<()> {
@@ -64,6 +92,19 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["SETTLED"]);
+    }
+
+    #[test]
+    fn creates_missing_folders_with_their_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("a/b/home");
+        create_dir_all(&home, 0o700).unwrap();
+        for p in [dir.path().join("a"), dir.path().join("a/b"), home.clone()] {
+            let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", p.display());
+        }
+        // An existing folder is fine (its parent is fsynced again).
+        create_dir_all(&home, 0o700).unwrap();
     }
 
     #[test]

@@ -413,15 +413,27 @@ pub fn install(new_db: &Path, home: &Path) -> Result<Installed, RecoverError> {
     }
     let stamp = crate::capture::utc_stamp();
     let mut set_aside = Vec::new();
+    // Whatever part of the swap a power cut keeps, a database stays at the
+    // path: the old main file gets its set-aside name as a second link (it
+    // stays at the path), the old sidecars are moved aside (an old WAL must
+    // never meet the new file), and one rename then puts the new file over
+    // the old. Renaming the old file away first left no `state.db` at all
+    // when a cut kept that rename and not the next one.
     for f in &files {
         if f.exists() {
             let mut aside = f.as_os_str().to_owned();
             aside.push(format!(".replaced-{stamp}"));
-            std::fs::rename(f, &aside).map_err(io_err(format!("set aside {}", f.display())))?;
+            let moved = if *f == target {
+                std::fs::hard_link(f, &aside).or_else(|_| std::fs::rename(f, &aside))
+            } else {
+                std::fs::rename(f, &aside)
+            };
+            moved.map_err(io_err(format!("set aside {}", f.display())))?;
             set_aside.push(PathBuf::from(aside).to_string_lossy().into_owned());
         }
     }
-    // Same filesystem: rename; otherwise copy, fsync, rename.
+    // Same filesystem: rename over the old file; otherwise copy, fsync,
+    // rename.
     if std::fs::rename(new_db, &target).is_err() {
         let tmp = home.join(".state.db.installing");
         std::fs::copy(new_db, &tmp).map_err(io_err("copy the new database"))?;

@@ -288,13 +288,10 @@ pub fn run(args: Args) -> i32 {
     }
 }
 
-/// Create `home` (0700) if missing.
+/// Create `home` (0700) if missing, its entry durable in its parent (the
+/// diverts under it fsync the home, never its parent).
 fn ensure_home(home: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if home.exists() {
-        return Ok(());
-    }
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(home)
+    crate::durable::create_dir_all(home, 0o700)
 }
 
 /// Answer each stdin batch with its outcome; `after(n)` runs after the n-th batch.

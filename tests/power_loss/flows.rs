@@ -1,0 +1,370 @@
+//! The flows the power-loss torture cuts. Each has a setup (built off the
+//! mount, durable from the start), a run (under the mount, recording each
+//! claim only while the power is on) and what a run without a cut must
+//! claim.
+use std::path::{Path, PathBuf};
+
+use turnsafe_host::message::Message;
+use turnsafe_host::replay::{ReplayOptions, replay};
+use turnsafe_host::store::{SessionId, SessionStore, StoreOptions};
+
+use super::{Claims, Flow, Key, Power, batch, home, rebuild_and_install, sid};
+
+/// Every flow, in the order the tests and the long run take them.
+pub const ALL: &[Flow] = &[
+    NEW_HOME,
+    GROUP_COMMIT,
+    DIVERT_NEW_FILE,
+    DIVERT_EXISTING_FILE,
+    REPLAY,
+    CAPTURE,
+    RECOVER_INSTALL,
+    RECOVER_DISMISS,
+    MIGRATE_V2_V3,
+];
+
+/// The first append into a home that does not exist yet: the home's
+/// folder, `state.db`, its schema, the switch to WAL, three commits.
+pub const NEW_HOME: Flow = Flow {
+    name: "new_home",
+    setup: |_| Claims::default(),
+    run: new_home,
+    expect: |c| expect(c, 6, 6, 0),
+};
+
+/// Four sessions' batches committed together (`append_group`, what
+/// `turnsafe append` without `--session` runs), twice, into an existing
+/// home (its WAL created again by the first open).
+pub const GROUP_COMMIT: Flow = Flow {
+    name: "group_commit",
+    setup: existing_home,
+    run: group_commit,
+    expect: |c| expect(c, 2 + 16, 2 + 16, 0),
+};
+
+/// Batches diverted (the store is read-only) into `sessions/`, which does
+/// not exist yet: a new folder and a new file, then a second new file.
+pub const DIVERT_NEW_FILE: Flow = Flow {
+    name: "divert_new_file",
+    setup: existing_home,
+    run: divert_new_file,
+    expect: |c| expect(c, 2 + 5, 2, 2),
+};
+
+/// Batches diverted and appended to a divert file that holds a receipted
+/// batch already.
+pub const DIVERT_EXISTING_FILE: Flow = Flow {
+    name: "divert_existing_file",
+    setup: home_with_diverts,
+    run: divert_existing_file,
+    expect: |c| expect(c, 2 + 2 + 3 + 5, 2, 3 + 2),
+};
+
+/// `replay` of pending divert files (one holds a line that is a duplicate
+/// of a stored message): `settling/`, the imports, the ledger,
+/// `settled/`; then a new divert and a second replay into the existing
+/// ledger and folders.
+pub const REPLAY: Flow = Flow {
+    name: "replay",
+    setup: home_with_diverts,
+    run: replay_twice,
+    expect: |c| expect(c, 2 + 2 + 3 + 2, 2 + 2 + 3 + 2, 4),
+};
+
+/// The capture of a retired generation: a writer commits, both sidecars
+/// are deleted under it, and its next batch is diverted while the
+/// generation it holds is captured (files, manifest, folders).
+pub const CAPTURE: Flow = Flow {
+    name: "capture",
+    setup: existing_home,
+    run: capture,
+    expect: |c| {
+        expect(c, 2 + 3 + 2, 2, 1)?;
+        (c.captures.len() == 1 && c.retired.len() == 3 && c.at_risk.is_empty())
+            .then_some(())
+            .ok_or_else(|| "one capture holding three retired messages".to_string())
+    },
+};
+
+/// `turnsafe recover --source CAPTURE --output NEW.db --install --home`:
+/// rebuild from a pending capture, carry over what `state.db` has that it
+/// lacks, swap it in, write `SETTLED`; then replay what was diverted.
+pub const RECOVER_INSTALL: Flow = Flow {
+    name: "recover_install",
+    setup: home_with_capture,
+    run: recover_install,
+    expect: |c| {
+        expect(c, 2 + 3 + 2 + 2, 2 + 3 + 2 + 2, 1)?;
+        (c.settled.len() == 1)
+            .then_some(())
+            .ok_or_else(|| "the capture claimed settled".to_string())
+    },
+};
+
+/// `turnsafe recover --source CAPTURE --dismiss` of a capture that holds
+/// nothing the database lacks, then replay.
+pub const RECOVER_DISMISS: Flow = Flow {
+    name: "recover_dismiss",
+    setup: home_with_empty_capture,
+    run: recover_dismiss,
+    expect: |c| {
+        expect(c, 2 + 3 + 2, 2 + 3 + 2, 1)?;
+        (c.settled.len() == 1)
+            .then_some(())
+            .ok_or_else(|| "the capture claimed settled".to_string())
+    },
+};
+
+/// A schema v2 `state.db` (`tests/fixtures/state-v2.db`) migrated to v3
+/// by the first open, then a commit.
+pub const MIGRATE_V2_V3: Flow = Flow {
+    name: "migrate_v2_v3",
+    setup: v2_home,
+    run: migrate,
+    expect: |c| expect(c, 6 + 2, 6 + 2, 0),
+};
+
+/// A run without a cut made at least these claims.
+fn expect(c: &Claims, acked: usize, in_db: usize, receipts: usize) -> Result<(), String> {
+    if c.acked.len() == acked && c.in_db.len() == in_db && c.receipts.len() == receipts {
+        Ok(())
+    } else {
+        Err(format!(
+            "expected {acked} acknowledged, {in_db} in state.db, {receipts} receipts; got {}, {}, {}",
+            c.acked.len(),
+            c.in_db.len(),
+            c.receipts.len()
+        ))
+    }
+}
+
+const LEASE: std::time::Duration = std::time::Duration::from_millis(200);
+
+fn store(home: &Path) -> SessionStore {
+    SessionStore::new(home, StoreOptions::default())
+}
+
+/// A store that opens `state.db` read-only: every batch is diverted.
+fn read_only(home: &Path) -> SessionStore {
+    SessionStore::new(
+        home,
+        StoreOptions {
+            read_only: true,
+            ..StoreOptions::default()
+        },
+    )
+}
+
+fn keys(session: &str, messages: &[Message]) -> Vec<Key> {
+    messages
+        .iter()
+        .map(|m| (session.to_string(), m.uid.clone().expect("a uid")))
+        .collect()
+}
+
+/// A home with `state.db` holding two messages of `s0`, closed cleanly.
+fn existing_home(root: &Path) -> Claims {
+    let home = home(root);
+    let mut claims = Claims::default();
+    let mut store = SessionStore::create(&home, StoreOptions::default()).expect("create the home");
+    let out = store.append_batch(&sid("s0"), &batch("setup", 2));
+    assert!(out.persisted, "{out:?}");
+    claims.outcome(&sid("s0"), &out, &Power::always());
+    drop(store);
+    claims
+}
+
+/// [`existing_home`], with receipted divert files: `s1` (2 messages),
+/// `s2` (3), and `s0` holding a copy of a stored message (replay finds it
+/// a duplicate).
+fn home_with_diverts(root: &Path) -> Claims {
+    let mut claims = existing_home(root);
+    let home = home(root);
+    let mut ro = read_only(&home);
+    for (s, m) in [
+        ("s1", batch("old1", 2)),
+        ("s2", batch("old2", 3)),
+        ("s0", batch("setup", 1)),
+    ] {
+        let out = ro.append_batch(&sid(s), &m);
+        assert!(out.receipt.is_some(), "{out:?}");
+        claims.outcome(&sid(s), &out, &Power::always());
+    }
+    claims
+}
+
+/// A writer commits three messages of `s1`; both sidecars are deleted
+/// under it, then its next batch is diverted and the retired generation
+/// captured. With `checkpoint`, its commits are checkpointed into the
+/// main file first, so the capture holds nothing the database lacks.
+fn retire_under_a_writer(home: &Path, power: &Power<'_>, claims: &mut Claims, checkpoint: bool) {
+    let s1 = sid("s1");
+    // A short turn lease: the writer cannot give it back once its
+    // generation is retired, and replay waits for a live one.
+    let mut writer = SessionStore::new(
+        home,
+        StoreOptions {
+            lease_ttl: LEASE,
+            ..StoreOptions::default()
+        },
+    );
+    let a = batch("a", 3);
+    let out = writer.append_batch(&s1, &a);
+    claims.outcome(&s1, &out, power);
+    if checkpoint && let Ok(c) = rusqlite::Connection::open(home.join("state.db")) {
+        let _ = c.busy_timeout(std::time::Duration::from_secs(5));
+        let _ = c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    }
+    // Someone else (a cleanup script) deletes the sidecars under the
+    // live writer: the generation it commits to is retired.
+    for s in ["state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(home.join(s));
+    }
+    if !checkpoint {
+        claims.retire(&keys("s1", &a));
+    }
+    let out = writer.append_batch(&s1, &batch("b", 2));
+    claims.outcome(&s1, &out, power);
+    drop(writer);
+}
+
+/// [`existing_home`] with a pending capture holding three messages of `s1`
+/// the database lacks, a diverted batch of `s1`, and two messages of `s2`
+/// committed after the capture.
+fn home_with_capture(root: &Path) -> Claims {
+    let mut claims = existing_home(root);
+    let home = home(root);
+    retire_under_a_writer(&home, &Power::always(), &mut claims, false);
+    std::thread::sleep(LEASE * 2);
+    let mut next = store(&home);
+    let out = next.append_batch(&sid("s2"), &batch("after", 2));
+    assert!(out.persisted, "{out:?}");
+    claims.outcome(&sid("s2"), &out, &Power::always());
+    drop(next);
+    assert_eq!(claims.captures.len(), 1, "{claims:?}");
+    claims
+}
+
+/// [`existing_home`] with a pending capture that holds nothing the
+/// database lacks (its commits were checkpointed before it was retired).
+fn home_with_empty_capture(root: &Path) -> Claims {
+    let mut claims = existing_home(root);
+    let home = home(root);
+    retire_under_a_writer(&home, &Power::always(), &mut claims, true);
+    assert_eq!(claims.captures.len(), 1, "{claims:?}");
+    std::thread::sleep(LEASE * 2);
+    claims
+}
+
+/// A home whose `state.db` is the schema v2 fixture.
+fn v2_home(root: &Path) -> Claims {
+    const FIXTURE: &[u8] = include_bytes!("../fixtures/state-v2.db");
+    let home = home(root);
+    std::fs::create_dir_all(&home).expect("home");
+    std::fs::write(home.join("state.db"), FIXTURE).expect("fixture");
+    let mut claims = Claims::default();
+    let rows = super::stored(&home.join("state.db")).expect("the fixture reads");
+    claims.acked.extend(rows.keys().cloned());
+    claims.in_db.extend(rows.into_keys());
+    claims
+}
+
+fn new_home(root: &Path, power: &Power<'_>, claims: &mut Claims) {
+    let Ok(mut store) = SessionStore::create(&home(root), StoreOptions::default()) else {
+        return;
+    };
+    let s1 = sid("s1");
+    for b in 0..3 {
+        let out = store.append_batch(&s1, &batch(&format!("new{b}"), 2));
+        claims.outcome(&s1, &out, power);
+    }
+}
+
+fn group_commit(root: &Path, power: &Power<'_>, claims: &mut Claims) {
+    let mut store = store(&home(root));
+    let sessions: Vec<SessionId> = (1..=4).map(|i| sid(&format!("g{i}"))).collect();
+    for round in 0..2 {
+        let batches: Vec<Vec<Message>> = sessions
+            .iter()
+            .map(|s| batch(&format!("{}-r{round}", s.as_str()), 2))
+            .collect();
+        let group: Vec<(&SessionId, &[Message])> = sessions.iter().zip(&batches).map(|(s, b)| (s, &b[..])).collect();
+        let outs = store.append_group(&group);
+        for (s, out) in sessions.iter().zip(&outs) {
+            claims.outcome(s, out, power);
+        }
+    }
+}
+
+fn divert_new_file(root: &Path, power: &Power<'_>, claims: &mut Claims) {
+    let mut ro = read_only(&home(root));
+    for (s, m) in [("s1", batch("d1", 2)), ("s2", batch("d2", 3))] {
+        let out = ro.append_batch(&sid(s), &m);
+        claims.outcome(&sid(s), &out, power);
+    }
+}
+
+fn divert_existing_file(root: &Path, power: &Power<'_>, claims: &mut Claims) {
+    let mut ro = read_only(&home(root));
+    for (s, m) in [("s1", batch("more1", 3)), ("s1", batch("more2", 2))] {
+        let out = ro.append_batch(&sid(s), &m);
+        claims.outcome(&sid(s), &out, power);
+    }
+}
+
+fn replay_twice(root: &Path, power: &Power<'_>, claims: &mut Claims) {
+    let home = home(root);
+    if let Ok(files) = replay(&home, &ReplayOptions::default()) {
+        claims.replayed(&files, power);
+    }
+    let mut ro = read_only(&home);
+    let out = ro.append_batch(&sid("s1"), &batch("late", 2));
+    claims.outcome(&sid("s1"), &out, power);
+    drop(ro);
+    if let Ok(files) = replay(&home, &ReplayOptions::default()) {
+        claims.replayed(&files, power);
+    }
+}
+
+fn capture(root: &Path, power: &Power<'_>, claims: &mut Claims) {
+    retire_under_a_writer(&home(root), power, claims, false);
+}
+
+fn the_capture(claims: &Claims) -> PathBuf {
+    PathBuf::from(&claims.captures.first().expect("the setup's capture").path)
+}
+
+fn recover_install(root: &Path, power: &Power<'_>, claims: &mut Claims) {
+    let home = home(root);
+    let capture = the_capture(claims);
+    // Each claim is recorded as its step returns.
+    let Ok(installed) = rebuild_and_install(&capture, &home, &root.join("recovered.db")) else {
+        return;
+    };
+    claims.installed(power);
+    if turnsafe_host::recover::settle_installed(&capture, &installed).is_ok() {
+        claims.settled(&capture, power);
+    }
+    if let Ok(files) = replay(&home, &ReplayOptions::default()) {
+        claims.replayed(&files, power);
+    }
+}
+
+fn recover_dismiss(root: &Path, power: &Power<'_>, claims: &mut Claims) {
+    let home = home(root);
+    let capture = the_capture(claims);
+    match turnsafe_host::recover::dismiss(&capture, &home) {
+        Ok(_) => claims.settled(&capture, power),
+        Err(e) => eprintln!("dismiss: {e}"),
+    }
+    match replay(&home, &ReplayOptions::default()) {
+        Ok(files) => claims.replayed(&files, power),
+        Err(e) => eprintln!("replay: {e}"),
+    }
+}
+
+fn migrate(root: &Path, power: &Power<'_>, claims: &mut Claims) {
+    let mut store = store(&home(root));
+    let out = store.append_batch(&sid("s1"), &batch("v3", 2));
+    claims.outcome(&sid("s1"), &out, power);
+}
