@@ -10,8 +10,10 @@
 //! handed back (fenced) or never answered (killed) is resent with its
 //! uids, by a fresh writer per session that waits out a dead holder's lease
 //! (one second here). The store is reopened, `turnsafe replay` runs (and is
-//! killed first at the replay points), and everything is recounted from
-//! disk:
+//! killed first at the replay points), every capture a retired generation
+//! left is checked to hold nothing the database lacks and settled, and
+//! everything is recounted from disk, with a read-only connection of our
+//! own, not through the binary under test:
 //!
 //! - every acknowledged message (persisted, or diverted with a receipt, by
 //!   a writer or at its resend) is stored exactly once, and nothing is
@@ -20,19 +22,26 @@
 //!   quarantined, none left pending;
 //! - every outcome adds up, and a fenced batch was handed back, never
 //!   diverted;
-//! - no session holds two messages at one `seq`.
+//! - no session holds two messages at one `seq`;
+//! - every process ended as the README says it must: a writer is killed
+//!   only by the crash point it was armed with (SIGKILL), and otherwise
+//!   exits 0 when every batch was persisted and 3 when one was not, having
+//!   answered every batch with a line of JSON; the resending client the
+//!   same; the reopen (no batch) exits 0 and prints nothing; a replay
+//!   exits 0, or is killed only at its armed crash point; a dismiss of a
+//!   capture exits 0.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{POINTS, Rng, Stats, append_command, replay, retire_sidecars, stored};
+use super::{POINTS, Rng, Stats, append_command, replay, retire_sidecars, settle_captures, stored};
 
 /// The session of each writer.
 pub const WRITERS: [&str; 4] = ["s1", "s2", "s3", "s3"];
@@ -49,10 +58,19 @@ struct Batch {
     uids: Vec<String>,
 }
 
-/// What one writer printed before it ended, and whether it was killed.
+/// What one writer printed before it ended, and how it ended.
 struct Ran {
     outcomes: Vec<Value>,
-    killed: bool,
+    /// Lines it printed that were not JSON (each one a failure).
+    garbage: Vec<String>,
+    status: ExitStatus,
+}
+
+impl Ran {
+    /// Killed by a crash point (which SIGKILLs the process).
+    fn killed(&self) -> bool {
+        self.status.signal() == Some(libc::SIGKILL)
+    }
 }
 
 fn writer_command(home: &Path, w: usize, crash: Option<String>, fault_every: Option<u64>) -> Command {
@@ -61,12 +79,48 @@ fn writer_command(home: &Path, w: usize, crash: Option<String>, fault_every: Opt
     cmd
 }
 
-fn read_outcome(reader: &mut BufReader<ChildStdout>) -> Option<Value> {
+/// The next line the writer printed: `None` at the end of its output,
+/// `Err` with the line when it is not JSON.
+fn read_outcome(reader: &mut BufReader<ChildStdout>) -> Option<Result<Value, String>> {
     let mut line = String::new();
     match reader.read_line(&mut line) {
-        Ok(n) if n > 0 => serde_json::from_str(&line).ok(),
+        Ok(n) if n > 0 => Some(serde_json::from_str(&line).map_err(|_| line)),
         _ => None,
     }
+}
+
+/// What a process that ended with `status` and printed `outcomes` for
+/// `batches` batches must have done, by the README: killed only by the
+/// crash point it was armed with; otherwise every batch answered, and exit
+/// 0 when every one was persisted, 3 when one was not.
+fn check_append_exit(
+    what: &str,
+    status: ExitStatus,
+    armed: bool,
+    batches: usize,
+    outcomes: &[Value],
+) -> Option<String> {
+    if let Some(signal) = status.signal() {
+        return (!(armed && signal == libc::SIGKILL)).then(|| {
+            format!(
+                "{what}: killed by signal {signal}{}",
+                if armed { "" } else { " with no crash point armed" }
+            )
+        });
+    }
+    if outcomes.len() != batches {
+        return Some(format!(
+            "{what}: ended ({status}) having answered {} of {batches} batches",
+            outcomes.len()
+        ));
+    }
+    let expected = if outcomes.iter().all(|o| o["persisted"] == true) {
+        0
+    } else {
+        3
+    };
+    (status.code() != Some(expected))
+        .then(|| format!("{what}: ended with {status}, not exit {expected} (0: every batch persisted, 3: one was not)"))
 }
 
 /// Drive one writer: its first batch; then, once every writer has had its
@@ -76,10 +130,15 @@ fn drive(mut child: Child, lines: Vec<String>, first: mpsc::Sender<()>, go: mpsc
     let mut stdin: Option<ChildStdin> = child.stdin.take();
     let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
     let mut outcomes = Vec::new();
+    let mut garbage = Vec::new();
     if let (Some(s), Some(l)) = (stdin.as_mut(), lines.first()) {
         let _ = writeln!(s, "{l}");
         let _ = s.flush();
-        outcomes.extend(read_outcome(&mut reader));
+        match read_outcome(&mut reader) {
+            Some(Ok(o)) => outcomes.push(o),
+            Some(Err(line)) => garbage.push(line),
+            None => {}
+        }
     }
     let _ = first.send(());
     drop(first);
@@ -94,8 +153,11 @@ fn drive(mut child: Child, lines: Vec<String>, first: mpsc::Sender<()>, go: mpsc
             }
         })
     });
-    while let Some(o) = read_outcome(&mut reader) {
-        outcomes.push(o);
+    while let Some(line) = read_outcome(&mut reader) {
+        match line {
+            Ok(o) => outcomes.push(o),
+            Err(line) => garbage.push(line),
+        }
     }
     if let Some(f) = feeder {
         let _ = f.join();
@@ -103,7 +165,8 @@ fn drive(mut child: Child, lines: Vec<String>, first: mpsc::Sender<()>, go: mpsc
     let status = child.wait().expect("wait");
     Ran {
         outcomes,
-        killed: status.signal() == Some(9),
+        garbage,
+        status,
     }
 }
 
@@ -112,6 +175,10 @@ struct Client {
     child: Child,
     stdin: ChildStdin,
     reader: BufReader<ChildStdout>,
+    /// Every outcome it printed, for its exit code.
+    outcomes: Vec<Value>,
+    /// Batches written to it.
+    sent: usize,
 }
 
 impl Client {
@@ -121,18 +188,51 @@ impl Client {
         let mut child = cmd.spawn().expect("spawn append");
         let stdin = child.stdin.take().expect("stdin");
         let reader = BufReader::new(child.stdout.take().expect("stdout"));
-        Client { child, stdin, reader }
+        Client {
+            child,
+            stdin,
+            reader,
+            outcomes: Vec::new(),
+            sent: 0,
+        }
     }
-    fn send(&mut self, line: &str) -> Option<Value> {
+    /// Its answer: `None` when it printed nothing more (it died), `Err`
+    /// with the line when that was not JSON.
+    fn send(&mut self, line: &str) -> Option<Result<Value, String>> {
         writeln!(self.stdin, "{line}").ok()?;
         self.stdin.flush().ok()?;
-        read_outcome(&mut self.reader)
+        self.sent += 1;
+        let answer = read_outcome(&mut self.reader);
+        if let Some(Ok(o)) = &answer {
+            self.outcomes.push(o.clone());
+        }
+        answer
     }
-    fn finish(self) {
+    /// Close its stdin and wait: no crash point is armed, so it must exit
+    /// 0 when it persisted every batch and 3 when it did not (a fenced
+    /// batch it then sent again counts), having answered each one.
+    fn finish(self, what: &str) -> Option<String> {
         drop(self.stdin);
         let mut child = self.child;
-        let _ = child.wait();
+        let status = child.wait().expect("wait");
+        check_append_exit(what, status, false, self.sent, &self.outcomes)
     }
+}
+
+/// Reopen the store (which recovers the WAL) with a writer given no batch:
+/// it must print nothing and exit 0.
+fn reopen(home: &Path) -> Option<String> {
+    let out = append_command(home, "s1", None, None)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn append");
+    (out.status.code() != Some(0) || !out.stdout.is_empty()).then(|| {
+        format!(
+            "the reopen ended with {}, printing {:?}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 fn acknowledged(o: &Value) -> bool {
@@ -250,7 +350,20 @@ pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
     let mut acked: BTreeSet<&str> = BTreeSet::new();
     let mut pending: BTreeMap<&str, Vec<&Batch>> = BTreeMap::new();
     for (w, run) in runs.iter().enumerate() {
-        if run.killed {
+        let what = format!("{label} writer {w}");
+        stats.failures.extend(check_append_exit(
+            &what,
+            run.status,
+            armed[w],
+            batches[w].len(),
+            &run.outcomes,
+        ));
+        for line in &run.garbage {
+            stats
+                .failures
+                .push(format!("{what} printed a line that is not JSON: {line:?}"));
+        }
+        if run.killed() && armed[w] {
             stats.kills += 1;
             *stats.by_point.entry(point).or_default() += 1;
         }
@@ -276,11 +389,20 @@ pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
         for batch in list {
             let since = Instant::now();
             loop {
-                let Some(o) = client.send(&batch.line) else {
-                    stats
-                        .failures
-                        .push(format!("{label}: the resending writer of {session} died"));
-                    break;
+                let o = match client.send(&batch.line) {
+                    Some(Ok(o)) => o,
+                    Some(Err(line)) => {
+                        stats.failures.push(format!(
+                            "{label}: the resending writer of {session} printed a line that is not JSON: {line:?}"
+                        ));
+                        break;
+                    }
+                    None => {
+                        stats
+                            .failures
+                            .push(format!("{label}: the resending writer of {session} died"));
+                        break;
+                    }
                 };
                 check_outcome(&format!("{label} resend to {session}"), batch, &o, stats);
                 if acknowledged(&o) {
@@ -297,20 +419,30 @@ pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
                 break;
             }
         }
-        client.finish();
+        stats
+            .failures
+            .extend(client.finish(&format!("{label}: the resending writer of {session}")));
     }
 
     // Reopen the store (recovers the WAL), then replay; a replay crash
-    // point kills the first replay, and a second one finishes the job.
-    let _ = super::append(home, &[], None, None, false);
+    // point kills the first replay (`replay` asserts it exits 0 unless
+    // killed). Every capture is then checked to hold nothing the database
+    // lacks and settled, as in the one-writer torture, and a second
+    // replay, which no crash point can kill, finishes the job.
+    stats.failures.extend(reopen(home).map(|f| format!("{label}: {f}")));
     if replay_point && replay(home, Some(crash.clone())) {
         stats.kills += 1;
         *stats.by_point.entry(point).or_default() += 1;
     }
-    replay(home, None);
+    settle_captures(home);
+    if replay(home, None) {
+        stats.failures.push(format!(
+            "{label}: the last replay, with no crash point armed, was killed"
+        ));
+    }
     check_settled(home, &label, stats);
 
-    // Recount from disk.
+    // Recount from disk, with our own read-only connection (`stored`).
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     for session in SESSIONS {
         let rows = stored(home, session);
