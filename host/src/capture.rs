@@ -276,3 +276,7 @@ mod tests {
         assert!(err.to_string().contains("short read: 5000 of 8192"), "{err}");
     }
 }
+
+#[cfg(test)]
+#[path = "capture_tests.rs"]
+mod more_tests;

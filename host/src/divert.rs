@@ -308,3 +308,7 @@ pub fn verify_receipt(r: &Receipt) -> io::Result<bool> {
     let lines = range.iter().filter(|b| **b == b'\n').count() as u64;
     Ok(hex::encode(Sha256::digest(range)) == r.sha256 && lines == r.count)
 }
+
+#[cfg(test)]
+#[path = "divert_tests.rs"]
+mod tests;

@@ -119,3 +119,7 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
     }
 }
+
+#[cfg(test)]
+#[path = "durable_tests.rs"]
+mod more_tests;

@@ -319,3 +319,7 @@ impl Guard {
         Ok(Verdict::Intact)
     }
 }
+
+#[cfg(test)]
+#[path = "guard_tests.rs"]
+mod tests;
