@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -193,10 +194,10 @@ def test_read_and_edit_failures_raise_error_with_the_cause(home):
         other = Store(home, holder="other", lease_ttl=60)
         with pytest.raises(turnsafe_store.Error) as e:
             await _aio.pop(other, "e")
-        assert e.value.cause is not None
+        assert e.value.cause == "turn_lease", e.value
         with pytest.raises(turnsafe_store.Error) as e:
             await _aio.clear(other, "e")
-        assert e.value.cause is not None
+        assert e.value.cause == "turn_lease", e.value
         assert await _aio.show(other, "e") == batch("x", 1)
         other.close()
         store.close()
@@ -223,23 +224,61 @@ def test_bad_input_raises_at_the_call_and_queues_nothing(home):
     asyncio.run(main())
 
 
-def test_a_loop_that_cannot_watch_descriptors_uses_the_workers(home):
+def test_a_loop_that_cannot_watch_descriptors_uses_the_workers(home, monkeypatch):
+    """Every call runs on the package's worker threads, watched through a
+    counter this test puts around `ThreadPoolExecutor.submit` (the
+    standard library's, not the package's code): each call the loop awaits
+    ran on a `turnsafe-store` worker, never on the loop's thread, and what
+    the loop got is exactly what that worker returned or raised. An edit
+    fenced by another holder's turn lease fails there with `turn_lease`."""
+    ran = []  # (thread name, what the call returned or raised)
+    submit = ThreadPoolExecutor.submit
+
+    def counted(self, fn, /, *args, **kwargs):
+        def run():
+            name = threading.current_thread().name
+            try:
+                value = fn(*args, **kwargs)
+            except BaseException as e:
+                ran.append((name, e))
+                raise
+            ran.append((name, value))
+            return value
+
+        return submit(self, run)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", counted)
+
     class NoReaders(asyncio.SelectorEventLoop):
         def add_reader(self, *a, **k):
             raise NotImplementedError
 
     async def main():
-        store = Store(home)
-        outs = [await _aio.append(store, "s", batch(f"b{b}", 1)) for b in range(3)]
-        assert all(o.persisted for o in outs)
-        assert len(store.show("s")) == 3
-        store.close()
+        store = Store(home, holder="me", lease_ttl=60)
+        other = Store(home, holder="other", lease_ttl=60)
+        try:
+            got = [await _aio.append(store, "s", batch(f"b{b}", 1)) for b in range(3)]
+            assert all(o.persisted for o in got)
+            with pytest.raises(turnsafe_store.Error) as fenced:
+                await _aio.pop(other, "s")
+            got.append(fenced.value)
+            assert len(store.show("s")) == 3
+            return got
+        finally:
+            other.close()
+            store.close()
 
     loop = NoReaders()
     try:
-        loop.run_until_complete(main())
+        got = loop.run_until_complete(main())
     finally:
         loop.close()
+    assert got[3].cause == "turn_lease", got[3]
+    assert len(ran) == 4, ran
+    names = [name for name, _ in ran]
+    assert all(n.startswith("turnsafe-store") for n in names), names
+    assert threading.main_thread().name not in names
+    assert all(value is mine for (_, value), mine in zip(ran, got)), (ran, got)
 
 
 def test_a_forked_child_gets_its_own_completions(home):
