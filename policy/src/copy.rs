@@ -129,21 +129,13 @@ fn reason(cause: Cause) -> &'static str {
 }
 
 /// What turnsafe did that made a `persisted` outcome possible.
-fn remedy(cause: Cause, durability: Durability) -> &'static str {
-    match (cause, durability) {
-        (Cause::FtsIndex, Durability::Unsynced) => {
-            "wrote them without updating the search index, which is marked for rebuild,"
-        }
-        (Cause::CompressionClosed, Durability::Unsynced) => "wrote them to the continuation session,",
-        _ => remedy_of(cause),
-    }
-}
-
-fn remedy_of(cause: Cause) -> &'static str {
+// "Wrote", never "saved": whether the write is safe from a power cut is
+// the outcome's to say (see `Durability`).
+fn remedy(cause: Cause) -> &'static str {
     match cause {
         Cause::Locked | Cause::Compression => "waited and tried again",
-        Cause::FtsIndex => "saved them without updating the search index, which is marked for rebuild",
-        Cause::CompressionClosed => "saved them to the continuation session",
+        Cause::FtsIndex => "wrote them without updating the search index, which is marked for rebuild",
+        Cause::CompressionClosed => "wrote them to the continuation session",
         Cause::SessionRowMissing => "recreated the session record",
         Cause::Unavailable | Cause::ReadOnly => "reconnected and tried again",
         Cause::OutcomeUnknown => "reconnected and looked each message up by its id,",
@@ -204,8 +196,8 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
         return match ctx.durability {
             Durability::Synced => Vec::new(),
             Durability::Unsynced => alloc::vec![String::from(
-                "If a turn must survive a power cut, run the store with synchronous=FULL (turnsafe's default; \
-                 PostgreSQL: synchronous_commit=on).",
+                "To keep turns across a power cut, use synchronous=FULL (the default; PostgreSQL: \
+                 synchronous_commit=on).",
             )],
         };
     }
@@ -502,27 +494,17 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
         None => ", so this turn's messages were not saved to the session database.",
     };
     let (title, body) = match outcome {
-        Outcome::Persisted => match ctx.durability {
-            Durability::Synced => (
-                "Messages saved after a retry",
-                cat(&[
-                    &why,
-                    "; turnsafe ",
-                    remedy(cause, Durability::Synced),
-                    " and this turn's messages were saved.",
-                ]),
-            ),
-            Durability::Unsynced => (
-                "Messages written after a retry, not yet safe from a power cut",
-                cat(&[
-                    &why,
-                    "; turnsafe ",
-                    remedy(cause, Durability::Unsynced),
-                    " and this turn's messages are in the session database, but not yet synced to disk: a crash \
-                     of the process keeps them, a power cut before the next sync may lose them.",
-                ]),
-            ),
-        },
+        Outcome::Persisted => {
+            let (title, end) = match ctx.durability {
+                Durability::Synced => ("Messages saved after a retry", " and this turn's messages were saved."),
+                Durability::Unsynced => (
+                    "Messages written after a retry, not yet synced",
+                    " and this turn's messages were written, but not yet synced to disk: a power cut may still \
+                     lose them.",
+                ),
+            };
+            (title, cat(&[&why, "; turnsafe ", remedy(cause), end]))
+        }
         Outcome::Diverted => {
             let path = ctx.receipt_path.ok_or(CopyError::MissingReceipt)?;
             (

@@ -226,18 +226,27 @@ impl SessionStore {
         s
     }
 
-    /// Create `home` (0700) if missing, then open a handle on it.
+    /// Create `home` (0700) if missing, make its entry durable in its
+    /// parent, then open a handle on it. SQLite fsyncs the folder its
+    /// files are in, never that folder's parent: without this, a power cut
+    /// takes a new home, and every commit made in it, with its entry. The
+    /// parent is synced even when the home exists, since whoever made it
+    /// may not have (one fsync per store); for a home that exists that is
+    /// best effort (a parent this process may not open, say), logged.
     pub fn create(home: &Path, opts: StoreOptions) -> Result<SessionStore, StoreError> {
-        use std::os::unix::fs::DirBuilderExt;
-        if !home.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(home)
-                .map_err(|source| StoreError::Home {
-                    path: home.to_path_buf(),
-                    source,
-                })?;
+        if home.is_dir() {
+            let parent = match home.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            if let Err(e) = crate::divert::sync_dir(parent) {
+                tracing::warn!(error = %e, "cannot fsync the home's parent folder");
+            }
+        } else {
+            crate::durable::create_dir_all(home, 0o700).map_err(|source| StoreError::Home {
+                path: home.to_path_buf(),
+                source,
+            })?;
         }
         Ok(SessionStore::new(home, opts))
     }
