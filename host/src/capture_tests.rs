@@ -267,9 +267,13 @@ fn a_read_through_a_descriptor_returns_every_byte_and_never_hangs() {
             let _ = tx.send(got);
             drop(f);
         });
-        let got = rx
-            .recv_timeout(Duration::from_secs(5))
-            .unwrap_or_else(|_| panic!("reading {len} bytes did not finish"));
+        let Ok(got) = rx.recv_timeout(Duration::from_secs(5)) else {
+            // Every other capture in this run hangs the same way, and a
+            // test that never ends is a timeout, not a failure: end the
+            // run as failed.
+            eprintln!("reading {len} bytes through a descriptor did not finish in 5 s");
+            std::process::exit(101);
+        };
         assert_eq!(got.unwrap(), data, "{len} bytes");
     }
 }
