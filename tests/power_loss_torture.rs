@@ -100,12 +100,15 @@ fn migrate_v2_to_v3() {
     torture(&flows::MIGRATE_V2_V3);
 }
 
-/// The cut that found `recover --install` leaving no `state.db`: the swap
-/// renamed the old file aside, then the new one in, and a cut that kept a
-/// torn prefix of the home folder's changes kept only the first rename (the
-/// rows only the old file held were then in no database at the path). Cut
-/// at the install's fsync of the home, the first sync of the home folder
-/// in the flow, with a torn prefix drawn by each of 32 seeds.
+/// The cuts that found `recover --install` losing the old database's rows
+/// from the path. The swap renamed the old file aside, then the new one
+/// in, and a cut that kept a torn prefix of the home folder's changes kept
+/// only the first rename: no `state.db` at all. Then, with the old file
+/// linked aside and staying at the path, a prefix that kept its WAL's move
+/// aside but not the new file left the old file without the frames a
+/// killed writer had committed (the setup's `s2` rows). Cut at the
+/// install's fsync of the home, the first sync of the home folder in the
+/// flow, with a torn prefix drawn by each of 32 seeds.
 #[test]
 fn recover_install_never_leaves_the_path_without_a_database() {
     turnsafe_tests::require!(PowerFs::available());

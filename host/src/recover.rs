@@ -403,6 +403,7 @@ pub fn install(new_db: &Path, home: &Path) -> Result<Installed, RecoverError> {
     let target = home.join("state.db");
     let files = holders::db_files(&target);
     refuse_if_held(&target, "refusing to install")?;
+    fold_wal(&target);
     let before = fingerprints(&files)?;
     let carried = carry_over(&target, new_db)?;
     // The old rows were read from a copy: nobody may have opened or
@@ -451,6 +452,25 @@ pub fn install(new_db: &Path, home: &Path) -> Result<Installed, RecoverError> {
         carry_conflicts: carried.conflicts,
         carry_unreadable: carried.unreadable,
     })
+}
+
+/// Checkpoint the WAL of the database at `db` into its main file (SQLite
+/// then removes the WAL at the close), as any writer's open would: the
+/// swap moves the old WAL aside before the new file takes the path, and a
+/// power cut between the two must not leave the old file at the path
+/// without the frames a killed writer committed. Best effort: a file that
+/// cannot be opened keeps its WAL, set aside with it.
+fn fold_wal(db: &Path) {
+    let wal = crate::guard::path_of(db, crate::guard::Part::Wal);
+    if std::fs::metadata(&wal).map_or(true, |m| m.len() == 0) {
+        return;
+    }
+    if let Ok(c) = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_WRITE) {
+        let _ = c.busy_timeout(std::time::Duration::from_secs(5));
+        if let Err(e) = c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+            tracing::warn!(db = %db.display(), error = %e, "could not fold the old WAL in before the install");
+        }
+    }
 }
 
 /// Mark `capture` settled by an install from it.

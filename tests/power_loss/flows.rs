@@ -230,17 +230,33 @@ fn retire_under_a_writer(home: &Path, power: &Power<'_>, claims: &mut Claims, ch
 
 /// [`existing_home`] with a pending capture holding three messages of `s1`
 /// the database lacks, a diverted batch of `s1`, and two messages of `s2`
-/// committed after the capture.
+/// committed after the capture by a writer that was then killed: they are
+/// in the WAL only (the files as the writer left them, copied before its
+/// close could checkpoint them into the main file).
 fn home_with_capture(root: &Path) -> Claims {
     let mut claims = existing_home(root);
     let home = home(root);
     retire_under_a_writer(&home, &Power::always(), &mut claims, false);
     std::thread::sleep(LEASE * 2);
-    let mut next = store(&home);
+    let mut next = SessionStore::new(
+        &home,
+        StoreOptions {
+            lease_ttl: LEASE,
+            ..StoreOptions::default()
+        },
+    );
     let out = next.append_batch(&sid("s2"), &batch("after", 2));
     assert!(out.persisted, "{out:?}");
     claims.outcome(&sid("s2"), &out, &Power::always());
+    let killed: Vec<(PathBuf, Vec<u8>)> = ["state.db", "state.db-wal"]
+        .iter()
+        .map(|f| (home.join(f), std::fs::read(home.join(f)).expect("the writer's files")))
+        .collect();
     drop(next);
+    for (path, data) in killed {
+        std::fs::write(path, data).expect("the files as the killed writer left them");
+    }
+    std::thread::sleep(LEASE * 2);
     assert_eq!(claims.captures.len(), 1, "{claims:?}");
     claims
 }

@@ -836,12 +836,12 @@ pub fn summary(name: &str, points: u64, t: &Tally) -> String {
     )
 }
 
-/// The long run: `iterations` cuts over every flow, each at a random sync
+/// The long run: `iterations` cuts over `flows`, each at a random sync
 /// point (or after the flow) with a random mode.
-pub fn long_run(iterations: u64, seed: u64) -> (Tally, BTreeMap<&'static str, Tally>) {
+pub fn long_run(flows: &[&Flow], iterations: u64, seed: u64) -> (Tally, BTreeMap<&'static str, Tally>) {
     let mut prepared = Vec::new();
     let mut per_flow: BTreeMap<&'static str, Tally> = BTreeMap::new();
-    for flow in flows::ALL {
+    for &flow in flows {
         match Prepared::new(flow) {
             Ok((p, first)) => {
                 let t = per_flow.entry(flow.name).or_default();
