@@ -118,3 +118,32 @@ fn postgres_synchronous_commit_off_is_not_durable() {
     );
     assert_eq!(out.to_value()["durable"], false);
 }
+
+/// A home another program made, its entry in the parent never synced: the
+/// store's first open makes it durable before any commit is acknowledged,
+/// so a power cut after the commits keeps them (without it the cut takes
+/// the whole home, and every acknowledged message with it).
+#[test]
+fn a_home_made_without_a_sync_keeps_what_was_committed_in_it() {
+    turnsafe_tests::require!(PowerFs::available());
+    let dir = tempfile::tempdir().unwrap();
+    let mut fs = PowerFs::mount(dir.path().join("backing"), dir.path().join("mnt")).expect("mount powerfs");
+    let home = fs.path().join("agent-home");
+    std::fs::create_dir(&home).expect("mkdir, and no fsync of its parent");
+    let mut acked = Vec::new();
+    {
+        let mut store = SessionStore::new(&home, StoreOptions::default());
+        for b in 0..3 {
+            let out = store.append_batch(&sid("s1"), &batch(&format!("h{b}"), 2));
+            assert!(out.persisted && out.durable, "{}", out.to_value());
+            acked.extend(out.uids.clone());
+        }
+        fs.cut(CutMode::DropPending).expect("cut");
+        drop(store);
+    }
+    fs.remount().expect("remount");
+    assert!(home.join("state.db").is_file(), "the power cut took the home");
+    let survived = stored(&home);
+    let lost: Vec<&String> = acked.iter().filter(|u| !survived.contains(u)).collect();
+    assert!(lost.is_empty(), "acknowledged and lost: {lost:?}");
+}

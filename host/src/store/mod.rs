@@ -171,6 +171,9 @@ pub struct SessionStore {
     /// kept, never used, and closed with the handle: the file is opened
     /// once and never again.
     quarantined: Option<Connection>,
+    /// The home's entry in its parent folder was fsynced by this handle:
+    /// until it is, nothing is written (see `ensure_open`).
+    home_synced: bool,
     counters: Counters,
     sessions: HashMap<String, SessionState>,
     /// What the flushes saw of the write lock while they waited for it.
@@ -210,6 +213,7 @@ impl SessionStore {
             close_may_checkpoint: false,
             open_failure: None,
             quarantined: None,
+            home_synced: false,
             counters: Counters::default(),
             sessions: HashMap::new(),
             lock_watch: lockwait::LockWatch::new(),
@@ -226,29 +230,55 @@ impl SessionStore {
         s
     }
 
-    /// Create `home` (0700) if missing, make its entry durable in its
-    /// parent, then open a handle on it. SQLite fsyncs the folder its
-    /// files are in, never that folder's parent: without this, a power cut
-    /// takes a new home, and every commit made in it, with its entry. The
-    /// parent is synced even when the home exists, since whoever made it
-    /// may not have (one fsync per store); for a home that exists that is
-    /// best effort (a parent this process may not open, say), logged.
+    /// Create `home` (0700) if missing, with every folder it creates
+    /// fsynced into its parent, then open a handle on it. A home made but
+    /// not synced (no descriptor left for the fsync, say) still gets its
+    /// handle: its first open makes the home's entry durable or fails, and
+    /// the policy answers that failure like any other.
     pub fn create(home: &Path, opts: StoreOptions) -> Result<SessionStore, StoreError> {
-        if home.is_dir() {
-            let parent = match home.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
-            if let Err(e) = crate::divert::sync_dir(parent) {
-                tracing::warn!(error = %e, "cannot fsync the home's parent folder");
+        if !home.is_dir()
+            && let Err(source) = crate::durable::create_dir_all(home, 0o700)
+        {
+            if !home.is_dir() {
+                return Err(StoreError::Home {
+                    path: home.to_path_buf(),
+                    source,
+                });
             }
-        } else {
-            crate::durable::create_dir_all(home, 0o700).map_err(|source| StoreError::Home {
-                path: home.to_path_buf(),
-                source,
-            })?;
+            tracing::warn!(error = %source, "home created, its folder entry not yet synced");
         }
         Ok(SessionStore::new(home, opts))
+    }
+
+    /// fsync the home's parent folder, once per handle, before the first
+    /// write: SQLite fsyncs the folder its files are in, never that
+    /// folder's parent, so without it a power cut takes a new home, and
+    /// every commit made in it, with its entry. Whoever made the home, it
+    /// is done here.
+    fn sync_home_entry(&mut self) -> Result<(), Box<OpenFailure>> {
+        if self.home_synced || self.opts.read_only {
+            return Ok(());
+        }
+        let parent = match self.home.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        match crate::divert::sync_dir(parent) {
+            Ok(()) => {
+                self.home_synced = true;
+                Ok(())
+            }
+            // As SQLite reports a folder it cannot use: CANTOPEN, with the
+            // errno beside it for the copy.
+            Err(e) => Err(Box::new(OpenFailure {
+                error: rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                    Some(format!("turnsafe could not fsync the home's parent folder: {e}")),
+                ),
+                errno: e.raw_os_error().map(i64::from),
+                conn: None,
+            })),
+        }
     }
 
     pub fn home(&self) -> &Path {
@@ -289,6 +319,7 @@ impl SessionStore {
             return Ok(());
         }
         self.counters.open_attempts += 1;
+        self.sync_home_entry()?;
         // Create the file ourselves so it is 0600; SQLite gives its WAL and
         // shm the main file's mode. If this fails, SQLite's own open below
         // reports the failure with its own codes.
