@@ -8,11 +8,17 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 
 /// Create `dir` and its missing parents with `mode`, and make the path
-/// durable: the parent of every folder created here, and of `dir` itself
-/// whoever created it, is fsynced. Without it a power cut takes a new
-/// home's entry in its parent, and every commit inside it with it (SQLite
-/// fsyncs the folder its journal is in, never that folder's parent).
+/// durable: the parent of every folder created here is fsynced (an error
+/// if it cannot be), and the parent of `dir` itself, whoever created it,
+/// is fsynced too (best effort when `dir` was there already: its creator
+/// may have died before its own fsync). Without it a power cut takes a
+/// new home's entry in its parent, and every commit inside it with it:
+/// SQLite fsyncs the folder its journal is in, never that folder's parent.
 pub fn create_dir_all(dir: &Path, mode: u32) -> io::Result<()> {
+    let parent_of = |p: &Path| match p.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => Path::new(".").to_path_buf(),
+    };
     let mut created = Vec::new();
     let mut p = dir;
     while std::fs::symlink_metadata(p).is_err() {
@@ -24,13 +30,10 @@ pub fn create_dir_all(dir: &Path, mode: u32) -> io::Result<()> {
     }
     DirBuilder::new().recursive(true).mode(mode).create(dir)?;
     if created.is_empty() {
-        created.push(dir);
+        let _ = crate::divert::sync_dir(&parent_of(dir));
     }
     for made in created.iter().rev() {
-        match made.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => crate::divert::sync_dir(parent)?,
-            _ => crate::divert::sync_dir(Path::new("."))?,
-        }
+        crate::divert::sync_dir(&parent_of(made))?;
     }
     Ok(())
 }
