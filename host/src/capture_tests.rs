@@ -82,6 +82,30 @@ fn assert_stamp_is_now(stamp: &str) {
     assert!(off < Duration::from_secs(60), "{stamp} is not now");
 }
 
+/// Runs `f` on a thread of its own and waits at most 5 s. A read that
+/// never ends would hang this test and every other capture, and a run
+/// that never ends is a timeout, not a failure: end the run as failed.
+fn within_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(5)) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            eprintln!("{what} did not finish in 5 s: ending the test run as failed");
+            std::process::exit(101);
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+    }
+}
+
+/// [`capture`], within the deadline.
+fn capture_in_time(guard: &Guard, why: &Why) -> Result<Capture, CaptureError> {
+    let (guard, why) = (guard.clone(), why.clone());
+    within_deadline("a capture", move || capture(&guard, &why))
+}
+
 #[test]
 fn a_capture_holds_the_held_files_and_a_manifest_that_describes_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -93,7 +117,7 @@ fn a_capture_holds_the_held_files_and_a_manifest_that_describes_them() {
         .collect();
     assert!(originals.iter().all(|d| !d.is_empty()));
 
-    let c = capture(&guard, &why()).unwrap();
+    let c = capture_in_time(&guard, &why()).unwrap();
     let folder = PathBuf::from(&c.path);
     assert!(folder.is_absolute());
     assert_eq!(folder.parent().unwrap(), std::fs::canonicalize(dir.path()).unwrap());
@@ -163,7 +187,7 @@ fn a_capture_reads_the_held_descriptor_not_the_path() {
     // The WAL is deleted and another file takes its name.
     std::fs::remove_file(&wal).unwrap();
     std::fs::write(&wal, b"not the held generation").unwrap();
-    let c = capture(&guard, &why()).unwrap();
+    let c = capture_in_time(&guard, &why()).unwrap();
     assert_eq!(
         std::fs::read(Path::new(&c.path).join("state.db-wal")).unwrap(),
         held_wal
@@ -187,7 +211,7 @@ fn only_the_files_the_handle_holds_are_captured() {
     }
     let conn = Connection::open(&db).unwrap();
     let guard = Guard::record(&db, &conn).unwrap();
-    let c = capture(&guard, &why()).unwrap();
+    let c = capture_in_time(&guard, &why()).unwrap();
     assert_eq!(
         c.files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(),
         ["state.db"]
@@ -261,19 +285,11 @@ fn a_read_through_a_descriptor_returns_every_byte_and_never_hangs() {
         let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8 + 1).collect();
         std::fs::write(&path, &data).unwrap();
         let f = File::open(&path).unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
+        let got = within_deadline("a read through a descriptor", move || {
             let got = read_through(f.as_raw_fd()).map_err(|e| e.to_string());
-            let _ = tx.send(got);
             drop(f);
+            got
         });
-        let Ok(got) = rx.recv_timeout(Duration::from_secs(5)) else {
-            // Every other capture in this run hangs the same way, and a
-            // test that never ends is a timeout, not a failure: end the
-            // run as failed.
-            eprintln!("reading {len} bytes through a descriptor did not finish in 5 s");
-            std::process::exit(101);
-        };
         assert_eq!(got.unwrap(), data, "{len} bytes");
     }
 }
@@ -321,7 +337,7 @@ fn mount_with_db() -> (Mounted, PathBuf, Connection, Guard) {
 fn a_capture_that_returned_survives_a_power_cut() {
     turnsafe_tests::require!(PowerFs::available());
     let (mut m, _db, conn, guard) = mount_with_db();
-    let c = capture(&guard, &why()).unwrap();
+    let c = capture_in_time(&guard, &why()).unwrap();
     drop(conn);
     m.fs.cut(CutMode::DropPending).unwrap();
     m.fs.remount().unwrap();
@@ -372,7 +388,7 @@ fn a_failed_fsync_write_or_folder_fsync_leaves_no_receipt() {
     for (op, path, operation, file) in cases {
         let (m, _db, conn, guard) = mount_with_db();
         let id = m.fs.inject(Fault::new(op, path.clone()));
-        let e = capture(&guard, &why()).unwrap_err();
+        let e = capture_in_time(&guard, &why()).unwrap_err();
         assert!(m.fs.fault_fired(id) >= 1, "{path:?}");
         assert_eq!(
             (e.operation, e.file.as_deref(), e.errno),
