@@ -1,16 +1,16 @@
-//! The backend seam: one writer ([`Writer`]) over SQLite and over a real
+//! The backend seam: the one executor over SQLite and over a real
 //! PostgreSQL server, fed the same batches, gives the same outcomes, the
 //! same transcript, the same stored uids, the same search hits and a
 //! stable identity. Only the receipt paths differ.
 mod common;
 use common::*;
 use serde_json::Value;
-use turnsafe_host::backend::{Backend, Writer, WriterOptions};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 use turnsafe_host::store::{SessionStore, StoreOptions};
 
 /// Everything observable, with paths taken out.
-fn exercise<B: Backend>(w: &mut Writer<B>) -> Vec<Value> {
+fn exercise<B: Backend>(w: &mut B) -> Vec<Value> {
     let s1 = sid("s1");
     let mut seen = Vec::new();
     let outcome = |o: turnsafe_host::outcome::FlushOutcome| {
@@ -36,7 +36,7 @@ fn exercise<B: Backend>(w: &mut Writer<B>) -> Vec<Value> {
     seen.push(outcome(w.append_batch(&s1, &[json, call])));
     seen.push(outcome(w.append_batch(&sid("s2"), &batch("zebra", 2))));
 
-    let b = w.backend();
+    let b = w;
     seen.push(Value::Array(b.transcript("s1").unwrap()));
     let asked: Vec<String> = ["a-0", "n-1", "j-1", "nope"].iter().map(|s| s.to_string()).collect();
     seen.push(serde_json::json!(b.stored_uids("s1", &asked).unwrap()));
@@ -63,8 +63,7 @@ fn sqlite_and_postgres_perform_the_same_effects() {
     let db = server.create_db("seam");
 
     let sqlite_home = Home::new();
-    let sqlite = SessionStore::new(sqlite_home.path(), StoreOptions::default());
-    let mut on_sqlite = Writer::new(sqlite, sqlite_home.path(), WriterOptions::default());
+    let mut on_sqlite = SessionStore::new(sqlite_home.path(), StoreOptions::default());
     let pg_home = Home::new();
     let mut on_pg = pg::store(&server.url(&db), pg_home.path());
 

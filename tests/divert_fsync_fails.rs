@@ -131,7 +131,7 @@ fn a_divert_that_cannot_be_cut_back_names_its_residue() {
     let mut m = Mounted::new();
     let mut store = diverting_store(&m.home());
     let first = store.append_batch(&sid("s1"), &batch("kept", 2));
-    let kept = first.receipt.expect("receipt");
+    let kept = first.report.receipt.expect("receipt");
     let before = std::fs::read(m.divert_file("s1")).unwrap();
     let file = PathMatch::exact("home/sessions/s1.jsonl");
     let fsync = m.fs.inject(Fault::new(FaultOp::FileSync, file.clone()));

@@ -46,7 +46,7 @@ fn a_full_tmpfs_gives_disk_full_and_a_failed_divert() {
     assert_eq!((out.committed, out.diverted, out.handed_back), (0, 0, 40));
     let e = out.divert_error.as_ref().expect("divert failed");
     assert_eq!(e.errno, Some(libc::ENOSPC as i64), "{e:?}");
-    let copy = out.copy.unwrap();
+    let copy = out.report.copy.unwrap();
     assert_eq!(copy.code, "disk_full.divert_failed");
     assert!(!copy.body.to_lowercase().contains("a copy was kept"));
     drop(store);

@@ -67,6 +67,7 @@ fn normalised(mut o: Observation) -> Observation {
 /// The observation a flush made of its last failure: what the host
 /// observed (the outcome's `failure`) and the operation that failed.
 fn observed(out: FlushOutcome) -> Observation {
+    let operation = out.operation.expect("the outcome names the failed operation");
     let f = out.failure.expect("the flush observed a failure");
     Observation {
         code: f.code,
@@ -74,7 +75,7 @@ fn observed(out: FlushOutcome) -> Observation {
         message: f.message,
         errno: f.errno,
         evidence: f.evidence,
-        ..Observation::new(out.operation.expect("the outcome names the failed operation"))
+        ..Observation::new(operation)
     }
 }
 

@@ -172,7 +172,7 @@ fn an_injected_open_failure_diverts_as_disk() {
     drop(guard);
     assert_eq!(out.cause, Some(Cause::Disk));
     assert_eq!(out.diverted, 2);
-    let copy = out.copy.unwrap();
+    let copy = out.report.copy.unwrap();
     assert_eq!(copy.code, "disk.diverted");
     assert!(
         copy.details.iter().any(|(k, v)| k == "errno" && v.contains("EMFILE")),

@@ -32,7 +32,7 @@ fn an_immutable_db_file_diverts() {
     assert_sqlite_readonly(&out);
     assert_eq!(out.diverted, 3);
     receipt_lines(out.receipt.as_ref().unwrap());
-    assert_eq!(out.copy.unwrap().code, "disk.diverted");
+    assert_eq!(out.report.copy.unwrap().code, "disk.diverted");
 }
 
 #[test]
@@ -70,7 +70,7 @@ fn an_immutable_sessions_folder_fails_the_divert_without_a_claim() {
     assert_eq!((out.diverted, out.handed_back), (0, 2));
     let e = out.divert_error.as_ref().unwrap();
     assert_eq!((e.operation, e.errno), ("open", Some(libc::EPERM as i64)));
-    let copy = out.copy.unwrap();
+    let copy = out.report.copy.unwrap();
     assert_eq!(copy.code, "disk.divert_failed");
     assert!(!copy.body.contains("sessions") && !copy.body.to_lowercase().contains("a copy was kept"));
 }

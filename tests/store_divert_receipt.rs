@@ -59,13 +59,13 @@ fn a_diverted_batch_is_on_disk_exactly_as_the_receipt_says() {
         lines[3]["message"],
         serde_json::json!({"role":"tool","content":{"k":[1,2]},"name":"calc"})
     );
-    let copy = out.copy.expect("copy");
+    let copy = out.report.copy.expect("copy");
     assert_eq!(copy.code, "disk.diverted");
     assert!(copy.body.contains(&format!("A copy was kept at {}.", r.path)));
 
     // A second batch appends after the first: offset moves, file grows.
     let out2 = store.append_batch(&sid("s1"), &batch("ro2", 2));
-    let r2 = out2.receipt.expect("receipt");
+    let r2 = out2.report.receipt.expect("receipt");
     assert_eq!(r2.offset, r.length);
     receipt_lines(&r2);
     assert_eq!(std::fs::metadata(&r.path).unwrap().len(), r.length + r2.length);
@@ -91,7 +91,7 @@ fn a_torn_last_line_stays_detectable() {
         ..StoreOptions::default()
     });
     let out = store.append_batch(&sid("s1"), &batch("b", 1));
-    let r = out.receipt.expect("receipt");
+    let r = out.report.receipt.expect("receipt");
     let data = std::fs::read(&r.path).unwrap();
     let text = String::from_utf8(data).unwrap();
     let mut lines = text.lines();

@@ -35,7 +35,7 @@ fn after_corruption_every_batch_is_diverted_without_touching_the_db() {
         assert_eq!(out.cause, Some(Cause::Corrupt));
         assert_eq!(out.attempts, 0, "the database is not touched");
         assert_eq!(out.diverted, 3);
-        let r = out.receipt.expect("receipt");
+        let r = out.report.receipt.expect("receipt");
         let lines = receipt_lines(&r);
         assert_eq!(lines[0]["uid"], format!("later{i}-0"));
         assert_eq!(lines[0]["cause"], "corrupt");

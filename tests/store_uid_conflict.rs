@@ -22,7 +22,7 @@ fn a_conflicting_uid_hands_the_batch_back() {
     assert_eq!((out.committed, out.diverted, out.handed_back), (0, 0, 2));
     assert!(out.receipt.is_none());
     assert_eq!(out.error.as_deref(), Some("session_persistence_failed:uid_conflict"));
-    let copy = out.copy.expect("copy");
+    let copy = out.report.copy.expect("copy");
     assert_eq!(copy.code, "uid_conflict.handed_back");
     assert!(!copy.body.to_lowercase().contains("a copy was kept"));
 

@@ -685,7 +685,7 @@ macro_rules! pg_or_skip {
 /// A PostgreSQL writer on `url`, diverting under `home`.
 pub fn store(url: &str, home: &Path) -> turnsafe_host::pg::PgStore {
     let url: turnsafe_host::pg::DbUrl = url.parse().expect("a valid URL");
-    turnsafe_host::pg::open_store(url, home, turnsafe_host::backend::WriterOptions::default())
+    turnsafe_host::pg::open_store(url, home, turnsafe_host::backend::LeaseOptions::default())
 }
 
 /// `(uid, seq, content)` of a session's stored messages, in order.

@@ -3,33 +3,30 @@
 //!
 //! SQLite (`crate::store`, one file under `--home`) and PostgreSQL
 //! (`crate::pg`, a server named by `--db URL` or `TURNSAFE_DB`) perform
-//! the same effects ([`Backend`]): open, write a batch with the machine's
-//! plan, read which of a batch's uids are stored, read a transcript,
+//! the same effects ([`Backend`]): open, write a group of batches in one
+//! transaction, look a lost COMMIT up by uid, capture, read a transcript,
 //! search, and check the database's identity. Neither decides anything:
 //! a failure is reported as the policy's [`Failure`] and the flush
-//! machine says what happens next. [`Writer`] drives the machine over a
-//! backend; the divert folder is always on the local disk (`--home`), so
-//! a server that cannot be reached costs no turn.
+//! machine says what happens next. One executor ([`group`]) drives the
+//! machines over either; the divert folder is always on the local disk
+//! (`--home`), so a server that cannot be reached costs no turn.
 
-mod flush;
+pub mod group;
 pub mod target;
 
-pub use flush::{Writer, WriterOptions};
+pub use group::{Flush, GROUP_MAX_BATCHES, GROUP_MAX_BYTES, GroupWrite, Ledger};
 pub use target::{DbChoice, TargetError};
 
+use std::time::{Duration, Instant};
+
 use serde_json::Value;
+use turnsafe_policy::Evidence;
 use turnsafe_policy::machine::{Failure, WritePlan};
 
 use crate::capture::{Capture, CaptureError};
 use crate::message::Message;
+use crate::outcome::FlushOutcome;
 use crate::store::SessionId;
-
-/// One batch, with the uid of every message.
-pub struct Batch<'a> {
-    pub session: &'a SessionId,
-    pub messages: &'a [Message],
-    pub uids: &'a [String],
-}
 
 /// What a writer knows of one session between batches.
 #[derive(Debug, Clone, Default)]
@@ -45,6 +42,32 @@ pub struct Cursor {
 pub struct Lease {
     pub holder: String,
     pub ttl_ms: i64,
+}
+
+/// How a store takes leases.
+#[derive(Debug, Clone)]
+pub struct LeaseOptions {
+    /// Name of this writer in the turn lease.
+    pub holder: String,
+    pub lease_ttl: Duration,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            holder: format!("pid-{}", std::process::id()),
+            lease_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+impl LeaseOptions {
+    pub fn lease(&self) -> Lease {
+        Lease {
+            holder: self.holder.clone(),
+            ttl_ms: i64::try_from(self.lease_ttl.as_millis()).unwrap_or(i64::MAX),
+        }
+    }
 }
 
 /// Which database a handle writes to, as its generation and the server.
@@ -77,7 +100,10 @@ pub enum BackendError {
     NewerSchema { target: String, found: i64, known: i64 },
 }
 
-/// The effects a session store performs for the flush machine.
+/// The effects a session store performs for the flush machine, and the
+/// reads every command shares. The executor ([`group::run`]) calls the
+/// effects; each reports a failure as the policy's [`Failure`] (its
+/// `elapsed_ms` is the executor's to fill) and decides nothing.
 // A `Failure` is the flush machine's own event, handed to it as it is; a
 // failed open or write is rare, so its size on the error path costs
 // nothing worth a box (and an allocation) per failure.
@@ -90,17 +116,37 @@ pub trait Backend {
     /// How this backend's COMMIT reaches stable storage, as the flush
     /// machine is told at each batch's start.
     fn durability(&self) -> turnsafe_policy::Durability;
+    /// What the machines know across flushes, each session's cursor, the
+    /// divert folder and the counters.
+    fn ledger(&mut self) -> &mut Ledger;
+    /// The unsettled captures that hold some session's rows, read before
+    /// every group. A server keeps no capture on this machine: none.
+    fn pending_holds(&self) -> Vec<crate::captures::Hold> {
+        Vec::new()
+    }
+    /// How long a batch started at `started` has waited without progress,
+    /// as the policy's patience counts it. By default, since its start.
+    fn patience_ms(&self, started: Instant) -> u64 {
+        u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
     /// Connect (or open the file), migrate, and record the identity. A
     /// reopen that finds a different database reports `db_replaced`.
     fn open(&mut self) -> Result<(), Failure>;
-    /// One transaction with the batch: every message committed (a stored
-    /// identical one counts), or none.
-    fn write(&mut self, batch: &Batch<'_>, plan: &WritePlan, cursor: &mut Cursor, lease: &Lease)
-    -> Result<(), Failure>;
+    /// One transaction for every batch, each in its own savepoint: a
+    /// failure of one batch alone (a uid conflict, a fenced lease) fails
+    /// only it; a failure that ends the transaction fails every batch
+    /// without one of its own. Each session's cursor in the ledger moves
+    /// only when the COMMIT succeeded.
+    fn write_group(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite;
     /// After a COMMIT whose answer was lost: on the connection just opened,
     /// whether every one of `uids` is stored for `session`. A failure is
     /// the policy's to classify, like a failed write.
     fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure>;
+    /// Capture the retired generation this handle still holds, once, for
+    /// the operator (SQLite's WAL through the held descriptor). `trigger`
+    /// and `evidence` are the failure that asked for it. A server keeps no
+    /// generation on this machine, so PostgreSQL reports it as failed.
+    fn capture(&mut self, trigger: &str, evidence: &[Evidence]) -> Result<Capture, CaptureError>;
     /// Which of `uids` are stored for `session`.
     fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError>;
     /// The stored transcript in `seq` order, as `show --json` prints it.
@@ -109,11 +155,26 @@ pub trait Backend {
     fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError>;
     /// The identity of the database the handle writes to.
     fn identity(&mut self) -> Result<Identity, BackendError>;
-    /// Give back our lease on `session` (end of input).
-    fn release_lease(&mut self, session: &str, token: &str);
-    /// Capture the retired generation this handle still holds, for the
-    /// operator (SQLite's WAL through the held descriptor). `trigger` is
-    /// the failure that asked for it. A server keeps no generation on this
-    /// machine, so PostgreSQL reports the capture as failed.
-    fn capture(&mut self, trigger: &str) -> Result<Capture, CaptureError>;
+    /// Give back every lease this handle holds (end of input).
+    fn release_all_leases(&mut self);
+    /// Give back this handle's lease on `session`.
+    fn release_lease(&mut self, session: &SessionId);
+
+    /// Flush several batches at once, each under its own flush machine and
+    /// with its own outcome, in the order given (see [`group`]).
+    fn append_group(&mut self, batches: &[(&SessionId, &[Message])]) -> Vec<FlushOutcome>
+    where
+        Self: Sized,
+    {
+        group::append_group(self, batches)
+    }
+
+    /// Flush one turn's batch. Every message ends committed, diverted with
+    /// a receipt, or handed back; the outcome says which.
+    fn append_batch(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome
+    where
+        Self: Sized,
+    {
+        group::append_one(self, session, messages)
+    }
 }

@@ -5,7 +5,7 @@ mod many;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::{DbChoice, WriterOptions};
+use crate::backend::{Backend, DbChoice, LeaseOptions};
 use crate::exit;
 use crate::message::Message;
 use crate::store::{SessionId, SessionStore, StoreOptions, Synchronous};
@@ -171,40 +171,9 @@ fn exhaust_fds(headroom: u64) -> std::io::Result<u64> {
     Ok(lowest)
 }
 
-/// The store a run writes to.
-enum Store {
-    Sqlite(Box<SessionStore>),
-    Postgres(Box<crate::pg::PgStore>),
-}
-
-impl Store {
-    fn append_batch(&mut self, session: &SessionId, batch: &[Message]) -> crate::outcome::FlushOutcome {
-        match self {
-            Store::Sqlite(s) => s.append_batch(session, batch),
-            Store::Postgres(s) => s.append_batch(session, batch),
-        }
-    }
-    fn release_lease(&mut self, session: &SessionId) {
-        match self {
-            Store::Sqlite(s) => s.release_lease(session),
-            Store::Postgres(s) => s.release_lease(session),
-        }
-    }
-    /// Flush batches together: one transaction on SQLite; one batch after
-    /// another on PostgreSQL.
-    fn append_group(&mut self, batches: &[(&SessionId, &[Message])]) -> Vec<crate::outcome::FlushOutcome> {
-        match self {
-            Store::Sqlite(s) => s.append_group(batches),
-            Store::Postgres(s) => batches.iter().map(|&(id, b)| s.append_batch(id, b)).collect(),
-        }
-    }
-    fn release_all_leases(&mut self) {
-        match self {
-            Store::Sqlite(s) => s.release_all_leases(),
-            Store::Postgres(s) => s.release_all_leases(),
-        }
-    }
-}
+/// The store a run writes to: SQLite or PostgreSQL, behind the one
+/// executor (batches that wait together share one transaction on both).
+type Store = Box<dyn Backend>;
 
 pub fn run(args: Args) -> i32 {
     let session = match args.session.as_deref().map(SessionId::new) {
@@ -234,15 +203,15 @@ pub fn run(args: Args) -> i32 {
         if let Err(e) = ensure_home(&args.home) {
             tracing::error!(error = %e, "could not create the home directory");
         }
-        let mut opts = WriterOptions {
+        let mut opts = LeaseOptions {
             lease_ttl: Duration::from_secs(args.lease_ttl),
-            ..WriterOptions::default()
+            ..LeaseOptions::default()
         };
         if let Some(h) = args.holder {
             opts.holder = h;
         }
         tracing::info!(target_db = url.display(), "appending to postgres");
-        let store = Store::Postgres(Box::new(crate::pg::open_store(*url, &args.home, opts)));
+        let store: Store = Box::new(crate::pg::open_store(*url, &args.home, opts));
         return match session {
             Some(session) => stream(store, &session, |_| {}),
             None => many::stream(store, |_| {}),
@@ -281,7 +250,7 @@ pub fn run(args: Args) -> i32 {
         eprintln!("error: {newer}");
         return exit::USAGE;
     }
-    let store = Store::Sqlite(Box::new(store));
+    let store: Store = Box::new(store);
     match session {
         Some(session) => stream(store, &session, exhaust),
         None => many::stream(store, exhaust),
@@ -301,7 +270,7 @@ fn stream(mut store: Store, session: &SessionId, after: impl Fn(u64)) -> i32 {
     let read = super::for_each_line(|line_no, text| {
         let answer = match Message::batch_from_json(text) {
             Ok(batch) => {
-                let outcome = store.append_batch(session, &batch);
+                let outcome = crate::backend::group::append_one(store.as_mut(), session, &batch);
                 all_persisted &= outcome.persisted;
                 batches += 1;
                 exhaust(batches);

@@ -113,7 +113,7 @@ pub fn run(args: Args) -> i32 {
 
 /// Search PostgreSQL: the same output, from its `tsvector` index.
 fn run_postgres(url: crate::pg::DbUrl, args: &Args) -> i32 {
-    use crate::backend::{Backend, BackendError};
+    use crate::backend::BackendError;
     if args.fts5 {
         eprintln!("error: --fts5 takes SQLite's FTS5 syntax; with --db the query is plain words");
         return exit::USAGE;

@@ -42,7 +42,6 @@ pub fn run(args: Args) -> i32 {
     let db = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
         Ok(crate::backend::DbChoice::Sqlite(path)) => path,
         Ok(crate::backend::DbChoice::Postgres(url)) => {
-            use crate::backend::Backend;
             let mut pg = crate::pg::Postgres::new(*url, crate::pg::PgOptions::default());
             return match pg.transcript(&args.session) {
                 Ok(messages) => print(messages, &[], &args.session, args.json),

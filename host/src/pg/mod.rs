@@ -1,8 +1,9 @@
 //! PostgreSQL as a second backend, under the same policy.
 //!
-//! [`Postgres`] performs the [`Backend`] effects against a server named by
-//! a [`DbUrl`]; [`PgStore`] is the flush machine over it, diverting to the
-//! local `--home`. The executor decides nothing: every failure goes
+//! [`Postgres`] is the connection to a server named by a [`DbUrl`] and the
+//! reads every command shares; [`PgStore`] performs the [`Backend`]
+//! effects over it for the one executor ([`crate::backend::group`]),
+//! diverting to the local `--home`. The executor decides nothing: every failure goes
 //! through [`translate`], the one place that says which SQLite code a
 //! PostgreSQL failure stands for, and the policy decides from there.
 //!
@@ -25,13 +26,15 @@ use serde_json::Value;
 use turnsafe_policy::machine::{Failure, WritePlan};
 use turnsafe_policy::{Durability, Evidence};
 
-use crate::backend::{Backend, BackendError, Batch, Cursor, Hit, Identity, Lease, SearchReport, Writer};
+use crate::backend::{
+    Backend, BackendError, Flush, GroupWrite, Hit, Identity, Lease, LeaseOptions, Ledger, SearchReport,
+};
+use crate::capture::{Capture, CaptureError};
+use crate::outcome::FlushOutcome;
+use crate::store::{Counters, SessionId};
 use schema::Migrated;
 use translate::Fault;
 pub use url::DbUrl;
-
-/// A writer on PostgreSQL.
-pub type PgStore = Writer<Postgres>;
 
 /// How the executor talks to the server.
 #[derive(Debug, Clone)]
@@ -227,20 +230,22 @@ impl Postgres {
     }
 }
 
-impl Backend for Postgres {
-    fn location(&self) -> String {
+impl Postgres {
+    pub fn location(&self) -> String {
         self.url.display().to_string()
     }
 
-    fn is_open(&self) -> bool {
+    pub fn is_open(&self) -> bool {
         self.client.as_ref().is_some_and(|c| !c.is_closed())
     }
 
-    fn durability(&self) -> Durability {
+    pub fn durability(&self) -> Durability {
         self.durability
     }
 
-    fn open(&mut self) -> Result<(), Failure> {
+    // A `Failure`, as `Backend::open` returns it.
+    #[allow(clippy::result_large_err)]
+    pub fn open(&mut self) -> Result<(), Failure> {
         self.client = None;
         let mut client = match connect::connect(&self.url) {
             Ok(c) => c,
@@ -284,38 +289,8 @@ impl Backend for Postgres {
         Ok(())
     }
 
-    fn write(
-        &mut self,
-        batch: &Batch<'_>,
-        plan: &WritePlan,
-        cursor: &mut Cursor,
-        lease: &Lease,
-    ) -> Result<(), Failure> {
-        let Some(client) = self.client.as_mut() else {
-            return Err(translate::failure(&Fault::NotConnected, 0));
-        };
-        let generation = self.generation.clone().unwrap_or_default();
-        match write::write(client, batch, plan, cursor, lease, &generation) {
-            Ok(lsn) => {
-                self.last_stored = Some((batch.session.as_str().to_string(), batch.uids.to_vec()));
-                if lsn.is_some() {
-                    self.last_lsn = lsn;
-                }
-                Ok(())
-            }
-            Err(write::Stop::Client(e)) => Err(self.client_failure(&e, Fault::Client(&e))),
-            Err(write::Stop::Commit(e)) => Err(self.client_failure(&e, Fault::Commit(&e))),
-            Err(write::Stop::Conflict) => Err(translate::failure(&Fault::UidConflict, 0)),
-            Err(write::Stop::LeaseLost) => Err(Failure {
-                evidence: vec![Evidence::TurnLeaseLost],
-                message: "the session's turn lease is held by another writer".into(),
-                ..Failure::default()
-            }),
-            Err(write::Stop::Replaced(found)) => Err(replaced(&self.url, &generation, &found)),
-        }
-    }
-
-    fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
+    #[allow(clippy::result_large_err)]
+    pub fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
         let Some(client) = self.client.as_mut() else {
             return Err(translate::failure(&Fault::NotConnected, 0));
         };
@@ -331,7 +306,7 @@ impl Backend for Postgres {
         }
     }
 
-    fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
+    pub fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
         let target = self.url.display().to_string();
         let client = self.reader()?;
         write::stored_uids(client, session, uids).map_err(|e| BackendError::Unavailable {
@@ -340,7 +315,7 @@ impl Backend for Postgres {
         })
     }
 
-    fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError> {
+    pub fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError> {
         let target = self.url.display().to_string();
         let client = self.reader()?;
         let rows = client
@@ -365,7 +340,7 @@ impl Backend for Postgres {
             .collect())
     }
 
-    fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError> {
+    pub fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError> {
         if query.trim().is_empty() {
             return Err(BackendError::EmptyQuery);
         }
@@ -427,7 +402,7 @@ impl Backend for Postgres {
         })
     }
 
-    fn identity(&mut self) -> Result<Identity, BackendError> {
+    pub fn identity(&mut self) -> Result<Identity, BackendError> {
         let location = self.url.display().to_string();
         let client = self.reader()?;
         let generation: String = client
@@ -438,25 +413,6 @@ impl Backend for Postgres {
             })?
             .get(0);
         Ok(Identity { generation, location })
-    }
-
-    fn capture(&mut self, _trigger: &str) -> Result<crate::capture::Capture, crate::capture::CaptureError> {
-        Err(crate::capture::CaptureError {
-            operation: "read",
-            file: None,
-            errno: None,
-            message: format!("{} keeps no generation on this machine to capture", self.url.display()),
-        })
-    }
-
-    fn release_lease(&mut self, session: &str, token: &str) {
-        if let Some(client) = self.client.as_mut() {
-            let _ = client.execute(
-                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
-                 WHERE id = $1 AND lease_token = $2",
-                &[&session, &token],
-            );
-        }
     }
 }
 
@@ -543,9 +499,239 @@ pub fn inspect(url: &DbUrl) -> Result<ServerState, connect::ConnectError> {
     Ok(state)
 }
 
-/// Open a PostgreSQL writer diverting under `home`.
-pub fn open_store(url: DbUrl, home: &std::path::Path, opts: crate::backend::WriterOptions) -> PgStore {
-    Writer::new(Postgres::new(url, PgOptions::default()), home, opts)
+/// Open a PostgreSQL store diverting under `home`.
+pub fn open_store(url: DbUrl, home: &std::path::Path, opts: LeaseOptions) -> PgStore {
+    PgStore::new(Postgres::new(url, PgOptions::default()), home, opts)
+}
+
+/// A handle on PostgreSQL for the one executor: the connection, the
+/// ledger (the policy's handle state, each session's cursor, the divert
+/// folder `<home>/sessions/`) and the lease this handle takes.
+pub struct PgStore {
+    pg: Postgres,
+    ledger: Ledger,
+    lease: Lease,
+    /// Why the open at construction failed; the first batch observes it
+    /// instead of connecting a second time.
+    open_failure: Option<Failure>,
+}
+
+impl PgStore {
+    /// A store on `pg`, diverting under `home/sessions/`. The server is
+    /// connected to here; if that fails the store still answers every batch.
+    pub fn new(pg: Postgres, home: &std::path::Path, opts: LeaseOptions) -> PgStore {
+        let mut store = PgStore {
+            pg,
+            ledger: Ledger::new(home),
+            lease: opts.lease(),
+            open_failure: None,
+        };
+        store.ledger.counters.open_attempts += 1;
+        match store.pg.open() {
+            Ok(()) => store.ledger.counters.connections_opened += 1,
+            Err(f) => store.open_failure = Some(f),
+        }
+        store
+    }
+
+    /// Flush one turn's batch (see [`Backend::append_batch`]).
+    pub fn append_batch(&mut self, session: &SessionId, messages: &[crate::message::Message]) -> FlushOutcome {
+        crate::backend::group::append_one(self, session, messages)
+    }
+
+    /// Flush batches together: one transaction, each batch in its own
+    /// savepoint (see [`Backend::append_group`]).
+    pub fn append_group(&mut self, batches: &[(&SessionId, &[crate::message::Message])]) -> Vec<FlushOutcome> {
+        crate::backend::group::append_group(self, batches)
+    }
+
+    /// Give back this handle's lease on `session`.
+    pub fn release_lease(&mut self, session: &SessionId) {
+        Backend::release_lease(self, session)
+    }
+
+    /// Give back every lease this handle holds.
+    pub fn release_all_leases(&mut self) {
+        Backend::release_all_leases(self)
+    }
+
+    /// The connection, for reads and tests.
+    pub fn backend(&mut self) -> &mut Postgres {
+        &mut self.pg
+    }
+    pub fn divert_dir(&self) -> &std::path::Path {
+        &self.ledger.divert_dir
+    }
+    pub fn counters(&self) -> Counters {
+        self.ledger.counters
+    }
+    pub fn sticky(&self) -> Option<turnsafe_policy::Cause> {
+        self.ledger.handle.sticky
+    }
+
+    /// The failure of a stopped write, in the policy's terms.
+    fn failure_of(&mut self, stop: write::Stop) -> Failure {
+        let generation = self.pg.generation.clone().unwrap_or_default();
+        match stop {
+            write::Stop::Client(e) => self.pg.client_failure(&e, Fault::Client(&e)),
+            write::Stop::Commit(e) => self.pg.client_failure(&e, Fault::Commit(&e)),
+            write::Stop::Conflict => translate::failure(&Fault::UidConflict, 0),
+            write::Stop::LeaseLost => Failure {
+                evidence: vec![Evidence::TurnLeaseLost],
+                message: "the session's turn lease is held by another writer".into(),
+                ..Failure::default()
+            },
+            write::Stop::Replaced(found) => replaced(&self.pg.url, &generation, &found),
+            write::Stop::Failed(f) => *f,
+        }
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        Backend::release_all_leases(self);
+    }
+}
+
+impl Backend for PgStore {
+    fn location(&self) -> String {
+        self.pg.location()
+    }
+
+    fn is_open(&self) -> bool {
+        self.pg.is_open()
+    }
+
+    fn durability(&self) -> Durability {
+        self.pg.durability()
+    }
+
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
+    fn open(&mut self) -> Result<(), Failure> {
+        if let Some(f) = self.open_failure.take() {
+            return Err(f);
+        }
+        // Connected when the store was made (or still connected after a
+        // failure the server survived): the machine learns it now.
+        if self.pg.is_open() {
+            return Ok(());
+        }
+        self.ledger.counters.open_attempts += 1;
+        self.pg.open()?;
+        self.ledger.counters.connections_opened += 1;
+        Ok(())
+    }
+
+    fn write_group(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
+        let Some(client) = self.pg.client.as_mut() else {
+            return GroupWrite::failed(batches.len(), translate::failure(&Fault::NotConnected, 0));
+        };
+        let generation = self.pg.generation.clone().unwrap_or_default();
+        let divert_dir = self.ledger.divert_dir.clone();
+        let promised = |session: &str| crate::backend::group::divert_max_seq(&divert_dir, session).map(|m| m + 1);
+        let written = write::write_group(
+            client,
+            batches,
+            &mut self.ledger.sessions,
+            &self.lease,
+            &generation,
+            &promised,
+        );
+        if written.group.is_none() {
+            // The last batch stored, for the server check at the next connect.
+            if let Some(k) = written.each.iter().rposition(Option::is_none) {
+                let f = batches[k].0;
+                self.pg.last_stored = Some((f.session.as_str().to_string(), f.uids.clone()));
+            }
+            if written.lsn.is_some() {
+                self.pg.last_lsn = written.lsn;
+            }
+        }
+        let group = written.group.map(|stop| self.failure_of(stop));
+        let each = written
+            .each
+            .into_iter()
+            .map(|e| e.map(|stop| self.failure_of(stop)))
+            .collect();
+        GroupWrite { group, each }
+    }
+
+    fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
+        self.pg.resolve(session, uids)
+    }
+
+    fn capture(&mut self, _trigger: &str, _evidence: &[Evidence]) -> Result<Capture, CaptureError> {
+        Err(CaptureError {
+            operation: "read",
+            file: None,
+            errno: None,
+            message: format!(
+                "{} keeps no generation on this machine to capture",
+                self.pg.url.display()
+            ),
+        })
+    }
+
+    fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
+        self.pg.stored_uids(session, uids)
+    }
+
+    fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError> {
+        self.pg.transcript(session)
+    }
+
+    fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError> {
+        self.pg.search(query, session, limit)
+    }
+
+    fn identity(&mut self) -> Result<Identity, BackendError> {
+        self.pg.identity()
+    }
+
+    /// Every lease this handle holds, given back in one statement.
+    fn release_all_leases(&mut self) {
+        let (ids, tokens): (Vec<String>, Vec<String>) = self
+            .ledger
+            .sessions
+            .iter_mut()
+            .filter_map(|(id, c)| Some((id.clone(), c.lease_token.take()?)))
+            .unzip();
+        if ids.is_empty() || self.ledger.handle.sticky.is_some() {
+            return;
+        }
+        let Some(client) = self.pg.client.as_mut().filter(|c| !c.is_closed()) else {
+            return;
+        };
+        if let Err(e) = client.execute(
+            "UPDATE sessions s SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
+             FROM unnest($1::text[], $2::text[]) AS v(id, t) WHERE s.id = v.id AND s.lease_token = v.t",
+            &[&ids, &tokens],
+        ) {
+            // The leases then expire on their own.
+            tracing::warn!(error = %e, sessions = ids.len(), "could not release the turn leases");
+        }
+    }
+
+    fn release_lease(&mut self, session: &SessionId) {
+        let token = self
+            .ledger
+            .sessions
+            .get_mut(session.as_str())
+            .and_then(|c| c.lease_token.take());
+        let (Some(token), None) = (token, self.ledger.handle.sticky) else {
+            return;
+        };
+        if let Some(client) = self.pg.client.as_mut().filter(|c| !c.is_closed()) {
+            let _ = client.execute(
+                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
+                 WHERE id = $1 AND lease_token = $2",
+                &[&session.as_str(), &token],
+            );
+        }
+    }
 }
 
 /// Whether a stored object's JSON text holds exactly `m`'s object.

@@ -1,19 +1,33 @@
-//! One attempt at writing a batch to PostgreSQL: a single transaction.
+//! One attempt at writing a group of batches to PostgreSQL: a single
+//! transaction, one COMMIT (one WAL flush) for every batch in it.
 //!
-//! The session's row is locked first (`SELECT ... FOR UPDATE`), so writers
-//! of one session and replay take turns, and a held lock fails after
-//! `lock_timeout` with 55P03 instead of waiting. Stored uids are compared
-//! before the insert; the insert itself is `ON CONFLICT (session_id, uid)
-//! DO NOTHING RETURNING uid`, and any uid it did not insert is compared
-//! with what is stored. No error is caught and continued inside the
-//! transaction: in PostgreSQL any error aborts it.
+//! In PostgreSQL any error aborts the whole transaction unless it happened
+//! inside a savepoint, so what one batch alone may fail on is either
+//! decided before anything is written, or written inside a savepoint:
+//! - The sessions' rows are locked in one statement
+//!   (`FOR UPDATE SKIP LOCKED`, in id order), their leases taken or renewed
+//!   in one `UPDATE`, and missing rows inserted in one `INSERT`. A session
+//!   whose row another transaction holds, or that another writer created
+//!   meanwhile, is locked on its own inside a savepoint, so a
+//!   `lock_timeout` (55P03) fails only its batches.
+//! - A fenced lease, and a uid stored with different content (read for
+//!   every batch in one statement), fail their batch before any insert.
+//! - Every batch's messages go in one `INSERT ... ON CONFLICT DO NOTHING`
+//!   inside a savepoint. If it fails, or did not insert every row (another
+//!   writer stored one of these uids meanwhile), it is rolled back to the
+//!   savepoint and each batch is written again in its own savepoint, so
+//!   only the batch at fault fails.
+//!
+//! A failure no savepoint contains (the connection lost, the server
+//! shutting down, a failed COMMIT) fails the whole group: nothing is half
+//! committed, and each batch settles as the policy says.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use postgres::{Client, Transaction};
 use turnsafe_policy::machine::WritePlan;
 
-use crate::backend::{Batch, Cursor, Lease};
+use crate::backend::{Cursor, Flush, Lease};
 use crate::store::{mint_id, now_ms};
 
 pub(super) enum Stop {
@@ -27,6 +41,9 @@ pub(super) enum Stop {
     LeaseLost,
     /// The database's generation is not the one the handle opened.
     Replaced(String),
+    /// A failure already in the policy's terms (one statement's error,
+    /// shared by every batch of a session).
+    Failed(Box<turnsafe_policy::machine::Failure>),
 }
 
 impl From<postgres::Error> for Stop {
@@ -35,103 +52,501 @@ impl From<postgres::Error> for Stop {
     }
 }
 
-/// A message as stored: its object's JSON text.
-type Stored = String;
+/// What one transaction did.
+pub(super) struct Written {
+    /// A failure that ended the transaction: nothing of it is stored.
+    pub group: Option<Stop>,
+    /// Each batch's own failure, in order.
+    pub each: Vec<Option<Stop>>,
+    /// The server's WAL position, read inside the transaction.
+    pub lsn: Option<i64>,
+}
 
-/// A message of the batch: uid, role, content projection, object text.
-type Fresh = (String, Option<String>, Option<String>, String);
+/// A message of the batch as it is inserted.
+struct Row<'a> {
+    batch: usize,
+    session: &'a str,
+    message: &'a crate::message::Message,
+    uid: &'a str,
+    seq: i64,
+    role: Option<String>,
+    content: Option<String>,
+    item: String,
+}
 
-pub(super) fn write(
+/// Write `batches` in one transaction. `cursors` are the sessions' cursors
+/// as committed; they move only when the COMMIT succeeds. `promised` gives,
+/// for a session this handle holds no lease on, the first seq its diverted
+/// lines leave free.
+pub(super) fn write_group(
     client: &mut Client,
-    batch: &Batch<'_>,
-    plan: &WritePlan,
-    cursor: &mut Cursor,
+    batches: &[(&Flush<'_>, WritePlan)],
+    cursors: &mut HashMap<String, Cursor>,
     lease: &Lease,
     generation: &str,
-) -> Result<Option<i64>, Stop> {
-    let session = batch.session.as_str();
-    let mut tx = client.transaction()?;
-    let (token, lsn) = take_lease(&mut tx, session, cursor, plan.recreate_session, lease, generation)?;
-    let stored_max: i64 = tx
-        .query_one(
-            "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE session_id = $1",
-            &[&session],
-        )?
-        .get(0);
-    let first_seq = cursor.next_seq.map_or(stored_max, |k| k.max(stored_max));
+    promised: &dyn Fn(&str) -> Option<i64>,
+) -> Written {
+    let n = batches.len();
+    let mut each: Vec<Option<Stop>> = (0..n).map(|_| None).collect();
+    let mut pending: HashMap<String, Cursor> = HashMap::new();
+    let result = (|| -> Result<Option<i64>, Stop> {
+        let mut tx = client.transaction()?;
+        let lsn = take_leases(&mut tx, batches, cursors, lease, generation, &mut each, &mut pending)?;
+        let rows = plan_rows(&mut tx, batches, &mut each, &mut pending, promised)?;
+        insert_rows(&mut tx, batches.len(), &rows, &mut each)?;
+        crate::failpoint::hit("pg.before_commit");
+        tx.commit().map_err(Stop::Commit)?;
+        Ok(lsn)
+    })();
+    match result {
+        Ok(lsn) => {
+            cursors.extend(pending);
+            Written { group: None, each, lsn }
+        }
+        Err(stop) => Written {
+            group: Some(stop),
+            each,
+            lsn: None,
+        },
+    }
+}
 
-    // Rows of the batch already stored: identical ones count as committed
-    // (an idempotent resend), a different one is a conflict.
-    let rows: Vec<(Fresh, &crate::message::Message)> = batch
-        .messages
+/// Lock every session's row, check the database's generation, and take or
+/// renew each lease. Sessions whose lease another writer holds get
+/// [`Stop::LeaseLost`] in `each`; the others' cursors, with their lease
+/// token, go to `pending`. Returns the WAL position.
+fn take_leases(
+    tx: &mut Transaction<'_>,
+    batches: &[(&Flush<'_>, WritePlan)],
+    cursors: &HashMap<String, Cursor>,
+    lease: &Lease,
+    generation: &str,
+    each: &mut [Option<Stop>],
+    pending: &mut HashMap<String, Cursor>,
+) -> Result<Option<i64>, Stop> {
+    let sessions: BTreeSet<&str> = batches.iter().map(|(f, _)| f.session.as_str()).collect();
+    let recreate: HashSet<&str> = batches
         .iter()
-        .zip(batch.uids)
-        .map(|(m, uid)| {
-            (
-                (uid.clone(), m.role().map(String::from), m.content_text(), m.item_text()),
-                m,
-            )
-        })
+        .filter(|(_, p)| p.recreate_session)
+        .map(|(f, _)| f.session.as_str())
         .collect();
-    let stored = stored_rows(&mut tx, session, batch.uids)?;
-    let mut seen = HashSet::new();
-    let mut fresh = Vec::new();
-    for (row, m) in &rows {
-        match stored.get(&row.0) {
-            Some(s) if !super::same_item(s, m) => return Err(Stop::Conflict),
-            Some(_) => {}
-            None if seen.insert(row.0.clone()) => fresh.push((row, *m)),
-            None => {}
+    let ids: Vec<&str> = sessions.iter().copied().collect();
+    // The generation and the WAL position always come back (the left side
+    // is one row); the sessions' rows that no other transaction holds come
+    // locked, in id order, so two groups never wait on each other in a cycle.
+    let found = tx.query(
+        "SELECT g.value, (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, s.id, s.lease_token, s.lease_expires_ms \
+         FROM (SELECT (SELECT value FROM state_meta WHERE key = 'generation') AS value) g \
+         LEFT JOIN LATERAL (SELECT id, lease_token, lease_expires_ms FROM sessions \
+             WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED) s ON true",
+        &[&ids],
+    )?;
+    let found_generation: Option<String> = found.first().and_then(|r| r.get(0));
+    if found_generation.as_deref() != Some(generation) {
+        return Err(Stop::Replaced(found_generation.unwrap_or_default()));
+    }
+    let lsn: Option<i64> = found.first().and_then(|r| r.get(1));
+    let locked: BTreeMap<String, (Option<String>, Option<i64>)> = found
+        .iter()
+        .filter_map(|r| Some((r.get::<_, Option<String>>(2)?, (r.get(3), r.get(4)))))
+        .collect();
+
+    let now = now_ms();
+    let expires = now.saturating_add(lease.ttl_ms);
+    let mut set: Vec<(String, String)> = Vec::new();
+    let mut create: Vec<(String, String)> = Vec::new();
+    let mut alone: Vec<&str> = Vec::new();
+    let mut fenced: Vec<&str> = Vec::new();
+    for &id in &ids {
+        let ours = cursors.get(id).and_then(|c| c.lease_token.clone());
+        let decided = match locked.get(id) {
+            Some((token, held_until)) => decide(token.as_deref(), *held_until, ours, now, lease),
+            // Missing, or held by another transaction: a session new to
+            // this handle is tried in one insert, and what that cannot
+            // settle (and every session we wrote before) alone.
+            None if ours.is_none() || recreate.contains(id) => Decision::Create(ours.unwrap_or_else(mint_id)),
+            None => Decision::Alone,
+        };
+        match decided {
+            Decision::Keep(token) => keep(pending, cursors, id, token),
+            Decision::Set(token) => {
+                set.push((id.to_string(), token.clone()));
+                keep(pending, cursors, id, token);
+            }
+            Decision::Create(token) => create.push((id.to_string(), token)),
+            Decision::Fenced => fenced.push(id),
+            Decision::Alone => alone.push(id),
         }
     }
-    let n = fresh.len() as i64;
-    let seqs: Vec<i64> = (first_seq..first_seq + n).collect();
-    let uids: Vec<&str> = fresh.iter().map(|r| r.0.0.as_str()).collect();
-    let roles: Vec<Option<&str>> = fresh.iter().map(|r| r.0.1.as_deref()).collect();
-    let contents: Vec<Option<&str>> = fresh.iter().map(|r| r.0.2.as_deref()).collect();
-    let items: Vec<&str> = fresh.iter().map(|r| r.0.3.as_str()).collect();
-    let created = now_ms();
-    let inserted: HashSet<String> = tx
-        .query(
-            "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
-             SELECT $1, u, s, r, c, i, $7 \
-             FROM unnest($2::text[], $3::int8[], $4::text[], $5::text[], $6::text[]) AS t(u, s, r, c, i) \
-             ON CONFLICT (session_id, uid) DO NOTHING RETURNING uid",
-            &[&session, &uids, &seqs, &roles, &contents, &items, &created],
-        )?
-        .into_iter()
-        .map(|r| r.get(0))
-        .collect();
-    if inserted.len() != fresh.len() {
-        // Someone stored one of these uids since we looked: compare again.
-        let missing: Vec<String> = fresh
-            .iter()
-            .filter(|r| !inserted.contains(&r.0.0))
-            .map(|r| r.0.0.clone())
+    if !set.is_empty() {
+        let (set_ids, tokens): (Vec<String>, Vec<String>) = set.into_iter().unzip();
+        tx.execute(
+            "UPDATE sessions s SET lease_token = v.t, lease_holder = $3, lease_expires_ms = $4 \
+             FROM unnest($1::text[], $2::text[]) AS v(id, t) WHERE s.id = v.id",
+            &[&set_ids, &tokens, &lease.holder, &expires],
+        )?;
+    }
+    if !create.is_empty() {
+        let (new_ids, tokens): (Vec<String>, Vec<String>) = create.iter().cloned().unzip();
+        let made: HashSet<String> = tx
+            .query(
+                "INSERT INTO sessions(id, created_ms, lease_token, lease_holder, lease_expires_ms) \
+                 SELECT v.id, $3, v.t, $4, $5 FROM unnest($1::text[], $2::text[]) AS v(id, t) \
+                 ON CONFLICT (id) DO NOTHING RETURNING id",
+                &[&new_ids, &tokens, &now, &lease.holder, &expires],
+            )?
+            .into_iter()
+            .map(|r| r.get(0))
             .collect();
-        let now = stored_rows(&mut tx, session, &missing)?;
-        for (row, m) in fresh.iter().filter(|r| !inserted.contains(&r.0.0)) {
-            if !now.get(&row.0).is_some_and(|s| super::same_item(s, m)) {
-                return Err(Stop::Conflict);
+        for (id, token) in create {
+            if made.contains(&id) {
+                keep(pending, cursors, &id, token);
+            } else if let Some(&known) = ids.iter().find(|s| **s == id) {
+                // Another writer created the row meanwhile.
+                alone.push(known);
             }
         }
     }
-    crate::failpoint::hit("pg.before_commit");
-    tx.commit().map_err(Stop::Commit)?;
-    cursor.lease_token = Some(token);
-    cursor.next_seq = Some(first_seq + n);
+    for id in alone {
+        let ours = cursors.get(id).and_then(|c| c.lease_token.clone());
+        let in_savepoint = (|| -> Result<Result<String, Stop>, postgres::Error> {
+            let mut sp = tx.savepoint("lease")?;
+            match take_lease(&mut sp, id, ours.clone(), recreate.contains(id), lease) {
+                Ok(token) => {
+                    sp.commit()?;
+                    Ok(Ok(token))
+                }
+                Err(Stop::Client(e)) if e.as_db_error().is_some() => {
+                    sp.rollback()?;
+                    Ok(Err(Stop::Failed(Box::new(super::translate::failure(
+                        &super::translate::Fault::Client(&e),
+                        0,
+                    )))))
+                }
+                Err(stop) => {
+                    sp.rollback()?;
+                    Ok(Err(stop))
+                }
+            }
+        })();
+        match in_savepoint {
+            Ok(Ok(token)) => keep(pending, cursors, id, token),
+            Ok(Err(Stop::Failed(f))) => fail_session(batches, each, id, || Stop::Failed(f.clone())),
+            Ok(Err(Stop::LeaseLost)) => fenced.push(id),
+            Ok(Err(other)) => return Err(other),
+            // The savepoint itself failed: the connection is gone.
+            Err(e) => return Err(Stop::Client(e)),
+        }
+    }
+    for id in fenced {
+        fail_session(batches, each, id, || Stop::LeaseLost);
+    }
     Ok(lsn)
 }
 
-fn stored_rows(tx: &mut Transaction<'_>, session: &str, uids: &[String]) -> Result<HashMap<String, Stored>, Stop> {
-    Ok(tx
+enum Decision {
+    /// Ours, as it is.
+    Keep(String),
+    /// Ours once the row says this token.
+    Set(String),
+    /// The row is inserted with this token.
+    Create(String),
+    /// Another writer holds the lease.
+    Fenced,
+    /// Locked on its own, in a savepoint.
+    Alone,
+}
+
+/// What to do with a session's lease, from its locked row.
+fn decide(token: Option<&str>, held_until: Option<i64>, ours: Option<String>, now: i64, lease: &Lease) -> Decision {
+    match (token, ours) {
+        (Some(t), Some(mine)) if t == mine => {
+            // Still ours. Renewed once half its time has passed, not with
+            // every batch, as the SQLite store does.
+            if held_until.is_none_or(|e| e - now < lease.ttl_ms - lease.ttl_ms / 2) {
+                Decision::Set(mine)
+            } else {
+                Decision::Keep(mine)
+            }
+        }
+        // We held the lease and someone else took it: fenced.
+        (_, Some(_)) => Decision::Fenced,
+        (Some(_), None) if held_until.is_some_and(|e| e > now) => Decision::Fenced,
+        (_, None) => Decision::Set(mint_id()),
+    }
+}
+
+fn keep(pending: &mut HashMap<String, Cursor>, cursors: &HashMap<String, Cursor>, id: &str, token: String) {
+    let cursor = pending
+        .entry(id.to_string())
+        .or_insert_with(|| cursors.get(id).cloned().unwrap_or_default());
+    cursor.lease_token = Some(token);
+}
+
+fn fail_session(batches: &[(&Flush<'_>, WritePlan)], each: &mut [Option<Stop>], id: &str, stop: impl Fn() -> Stop) {
+    for (k, (f, _)) in batches.iter().enumerate() {
+        if f.session.as_str() == id && each[k].is_none() {
+            each[k] = Some(stop());
+        }
+    }
+}
+
+/// The rows to insert, with their seqs; a batch with a uid stored with
+/// different content fails alone here, before anything is written.
+fn plan_rows<'a>(
+    tx: &mut Transaction<'_>,
+    batches: &[(&'a Flush<'a>, WritePlan)],
+    each: &mut [Option<Stop>],
+    pending: &mut HashMap<String, Cursor>,
+    promised: &dyn Fn(&str) -> Option<i64>,
+) -> Result<Vec<Row<'a>>, Stop> {
+    let live: Vec<usize> = (0..batches.len()).filter(|&k| each[k].is_none()).collect();
+    if live.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (mut q_sessions, mut q_uids): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+    for &k in &live {
+        let f = batches[k].0;
+        for uid in &f.uids {
+            q_sessions.push(f.session.as_str());
+            q_uids.push(uid);
+        }
+    }
+    let stored: HashMap<(String, String), String> = tx
         .query(
-            "SELECT uid, item FROM messages WHERE session_id = $1 AND uid = ANY($2)",
-            &[&session, &uids],
+            "SELECT m.session_id, m.uid, m.item FROM messages m \
+             JOIN unnest($1::text[], $2::text[]) AS q(s, u) ON m.session_id = q.s AND m.uid = q.u",
+            &[&q_sessions, &q_uids],
+        )?
+        .into_iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect();
+    let ids: Vec<&str> = live
+        .iter()
+        .map(|&k| batches[k].0.session.as_str())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut next: HashMap<String, i64> = tx
+        .query(
+            "SELECT session_id, MAX(seq) + 1 FROM messages WHERE session_id = ANY($1) GROUP BY session_id",
+            &[&ids],
         )?
         .into_iter()
         .map(|r| (r.get(0), r.get(1)))
-        .collect())
+        .collect();
+    for id in &ids {
+        let stored_next = next.get(*id).copied().unwrap_or(1);
+        let cursor = pending.entry(id.to_string()).or_default();
+        // A handle about to take the lease learns which seqs diverted lines
+        // already hold, so it never commits over them.
+        let known = match cursor.next_seq {
+            Some(k) => Some(k),
+            None => promised(id),
+        };
+        next.insert(id.to_string(), known.map_or(stored_next, |k| k.max(stored_next)));
+    }
+    let mut rows = Vec::new();
+    let mut in_group: HashSet<(&str, &str)> = HashSet::new();
+    for &k in &live {
+        let f = batches[k].0;
+        let session = f.session.as_str();
+        let mut fresh = Vec::new();
+        let mut conflict = false;
+        for (m, uid) in f.messages.iter().zip(&f.uids) {
+            match stored.get(&(session.to_string(), uid.clone())) {
+                Some(s) if !super::same_item(s, m) => conflict = true,
+                Some(_) => {}
+                None if in_group.insert((session, uid)) => fresh.push((m, uid.as_str())),
+                None => {}
+            }
+        }
+        if conflict {
+            // Its rows are not written; the uids it took are free again.
+            for (_, uid) in &fresh {
+                in_group.remove(&(session, *uid));
+            }
+            each[k] = Some(Stop::Conflict);
+            continue;
+        }
+        let seq = next.entry(session.to_string()).or_insert(1);
+        for (m, uid) in fresh {
+            rows.push(Row {
+                batch: k,
+                session,
+                message: m,
+                uid,
+                seq: *seq,
+                role: m.role().map(String::from),
+                content: m.content_text(),
+                item: m.item_text(),
+            });
+            *seq += 1;
+        }
+    }
+    for (id, seq) in next {
+        if let Some(c) = pending.get_mut(&id) {
+            c.next_seq = Some(seq);
+        }
+    }
+    Ok(rows)
+}
+
+/// Insert every row in one statement inside a savepoint; if that fails or
+/// misses a row, each batch again in its own savepoint.
+fn insert_rows(tx: &mut Transaction<'_>, n: usize, rows: &[Row<'_>], each: &mut [Option<Stop>]) -> Result<(), Stop> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let batches: BTreeSet<usize> = rows.iter().map(|r| r.batch).collect();
+    if n == 1 || batches.len() == 1 {
+        // One batch: its failure is the transaction's.
+        let missed = insert(tx, rows)?;
+        return if missed.is_empty() { Ok(()) } else { Err(Stop::Conflict) };
+    }
+    let together = (|| -> Result<bool, postgres::Error> {
+        let mut sp = tx.savepoint("group")?;
+        match insert(&mut sp, rows) {
+            Ok(missed) if missed.is_empty() => {
+                sp.commit()?;
+                Ok(true)
+            }
+            Ok(_) => {
+                sp.rollback()?;
+                Ok(false)
+            }
+            Err(e) if e.as_db_error().is_some() => {
+                sp.rollback()?;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    })()?;
+    if together {
+        return Ok(());
+    }
+    tracing::debug!("a group insert failed; each batch on its own");
+    for k in batches {
+        let own: Vec<&Row<'_>> = rows.iter().filter(|r| r.batch == k).collect();
+        let mut sp = tx.savepoint("batch")?;
+        match insert_refs(&mut sp, &own) {
+            Ok(missed) if missed.is_empty() => sp.commit()?,
+            Ok(_) => {
+                sp.rollback()?;
+                each[k] = Some(Stop::Conflict);
+            }
+            Err(e) if e.as_db_error().is_some() => {
+                sp.rollback()?;
+                each[k] = Some(Stop::Client(e));
+            }
+            Err(e) => return Err(Stop::Client(e)),
+        }
+    }
+    Ok(())
+}
+
+fn insert(tx: &mut Transaction<'_>, rows: &[Row<'_>]) -> Result<Vec<(String, String)>, postgres::Error> {
+    let refs: Vec<&Row<'_>> = rows.iter().collect();
+    insert_refs(tx, &refs)
+}
+
+/// Insert `rows`; returns the `(session, uid)` of each row not inserted
+/// because the uid was stored meanwhile with other content. A uid stored
+/// meanwhile with the same content counts as stored.
+fn insert_refs(tx: &mut Transaction<'_>, rows: &[&Row<'_>]) -> Result<Vec<(String, String)>, postgres::Error> {
+    let sessions: Vec<&str> = rows.iter().map(|r| r.session).collect();
+    let uids: Vec<&str> = rows.iter().map(|r| r.uid).collect();
+    let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+    let roles: Vec<Option<&str>> = rows.iter().map(|r| r.role.as_deref()).collect();
+    let contents: Vec<Option<&str>> = rows.iter().map(|r| r.content.as_deref()).collect();
+    let items: Vec<&str> = rows.iter().map(|r| r.item.as_str()).collect();
+    let created = now_ms();
+    let inserted: HashSet<(String, String)> = tx
+        .query(
+            "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+             SELECT s, u, q, r, c, i, $7 \
+             FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[]) \
+                 AS t(s, u, q, r, c, i) \
+             ON CONFLICT (session_id, uid) DO NOTHING RETURNING session_id, uid",
+            &[&sessions, &uids, &seqs, &roles, &contents, &items, &created],
+        )?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    if inserted.len() == rows.len() {
+        return Ok(Vec::new());
+    }
+    // Someone stored one of these uids since we looked: compare again.
+    let mut missed = Vec::new();
+    for r in rows {
+        if inserted.contains(&(r.session.to_string(), r.uid.to_string())) {
+            continue;
+        }
+        let now: Option<String> = tx
+            .query_opt(
+                "SELECT item FROM messages WHERE session_id = $1 AND uid = $2",
+                &[&r.session, &r.uid],
+            )?
+            .map(|row| row.get(0));
+        if !now.is_some_and(|s| super::same_item(&s, r.message)) {
+            missed.push((r.session.to_string(), r.uid.to_string()));
+        }
+    }
+    Ok(missed)
+}
+
+/// Lock one session's row (waiting at most `lock_timeout`) and take, or
+/// confirm and renew, its lease. The row is inserted when missing (or when
+/// the policy said `recreate_session`); a row that vanished after our first
+/// batch is left missing, so the insert fails on the foreign key and the
+/// policy decides.
+fn take_lease(
+    tx: &mut Transaction<'_>,
+    session: &str,
+    ours: Option<String>,
+    recreate: bool,
+    lease: &Lease,
+) -> Result<String, Stop> {
+    let now = now_ms();
+    let expires = now.saturating_add(lease.ttl_ms);
+    for _ in 0..2 {
+        let row: Option<(Option<String>, Option<i64>)> = tx
+            .query_opt(
+                "SELECT lease_token, lease_expires_ms FROM sessions WHERE id = $1 FOR UPDATE",
+                &[&session],
+            )?
+            .map(|r| (r.get(0), r.get(1)));
+        match row {
+            Some((token, held_until)) => {
+                return match decide(token.as_deref(), held_until, ours, now, lease) {
+                    Decision::Keep(mine) => Ok(mine),
+                    Decision::Set(mine) => {
+                        tx.execute(
+                            "UPDATE sessions SET lease_token = $2, lease_holder = $3, lease_expires_ms = $4 \
+                             WHERE id = $1",
+                            &[&session, &mine, &lease.holder, &expires],
+                        )?;
+                        Ok(mine)
+                    }
+                    _ => Err(Stop::LeaseLost),
+                };
+            }
+            None if ours.is_some() && !recreate => return Ok(ours.unwrap_or_default()),
+            None => {
+                let mine = ours.clone().unwrap_or_else(mint_id);
+                let n = tx.execute(
+                    "INSERT INTO sessions(id, created_ms, lease_token, lease_holder, lease_expires_ms) \
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+                    &[&session, &now, &mine, &lease.holder, &expires],
+                )?;
+                if n == 1 {
+                    return Ok(mine);
+                }
+                // Another writer created the row meanwhile: look again.
+            }
+        }
+    }
+    Err(Stop::LeaseLost)
 }
 
 /// Which of `uids` are stored for `session`, in the order asked.
@@ -145,85 +560,4 @@ pub(super) fn stored_uids(client: &mut Client, session: &str, uids: &[String]) -
         .map(|r| r.get(0))
         .collect();
     Ok(uids.iter().filter(|u| stored.contains(*u)).cloned().collect())
-}
-
-/// Take, or confirm and renew, the session's turn lease, holding the
-/// session row locked until the transaction ends. The row is inserted at
-/// the first batch (or when the policy said `recreate_session`); a row
-/// that vanished after our first batch is left missing, so the insert
-/// fails on the foreign key and the policy decides. Also returns the
-/// server's WAL position, read in the same statement (no round trip of its
-/// own), for the handle's server check.
-fn take_lease(
-    tx: &mut Transaction<'_>,
-    session: &str,
-    cursor: &Cursor,
-    recreate: bool,
-    lease: &Lease,
-    generation: &str,
-) -> Result<(String, Option<i64>), Stop> {
-    let now = now_ms();
-    let expires = now + lease.ttl_ms;
-    for _ in 0..2 {
-        // The session row, locked, and the database's generation: is this
-        // still the database the handle opened?
-        let row = tx.query_opt(
-            "SELECT (SELECT value FROM state_meta WHERE key = 'generation'), s.lease_token, s.lease_expires_ms, \
-             (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8 \
-             FROM sessions s WHERE s.id = $1 FOR UPDATE OF s",
-            &[&session],
-        )?;
-        let found: Option<String> = match &row {
-            Some(r) => r.get(0),
-            None => tx
-                .query_opt("SELECT value FROM state_meta WHERE key = 'generation'", &[])?
-                .map(|r| r.get(0)),
-        };
-        if found.as_deref() != Some(generation) {
-            return Err(Stop::Replaced(found.unwrap_or_default()));
-        }
-        let lsn: Option<i64> = row.as_ref().map(|r| r.get(3));
-        let row: Option<(Option<String>, Option<i64>)> = row.map(|r| (r.get(1), r.get(2)));
-        let ours = cursor.lease_token.clone();
-        match (row, ours) {
-            (Some((Some(t), held_until)), Some(mine)) if t == mine => {
-                // Still ours. Renewed once half its time has passed, not
-                // with every batch, as the SQLite store does.
-                if held_until.is_none_or(|e| e - now < lease.ttl_ms - lease.ttl_ms / 2) {
-                    tx.execute(
-                        "UPDATE sessions SET lease_expires_ms = $2 WHERE id = $1",
-                        &[&session, &expires],
-                    )?;
-                }
-                return Ok((mine, lsn));
-            }
-            // We held the lease and someone else took it: fenced.
-            (Some(_), Some(_)) => return Err(Stop::LeaseLost),
-            (Some((token, exp)), None) => {
-                if token.is_some() && exp.is_some_and(|e| e > now) {
-                    return Err(Stop::LeaseLost);
-                }
-                let mine = mint_id();
-                tx.execute(
-                    "UPDATE sessions SET lease_token = $2, lease_holder = $3, lease_expires_ms = $4 WHERE id = $1",
-                    &[&session, &mine, &lease.holder, &expires],
-                )?;
-                return Ok((mine, lsn));
-            }
-            (None, Some(mine)) if !recreate => return Ok((mine, lsn)),
-            (None, ours) => {
-                let mine = ours.unwrap_or_else(mint_id);
-                let n = tx.execute(
-                    "INSERT INTO sessions(id, created_ms, lease_token, lease_holder, lease_expires_ms) \
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
-                    &[&session, &now, &mine, &lease.holder, &expires],
-                )?;
-                if n == 1 {
-                    return Ok((mine, lsn));
-                }
-                // Another writer created the row meanwhile: look again.
-            }
-        }
-    }
-    Err(Stop::LeaseLost)
 }

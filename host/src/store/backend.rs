@@ -1,6 +1,6 @@
 //! SQLite behind the backend seam: [`SessionStore`] performs the same
-//! effects as the PostgreSQL executor, so [`crate::backend::Writer`] can
-//! drive either.
+//! effects as the PostgreSQL store, so the one executor
+//! ([`crate::backend::group`]) drives either.
 
 use std::time::Instant;
 
@@ -8,8 +8,10 @@ use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
 use turnsafe_policy::machine::{Failure, WritePlan};
 
-use super::{Flush, SessionId, SessionStore, failure_of};
-use crate::backend::{Backend, BackendError, Batch, Cursor, Identity, Lease, SearchReport};
+use turnsafe_policy::Evidence;
+
+use super::{SessionId, SessionStore, failure_of};
+use crate::backend::{Backend, BackendError, Flush, GroupWrite, Identity, Ledger, SearchReport};
 use crate::capture::{Capture, CaptureError};
 
 impl SessionStore {
@@ -41,6 +43,18 @@ impl Backend for SessionStore {
         self.opts.synchronous.durability()
     }
 
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
+    fn pending_holds(&self) -> Vec<crate::captures::Hold> {
+        SessionStore::pending_holds(self)
+    }
+
+    fn patience_ms(&self, started: Instant) -> u64 {
+        self.lock_watch.stalled_ms(started)
+    }
+
     /// A failed open's connection, if SQLite made one, is held until the
     /// next open or the handle's end, so a quarantined file is opened once.
     fn open(&mut self) -> Result<(), Failure> {
@@ -59,41 +73,49 @@ impl Backend for SessionStore {
         Err(failure_of(&error, errno, Vec::new(), 0))
     }
 
-    fn write(
-        &mut self,
-        batch: &Batch<'_>,
-        plan: &WritePlan,
-        cursor: &mut Cursor,
-        lease: &Lease,
-    ) -> Result<(), Failure> {
-        self.opts.holder = lease.holder.clone();
-        self.opts.lease_ttl = std::time::Duration::from_millis(lease.ttl_ms.max(0) as u64);
-        let key = batch.session.as_str().to_string();
-        let state = self.sessions.entry(key.clone()).or_default();
-        state.lease_token = cursor.lease_token.clone();
-        state.next_seq = cursor.next_seq;
-        let flush = Flush {
-            session: batch.session,
-            messages: batch.messages,
-            uids: batch.uids.to_vec(),
-            started: Instant::now(),
-        };
-        let mut result = self.write_group(&[(&flush, *plan)]);
-        if let Some(state) = self.sessions.get(&key) {
-            cursor.lease_token = state.lease_token.clone();
-            cursor.next_seq = state.next_seq;
-        }
-        match result.each.pop().flatten().or(result.group) {
-            None => Ok(()),
-            Some(f) => Err(super::failure_of_write(&f, flush.elapsed_ms())),
+    fn write_group(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
+        let written = self.commit_group(batches);
+        let failure = |f: &super::write::WriteFailure| super::failure_of_write(f, 0);
+        GroupWrite {
+            group: written.group.as_ref().map(failure),
+            each: written.each.iter().map(|f| f.as_ref().map(failure)).collect(),
         }
     }
 
+    /// SQLite always knows how its COMMIT ended, so the machine asks this
+    /// only of hosts that lost an answer; it is answered all the same, from
+    /// the live connection.
     fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
         let Some(conn) = self.conn.as_ref() else {
             return Err(failure_of(&rusqlite::Error::InvalidQuery, None, Vec::new(), 0));
         };
-        super::group::all_stored(conn, session, uids).map_err(|e| failure_of(&e, None, Vec::new(), 0))
+        all_stored(conn, session, uids).map_err(|e| failure_of(&e, None, Vec::new(), 0))
+    }
+
+    /// Once per handle: a later ask gets the first capture's result.
+    fn capture(&mut self, trigger: &str, evidence: &[Evidence]) -> Result<Capture, CaptureError> {
+        match self.retire_generation(trigger, evidence) {
+            Some(result) => result,
+            // Already tried by this handle, or no generation was recorded
+            // (the guard is off).
+            None => match &self.captured {
+                Some(result) => result.clone(),
+                None => Err(CaptureError {
+                    operation: "read",
+                    file: None,
+                    errno: None,
+                    message: "no retired generation is recorded by this handle".into(),
+                }),
+            },
+        }
+    }
+
+    fn release_all_leases(&mut self) {
+        SessionStore::release_all_leases(self)
+    }
+
+    fn release_lease(&mut self, session: &SessionId) {
+        SessionStore::release_lease(self, session)
     }
 
     fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
@@ -150,24 +172,17 @@ impl Backend for SessionStore {
             location: self.db_path.display().to_string(),
         })
     }
+}
 
-    fn release_lease(&mut self, session: &str, token: &str) {
-        if let Ok(id) = SessionId::new(session) {
-            self.sessions.entry(session.to_string()).or_default().lease_token = Some(token.to_string());
-            SessionStore::release_lease(self, &id);
+/// Whether every one of `uids` is stored for `session`.
+pub(super) fn all_stored(conn: &rusqlite::Connection, session: &str, uids: &[String]) -> rusqlite::Result<bool> {
+    let mut stmt = conn.prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")?;
+    for uid in uids {
+        if !stmt.exists(rusqlite::params![session, uid])? {
+            return Ok(false);
         }
     }
-
-    fn capture(&mut self, trigger: &str) -> Result<Capture, CaptureError> {
-        self.retire_generation(trigger, &[]).unwrap_or_else(|| {
-            Err(CaptureError {
-                operation: "read",
-                file: None,
-                errno: None,
-                message: "no retired generation is recorded by this handle".into(),
-            })
-        })
-    }
+    Ok(true)
 }
 
 /// A session's stored messages in `seq` order, as `show --json` prints them.

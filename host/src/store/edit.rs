@@ -81,7 +81,7 @@ impl SessionStore {
             message,
             attempts,
         };
-        if let Some(cause) = self.handle.sticky {
+        if let Some(cause) = self.ledger.handle.sticky {
             return Err(fail(
                 cause,
                 ActionKind::FailClosed,
@@ -155,7 +155,11 @@ impl SessionStore {
         let Some(conn) = self.conn.as_ref() else {
             return Err(Stop::Sqlite(rusqlite::Error::InvalidQuery, Vec::new()));
         };
-        let ours = self.sessions.get(session.as_str()).and_then(|s| s.lease_token.clone());
+        let ours = self
+            .ledger
+            .sessions
+            .get(session.as_str())
+            .and_then(|s| s.lease_token.clone());
         let guard = &mut self.guard;
         let result = (|| -> Result<T, Stop> {
             conn.execute_batch("BEGIN IMMEDIATE")?;

@@ -17,7 +17,6 @@
 
 mod backend;
 mod edit;
-mod group;
 pub mod index;
 mod lockwait;
 pub(crate) mod rows;
@@ -25,22 +24,22 @@ pub mod schema;
 mod shared;
 mod write;
 
+use crate::backend::{Cursor, Flush, Ledger};
+pub use crate::backend::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES};
 pub use backend::transcript;
 pub use edit::EditError;
-pub use group::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES};
 pub use shared::SharedStore;
 
-use std::collections::HashMap;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
-use turnsafe_policy::machine::{Failure, HandleState};
+use turnsafe_policy::machine::Failure;
 use turnsafe_policy::{Cause, Evidence, Operation};
 
 use crate::capture::{self, Capture, CaptureError};
-use crate::divert::{self, DivertError};
+use crate::divert;
 use crate::guard::{self, Guard, Verdict};
 use crate::message::Message;
 use crate::observe;
@@ -134,14 +133,6 @@ impl SessionId {
     }
 }
 
-#[derive(Debug, Clone, Default)]
-struct SessionState {
-    /// Our lease token, once the first batch took the lease.
-    lease_token: Option<String>,
-    /// The seq the next message gets, when known.
-    next_seq: Option<i64>,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("could not create {path}: {source}")]
@@ -152,13 +143,12 @@ pub enum StoreError {
 pub struct SessionStore {
     home: PathBuf,
     db_path: PathBuf,
-    divert_dir: PathBuf,
     opts: StoreOptions,
     conn: Option<Connection>,
     guard: Option<Guard>,
-    /// What the policy's machines know across batches: open or not,
-    /// sticky or not, captured or not.
-    handle: HandleState,
+    /// What the policy's machines know across batches, each session's
+    /// cursor, the divert folder and the counters.
+    ledger: Ledger,
     /// The capture this handle made of its retired generation, once tried.
     captured: Option<Result<Capture, CaptureError>>,
     /// Switching off the checkpoint at close failed for a retired
@@ -174,8 +164,6 @@ pub struct SessionStore {
     /// The home's entry in its parent folder was fsynced by this handle:
     /// until it is, nothing is written (see `ensure_open`).
     home_synced: bool,
-    counters: Counters,
-    sessions: HashMap<String, SessionState>,
     /// What the flushes saw of the write lock while they waited for it.
     lock_watch: lockwait::LockWatch,
 }
@@ -204,18 +192,15 @@ impl SessionStore {
         let mut s = SessionStore {
             home: home.to_path_buf(),
             db_path: home.join("state.db"),
-            divert_dir: home.join("sessions"),
             opts,
             conn: None,
             guard: None,
-            handle: HandleState::default(),
+            ledger: Ledger::new(home),
             captured: None,
             close_may_checkpoint: false,
             open_failure: None,
             quarantined: None,
             home_synced: false,
-            counters: Counters::default(),
-            sessions: HashMap::new(),
             lock_watch: lockwait::LockWatch::new(),
         };
         // A writer never holds the database open only to divert: with a
@@ -288,17 +273,17 @@ impl SessionStore {
         &self.db_path
     }
     pub fn divert_dir(&self) -> &Path {
-        &self.divert_dir
+        &self.ledger.divert_dir
     }
     pub fn counters(&self) -> Counters {
-        self.counters
+        self.ledger.counters
     }
     pub fn is_open(&self) -> bool {
         self.conn.is_some()
     }
     /// The sticky cause, once the handle refuses to touch the database.
     pub fn sticky(&self) -> Option<Cause> {
-        self.handle.sticky
+        self.ledger.handle.sticky
     }
     /// The identity of the SQLite connection (its `sqlite3*`), for the
     /// tests that prove a flush never reopens.
@@ -318,7 +303,7 @@ impl SessionStore {
         if self.conn.is_some() {
             return Ok(());
         }
-        self.counters.open_attempts += 1;
+        self.ledger.counters.open_attempts += 1;
         self.sync_home_entry()?;
         // Create the file ourselves so it is 0600; SQLite gives its WAL and
         // shm the main file's mode. If this fails, SQLite's own open below
@@ -358,7 +343,7 @@ impl SessionStore {
         };
         match self.configure(&conn) {
             Ok(()) => {
-                self.counters.connections_opened += 1;
+                self.ledger.counters.connections_opened += 1;
                 // Record the generation the handle writes to. A probe that
                 // cannot run leaves the store closed: fail closed as `disk`.
                 let guard = match Guard::record(&self.db_path, &conn) {
@@ -403,10 +388,38 @@ impl SessionStore {
     /// The policy's flush machine decides every step; the store only
     /// performs them and feeds back what happened.
     pub fn append_batch(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
-        let mut one = [self.member(session, messages)];
-        self.run_group(&mut one);
-        let [member] = one;
-        member.finish()
+        crate::backend::Backend::append_batch(self, session, messages)
+    }
+
+    /// Flush several batches at once, each under its own flush machine and
+    /// with its own outcome (in the order given). Batches that write are
+    /// committed together, with one sync: a failure of one batch alone (a
+    /// uid conflict, a lost lease) fails only that batch; a failure that
+    /// ends the transaction is every batch's failure, and each then
+    /// settles as the policy says. No batch is ever half committed.
+    pub fn append_group(&mut self, batches: &[(&SessionId, &[Message])]) -> Vec<FlushOutcome> {
+        crate::backend::group::append_group(self, batches)
+    }
+
+    /// The outcome of a batch that never ran: handed back whole, cause
+    /// `unknown`.
+    pub(crate) fn handed_back(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
+        crate::backend::group::handed_back(self, session, messages)
+    }
+
+    /// The unsettled captures under the home that hold some session's
+    /// rows, read before every group: a capture another process made since
+    /// the last group counts at once.
+    pub fn pending_holds(&self) -> Vec<crate::captures::Hold> {
+        match crate::captures::holds(&self.home) {
+            Ok(h) => h,
+            Err(e) => {
+                // The open that follows meets whatever keeps the home from
+                // being read, and fails with its own cause.
+                tracing::warn!(error = %e, "cannot list the home's captures");
+                Vec::new()
+            }
+        }
     }
 
     /// The retired generation must never be checkpointed into whatever file
@@ -433,7 +446,7 @@ impl SessionStore {
         let mut evidence: Vec<Evidence> = evidence.to_vec();
         evidence.sort();
         evidence.dedup();
-        let cause = self.handle.sticky.unwrap_or_else(|| {
+        let cause = self.ledger.handle.sticky.unwrap_or_else(|| {
             if evidence.contains(&Evidence::DbReplaced) {
                 turnsafe_policy::Cause::Replaced
             } else if evidence.contains(&Evidence::DeletedWalGeneration) {
@@ -460,7 +473,7 @@ impl SessionStore {
         let mut capture = None;
         if let (Some(conn), Some(guard)) = (&self.conn, &mut self.guard) {
             match guard.check(conn) {
-                Ok(Verdict::Intact) if self.handle.sticky.is_none() => {}
+                Ok(Verdict::Intact) if self.ledger.handle.sticky.is_none() => {}
                 Ok(Verdict::Intact) => capture = self.retire_generation("close after a sticky cause", &[]),
                 Ok(Verdict::Mismatch { detail, evidence }) => {
                     tracing::warn!(detail = %detail, "generation changed before close");
@@ -555,9 +568,13 @@ fn failure_of_write(failure: &WriteFailure, elapsed_ms: u64) -> Failure {
 impl SessionStore {
     /// Release this handle's lease on `session` (end of input).
     pub fn release_lease(&mut self, session: &SessionId) {
-        let token = self.sessions.get(session.as_str()).and_then(|s| s.lease_token.clone());
-        if let (Some(conn), Some(token), None) = (&self.conn, token, self.handle.sticky) {
-            if let Some(s) = self.sessions.get_mut(session.as_str()) {
+        let token = self
+            .ledger
+            .sessions
+            .get(session.as_str())
+            .and_then(|s| s.lease_token.clone());
+        if let (Some(conn), Some(token), None) = (&self.conn, token, self.ledger.handle.sticky) {
+            if let Some(s) = self.ledger.sessions.get_mut(session.as_str()) {
                 s.lease_token = None;
             }
             let _ = conn.execute(
@@ -571,40 +588,19 @@ impl SessionStore {
     /// The highest `seq` already promised to diverted lines of `session`
     /// (pending or being replayed), so later commits never reuse it.
     pub(crate) fn divert_max_seq(&self, session: &str) -> Option<i64> {
-        use std::io::BufRead;
-        let mut files = vec![self.divert_dir.join(format!("{session}.jsonl"))];
-        if let Ok(rd) = std::fs::read_dir(self.divert_dir.join("settling")) {
-            files.extend(rd.flatten().map(|e| e.path()).filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .and_then(crate::replay::session_of_settling)
-                    == Some(session)
-            }));
-        }
-        let mut max = None;
-        for f in files {
-            let Ok(file) = std::fs::File::open(&f) else { continue };
-            for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
-                let seq = serde_json::from_str::<serde_json::Value>(&line)
-                    .ok()
-                    .and_then(|v| v["seq"].as_i64());
-                if let Some(s) = seq {
-                    max = Some(max.map_or(s, |m: i64| m.max(s)));
-                }
-            }
-        }
-        max
+        self.ledger.divert_max_seq(session)
     }
 
     /// Release every lease this handle holds, in one transaction (one
     /// sync, however many sessions it wrote to).
     pub fn release_all_leases(&mut self) {
         let held: Vec<(String, String)> = self
+            .ledger
             .sessions
             .iter_mut()
             .filter_map(|(id, s)| Some((id.clone(), s.lease_token.take()?)))
             .collect();
-        let (Some(conn), None) = (&self.conn, self.handle.sticky) else {
+        let (Some(conn), None) = (&self.conn, self.ledger.handle.sticky) else {
             return;
         };
         if held.is_empty() {
@@ -714,26 +710,6 @@ fn failure_of(err: &rusqlite::Error, errno: Option<i64>, evidence: Vec<Evidence>
     }
 }
 
-/// What the effects of one flush made, for the caller: the host's own
-/// error and capture values, beside the machine's outcome.
-#[derive(Default)]
-struct Artifacts {
-    divert_error: Option<DivertError>,
-    capture: Option<Result<Capture, CaptureError>>,
-    /// The failure that asked for a capture, for its manifest.
-    trigger: String,
-    /// The last failed open or write, as handed to the machine.
-    failure: Option<Failure>,
-}
-
-impl Artifacts {
-    fn into_outcome(self, report: turnsafe_policy::machine::FlushReport) -> FlushOutcome {
-        let mut out = FlushOutcome::new(report, self.divert_error, self.capture);
-        out.failure = self.failure;
-        out
-    }
-}
-
 /// A guard probe failure as the SQLite-shaped error the policy reads:
 /// an I/O error, so the store fails closed as `disk`.
 fn probe_error(e: &guard::ProbeError) -> rusqlite::Error {
@@ -741,18 +717,4 @@ fn probe_error(e: &guard::ProbeError) -> rusqlite::Error {
         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
         Some(format!("turnsafe {e}")),
     )
-}
-
-impl Flush<'_> {
-    fn elapsed_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-}
-
-/// One batch in flight.
-struct Flush<'a> {
-    session: &'a SessionId,
-    messages: &'a [Message],
-    uids: Vec<String>,
-    started: Instant,
 }

@@ -8,7 +8,7 @@ use turnsafe_policy::machine::WritePlan;
 
 use std::collections::HashMap;
 
-use super::{Flush, SessionState, SessionStore, now_ms};
+use super::{Cursor, Flush, SessionStore, now_ms};
 use crate::observe;
 
 pub(super) enum WriteFailure {
@@ -40,7 +40,7 @@ impl From<rusqlite::Error> for Stop {
 }
 
 /// What one transaction did with each batch in it.
-pub(super) struct GroupWrite {
+pub(super) struct Written {
     /// A failure that ended the whole transaction: no batch of it is
     /// stored, and every batch without a failure of its own failed with it.
     pub group: Option<WriteFailure>,
@@ -57,10 +57,10 @@ impl SessionStore {
     /// failure that ends the transaction (SQLite rolled it back, or a
     /// busy, full, I/O, corruption class error, or a failed COMMIT) fails
     /// the group: everything is rolled back, nothing is half committed.
-    pub(super) fn write_group(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
+    pub(super) fn commit_group(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> Written {
         let mut each: Vec<Option<WriteFailure>> = batches.iter().map(|_| None).collect();
         let Some(conn) = self.conn.as_ref() else {
-            return GroupWrite {
+            return Written {
                 group: Some(WriteFailure::Sqlite {
                     error: rusqlite::Error::InvalidQuery,
                     errno: None,
@@ -77,7 +77,11 @@ impl SessionStore {
         let mut promised: HashMap<String, i64> = HashMap::new();
         for (flush, _) in batches {
             let session = flush.session.as_str();
-            let holds_lease = self.sessions.get(session).is_some_and(|s| s.lease_token.is_some());
+            let holds_lease = self
+                .ledger
+                .sessions
+                .get(session)
+                .is_some_and(|s| s.lease_token.is_some());
             if !holds_lease
                 && !promised.contains_key(session)
                 && let Some(max) = self.divert_max_seq(session)
@@ -86,11 +90,14 @@ impl SessionStore {
             }
         }
         // What each session will know once the COMMIT succeeds; thrown away if it does not.
-        let mut pending: HashMap<String, SessionState> = batches
+        let mut pending: HashMap<String, Cursor> = batches
             .iter()
             .map(|(flush, _)| {
                 let id = flush.session.as_str();
-                (id.to_string(), self.sessions.get(id).cloned().unwrap_or_default())
+                (
+                    id.to_string(),
+                    self.ledger.sessions.get(id).cloned().unwrap_or_default(),
+                )
             })
             .collect();
         // The first seq read for each session, for diverts after a failure;
@@ -184,8 +191,8 @@ impl SessionStore {
 
         match result {
             Ok(()) => {
-                self.sessions.extend(pending);
-                GroupWrite { group: None, each }
+                self.ledger.sessions.extend(pending);
+                Written { group: None, each }
             }
             Err(stop) => {
                 // Read the errno before anything else can overwrite it.
@@ -199,15 +206,15 @@ impl SessionStore {
                 // the diverts where these messages belong; a fenced writer
                 // has none.
                 for (session, seq) in first_seqs {
-                    let state = self.sessions.entry(session).or_default();
+                    let state = self.ledger.sessions.entry(session).or_default();
                     if state.next_seq.is_none() {
                         state.next_seq = Some(seq);
                     }
                 }
                 for session in fenced {
-                    self.sessions.entry(session).or_default().next_seq = None;
+                    self.ledger.sessions.entry(session).or_default().next_seq = None;
                 }
-                GroupWrite {
+                Written {
                     group: Some(stop.into_failure(errno)),
                     each,
                 }
@@ -274,7 +281,7 @@ fn write_batch(
     conn: &Connection,
     flush: &Flush<'_>,
     plan: &WritePlan,
-    state: &mut SessionState,
+    state: &mut Cursor,
     promised: Option<i64>,
     holder: &str,
     ttl_ms: i64,
@@ -314,7 +321,7 @@ fn write_batch(
 fn take_lease(
     conn: &Connection,
     flush: &Flush<'_>,
-    state: &SessionState,
+    state: &Cursor,
     recreate: bool,
     holder: &str,
     ttl_ms: i64,

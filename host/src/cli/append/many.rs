@@ -126,7 +126,7 @@ pub(super) fn stream(mut store: Store, after: impl Fn(u64)) -> i32 {
                 Parsed::Bad(_) => None,
             })
             .collect();
-        let mut outcomes = store.append_group(&group).into_iter();
+        let mut outcomes = crate::backend::group::append_group(store.as_mut(), &group).into_iter();
         for p in &parsed {
             let answer = match p {
                 Parsed::Bad(answer) => {
