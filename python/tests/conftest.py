@@ -103,3 +103,37 @@ def turnsafe_bin() -> str:
     b = os.environ.get("TURNSAFE_BIN") or str(ROOT / "target" / "debug" / "turnsafe")
     need(os.access(b, os.X_OK), f"no turnsafe binary at {b} (cargo build -p turnsafe-host --bin turnsafe)")
     return b
+
+
+# ------------------------------------------------------------ PostgreSQL
+
+
+@pytest.fixture
+def pg():
+    """A real PostgreSQL server of its own (pg_server.PgServer), stopped and
+    removed after the test."""
+    import pg_server
+
+    try:
+        server = pg_server.PgServer.start()
+    except pg_server.Unavailable as e:
+        need(False, str(e))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_pair():
+    """A primary and a synchronous streaming standby (pg_server.SyncPair)."""
+    import pg_server
+
+    try:
+        pair = pg_server.SyncPair.start()
+    except pg_server.Unavailable as e:
+        need(False, str(e))
+    try:
+        yield pair
+    finally:
+        pair.close()
