@@ -41,6 +41,13 @@ pub fn report(home: &Path) -> Value {
     json!({ "ok": ok, "findings": findings, "facts": facts })
 }
 
+/// The same for a PostgreSQL store, and the divert folder under `home`.
+pub fn report_postgres(url: &crate::pg::DbUrl, home: Option<&Path>) -> Value {
+    let (findings, facts) = examine_postgres(url, home);
+    let ok = !findings.iter().any(|f| f.severity == "error");
+    json!({ "ok": ok, "findings": findings, "facts": facts })
+}
+
 /// Examine `home`. With `repair_fts`, rebuild a degraded index when no
 /// other process holds the database.
 pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {

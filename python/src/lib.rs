@@ -14,11 +14,12 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use serde_json::{Map, Number, Value};
+use turnsafe_host::backend::{Backend, LeaseOptions};
 use turnsafe_host::message::{Message, valid_uid};
-use turnsafe_host::observe;
+use turnsafe_host::outcome::FlushOutcome;
+use turnsafe_host::pg::{DbUrl, PgStore};
 use turnsafe_host::replay::{ReplayError, ReplayOptions};
 use turnsafe_host::store::{SessionId, SharedStore, StoreOptions, Synchronous};
-use turnsafe_policy::Operation;
 
 /// Deepest nesting of a message accepted (the store reads JSON back with
 /// serde_json, whose limit is 128 levels).
@@ -507,17 +508,127 @@ impl Completions {
 
 // ---------------------------------------------------------------- Store
 
+/// The shared store of either engine: SQLite under the home, or a
+/// PostgreSQL server with the divert folder under the home.
+#[derive(Clone)]
+enum Shared {
+    Sqlite(SharedStore),
+    Postgres(SharedStore<PgStore>),
+}
+
+impl Shared {
+    fn open(home: &Path, db: Option<&DbUrl>, opts: StoreOptions) -> Result<Shared, String> {
+        let Some(url) = db else {
+            return SharedStore::open(home, opts)
+                .map(Shared::Sqlite)
+                .map_err(|e| e.to_string());
+        };
+        // The divert folder is on this machine whatever the server does:
+        // the home exists before the first batch.
+        turnsafe_host::durable::create_dir_all(home, 0o700)
+            .map_err(|e| format!("could not create {}: {e}", home.display()))?;
+        let lease = LeaseOptions {
+            holder: opts.holder,
+            lease_ttl: opts.lease_ttl,
+        };
+        let store = turnsafe_host::pg::open_store(url.clone(), home, lease);
+        Ok(Shared::Postgres(SharedStore::over(store, home)))
+    }
+
+    fn append_batch(&self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
+        match self {
+            Shared::Sqlite(s) => s.append_batch(session, messages),
+            Shared::Postgres(s) => s.append_batch(session, messages),
+        }
+    }
+
+    fn append_batch_then(
+        &self,
+        session: &SessionId,
+        messages: Vec<Message>,
+        then: impl FnOnce(FlushOutcome) + Send + 'static,
+    ) {
+        match self {
+            Shared::Sqlite(s) => s.append_batch_then(session, messages, then),
+            Shared::Postgres(s) => s.append_batch_then(session, messages, then),
+        }
+    }
+
+    fn call_then<T: 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn Backend) -> T + Send + 'static,
+        then: impl FnOnce(Option<T>) + Send + 'static,
+    ) {
+        match self {
+            Shared::Sqlite(s) => s.call_then(move |st| f(st), then),
+            Shared::Postgres(s) => s.call_then(move |st| f(st), then),
+        }
+    }
+
+    fn with_store<T>(&self, f: impl FnOnce(&mut dyn Backend) -> T) -> T {
+        match self {
+            Shared::Sqlite(s) => s.with_store(|st| f(st)),
+            Shared::Postgres(s) => s.with_store(|st| f(st)),
+        }
+    }
+
+    fn settle(&self) {
+        match self {
+            Shared::Sqlite(s) => s.settle(),
+            Shared::Postgres(s) => s.settle(),
+        }
+    }
+
+    fn release_lease(&self, session: &SessionId) {
+        match self {
+            Shared::Sqlite(s) => s.release_lease(session),
+            Shared::Postgres(s) => s.release_lease(session),
+        }
+    }
+}
+
+/// The PostgreSQL server a call names: `db`, else `TURNSAFE_DB`, else none
+/// (SQLite under the home). A URL the writer refuses (a read-only target)
+/// is a `ValueError`, as it is a usage error on the command line.
+fn resolve_db(db: Option<&str>) -> PyResult<Option<DbUrl>> {
+    let (raw, from) = match db.filter(|s| !s.trim().is_empty()) {
+        Some(raw) => (raw.to_string(), "db"),
+        None => match std::env::var(turnsafe_host::backend::target::ENV)
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+        {
+            Some(raw) => (raw, turnsafe_host::backend::target::ENV),
+            None => return Ok(None),
+        },
+    };
+    let url: DbUrl = raw
+        .parse()
+        .map_err(|e: turnsafe_host::pg::url::UrlError| PyValueError::new_err(format!("{from}: {e}")))?;
+    Ok(Some(url))
+}
+
+/// A PostgreSQL target a writer may use.
+fn writable(url: Option<DbUrl>) -> PyResult<Option<DbUrl>> {
+    if let Some(why) = url.as_ref().and_then(DbUrl::writer_refusal) {
+        let shown = url.as_ref().map(|u| u.display().to_string()).unwrap_or_default();
+        return Err(PyValueError::new_err(format!("db {shown}: {why}")));
+    }
+    Ok(url)
+}
+
 /// The open store, and the process that opened it: a child of `fork`
-/// must not touch its parent's SQLite connection.
+/// must not touch its parent's connection.
 struct Opened {
     pid: u32,
-    store: SharedStore,
+    store: Shared,
 }
 
 /// One turnsafe home, shared by every thread of the process.
 #[pyclass(frozen, weakref, module = "turnsafe_store")]
 struct Store {
     home: PathBuf,
+    /// The PostgreSQL server, or `None` for SQLite under the home.
+    db: Option<DbUrl>,
     opts: StoreOptions,
     /// The holder name given, or `None` for `pid-<pid>` of the process writing.
     holder: Option<String>,
@@ -541,7 +652,7 @@ impl Store {
     /// The store for this process, without the GIL. After a `fork` the
     /// child opens its own handle; the parent's is left untouched (never
     /// closed, never written) in the child.
-    fn shared(&self, py: Python<'_>) -> PyResult<SharedStore> {
+    fn shared(&self, py: Python<'_>) -> PyResult<Shared> {
         let mut opened = self.opened();
         let pid = std::process::id();
         match opened.as_ref() {
@@ -549,10 +660,10 @@ impl Store {
             Some(o) if o.pid == pid => return Ok(o.store.clone()),
             Some(_) => {}
         }
-        let (home, opts) = (self.home.clone(), self.options());
+        let (home, db, opts) = (self.home.clone(), self.db.clone(), self.options());
         let fresh = py
-            .detach(move || SharedStore::open(&home, opts))
-            .map_err(|e| error(py, e.to_string()))?;
+            .detach(move || Shared::open(&home, db.as_ref(), opts))
+            .map_err(|e| error(py, e))?;
         if let Some(inherited) = opened.replace(Opened {
             pid,
             store: fresh.clone(),
@@ -580,8 +691,16 @@ impl Drop for Store {
 #[pymethods]
 impl Store {
     #[new]
-    #[pyo3(signature = (home, *, synchronous = "full", holder = None, lease_ttl = 30.0))]
-    fn new(py: Python<'_>, home: PathBuf, synchronous: &str, holder: Option<String>, lease_ttl: f64) -> PyResult<Self> {
+    #[pyo3(signature = (home, *, db = None, synchronous = "full", holder = None, lease_ttl = 30.0))]
+    fn new(
+        py: Python<'_>,
+        home: PathBuf,
+        db: Option<&str>,
+        synchronous: &str,
+        holder: Option<String>,
+        lease_ttl: f64,
+    ) -> PyResult<Self> {
+        let db = writable(resolve_db(db)?)?;
         let synchronous = match synchronous.to_ascii_lowercase().as_str() {
             "full" => Synchronous::Full,
             "normal" => Synchronous::Normal,
@@ -599,6 +718,7 @@ impl Store {
         }
         let mut store = Store {
             home: expand_home(home),
+            db,
             opts: StoreOptions {
                 synchronous,
                 lease_ttl: Duration::from_secs_f64(lease_ttl),
@@ -607,10 +727,10 @@ impl Store {
             holder,
             opened: Mutex::new(None),
         };
-        let (home, opts) = (store.home.clone(), store.options());
+        let (home, db, opts) = (store.home.clone(), store.db.clone(), store.options());
         let shared = py
-            .detach(move || SharedStore::open(&home, opts))
-            .map_err(|e| error(py, e.to_string()))?;
+            .detach(move || Shared::open(&home, db.as_ref(), opts))
+            .map_err(|e| error(py, e))?;
         store.opened = Mutex::new(Some(Opened {
             pid: std::process::id(),
             store: shared,
@@ -733,9 +853,8 @@ impl Store {
     ) -> PyResult<()> {
         let session = parse_session(py, session_id)?;
         let limit = read_limit(limit)?;
-        let db = self.home.join("state.db");
         self.call_then(py, completions, ticket, move |s| {
-            read_in(s, &db, &session, limit, false)
+            read_in(s, &session, limit, false)
                 .map(|rows| Value::Array(rows.into_iter().map(|r| Value::Object(r.message)).collect()))
         })
     }
@@ -812,8 +931,7 @@ impl Store {
         let session = parse_session(py, session_id)?;
         let limit = read_limit(limit)?;
         let store = self.shared(py)?;
-        let db = self.home.join("state.db");
-        py.detach(move || store.with_store(|s| read_in(s, &db, &session, limit, full)))
+        py.detach(move || store.with_store(|s| read_in(s, &session, limit, full)))
             .map_err(|failed| failed.into_err(py))
     }
 
@@ -824,7 +942,7 @@ impl Store {
         py: Python<'_>,
         completions: &Completions,
         ticket: u64,
-        work: impl FnOnce(&mut turnsafe_host::store::SessionStore) -> Result<Value, Failed> + Send + 'static,
+        work: impl FnOnce(&mut dyn Backend) -> Result<Value, Failed> + Send + 'static,
     ) -> PyResult<()> {
         let store = self.shared(py)?;
         let lane = Arc::clone(&completions.lane);
@@ -857,13 +975,16 @@ fn read_limit(limit: Option<i64>) -> PyResult<Option<u64>> {
 /// `{uid, seq, message}` objects or as messages) while an unsettled
 /// capture holds rows of it that the database lacks.
 fn read_in(
-    s: &mut turnsafe_host::store::SessionStore,
-    db: &Path,
+    s: &mut dyn Backend,
     session: &SessionId,
     limit: Option<u64>,
     full: bool,
 ) -> Result<Vec<turnsafe_host::transcript::StoredMessage>, Failed> {
-    let rows = read_rows(s, db, session, limit)?;
+    let rows = s.rows(session.as_str(), limit).map_err(|e| Failed {
+        message: e.message,
+        cause: e.cause.map(|c| c.label()),
+        incomplete: None,
+    })?;
     let holds = s.pending_holds();
     let holding: Vec<_> = holds.into_iter().filter(|h| h.holds(session.as_str())).collect();
     if holding.is_empty() {
@@ -876,36 +997,8 @@ fn read_in(
     Err(Failed::incomplete(session, Value::Array(rendered), &holding))
 }
 
-fn read_rows(
-    s: &mut turnsafe_host::store::SessionStore,
-    db: &Path,
-    session: &SessionId,
-    limit: Option<u64>,
-) -> Result<Vec<turnsafe_host::transcript::StoredMessage>, Failed> {
-    if let Some(cause) = s.sticky() {
-        // The handle has stopped touching its database.
-        let why = "the store refuses to touch its database until an operator acts";
-        return Err(Failed {
-            message: format!("reading {}: {why}", db.display()),
-            cause: Some(cause.label()),
-            incomplete: None,
-        });
-    }
-    match s.connection() {
-        Some(conn) => turnsafe_host::transcript::stored_messages(conn, session.as_str(), limit),
-        // The writer could not open it; a reader may still.
-        None => turnsafe_host::store::open_read_only(db)
-            .and_then(|conn| turnsafe_host::transcript::stored_messages(&conn, session.as_str(), limit)),
-    }
-    .map_err(|e| Failed {
-        message: format!("reading {}: {e}", db.display()),
-        cause: Some(observe::cause_of(Operation::Replay, &e).label()),
-        incomplete: None,
-    })
-}
-
 /// Remove and return the newest message (`null` when there is none).
-fn pop_in(s: &mut turnsafe_host::store::SessionStore, session: &SessionId) -> Result<Value, Failed> {
+fn pop_in(s: &mut dyn Backend, session: &SessionId) -> Result<Value, Failed> {
     match s.pop_last(session) {
         Ok(m) => Ok(m.map_or(Value::Null, |m| Value::Object(m.message))),
         Err(e) => Err(Failed::of_edit(&e)),
@@ -915,7 +1008,7 @@ fn pop_in(s: &mut turnsafe_host::store::SessionStore, session: &SessionId) -> Re
 /// Remove every message, then settle the session's pending divert lines as
 /// `cleared`: only once the rows are gone (the edit checked the lease), so
 /// a fenced clear leaves the divert lines pending too.
-fn clear_in(s: &mut turnsafe_host::store::SessionStore, home: &Path, session: &SessionId) -> Result<u64, Failed> {
+fn clear_in(s: &mut dyn Backend, home: &Path, session: &SessionId) -> Result<u64, Failed> {
     let removed = s.clear_session(session).map_err(|e| Failed::of_edit(&e))?;
     turnsafe_host::replay::clear_pending(home, session.as_str()).map_err(|e| Failed {
         message: format!("settling the session's divert lines: {e}"),
@@ -929,11 +1022,14 @@ fn clear_in(s: &mut turnsafe_host::store::SessionStore, home: &Path, session: &S
 
 /// Import the home's diverted transcripts back into `state.db`: the same
 /// report as `turnsafe replay --json`, in one dict.
+///
+/// With `db` (or `TURNSAFE_DB`), into that PostgreSQL server instead.
 #[pyfunction]
-#[pyo3(signature = (home, *, session = None, force = false, dry_run = false))]
+#[pyo3(signature = (home, *, db = None, session = None, force = false, dry_run = false))]
 fn replay<'py>(
     py: Python<'py>,
     home: PathBuf,
+    db: Option<&str>,
     session: Option<String>,
     force: bool,
     dry_run: bool,
@@ -941,13 +1037,17 @@ fn replay<'py>(
     if let Some(s) = &session {
         parse_session(py, s)?;
     }
+    let db = writable(resolve_db(db)?)?;
     let home = expand_home(home);
     let opts = ReplayOptions {
         session,
         dry_run,
         force,
     };
-    let run = py.detach(move || turnsafe_host::replay::replay_run(&home, &opts));
+    let run = py.detach(move || match &db {
+        Some(url) => turnsafe_host::pg::replay::replay(&home, url, &opts),
+        None => turnsafe_host::replay::replay_run(&home, &opts),
+    });
     match run {
         Ok(run) => to_py(py, &run.report(dry_run)),
         Err(e @ (ReplayError::LeaseLive { .. } | ReplayError::CapturePending { .. })) => {
@@ -959,10 +1059,18 @@ fn replay<'py>(
 
 /// Findings about a home: `ok`, `findings` and `facts`, as `turnsafe
 /// doctor --json` prints them.
+///
+/// With `db` (or `TURNSAFE_DB`), about that PostgreSQL server and the
+/// home's divert folder, as `turnsafe doctor --db` reports them.
 #[pyfunction]
-fn doctor<'py>(py: Python<'py>, home: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+#[pyo3(signature = (home, *, db = None))]
+fn doctor<'py>(py: Python<'py>, home: PathBuf, db: Option<&str>) -> PyResult<Bound<'py, PyAny>> {
+    let db = resolve_db(db)?;
     let home = expand_home(home);
-    let report = py.detach(move || turnsafe_host::doctor::report(&home));
+    let report = py.detach(move || match &db {
+        Some(url) => turnsafe_host::doctor::report_postgres(url, Some(&home)),
+        None => turnsafe_host::doctor::report(&home),
+    });
     to_py(py, &report)
 }
 

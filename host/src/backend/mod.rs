@@ -26,7 +26,8 @@ use turnsafe_policy::machine::{Failure, WritePlan};
 use crate::capture::{Capture, CaptureError};
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
-use crate::store::SessionId;
+use crate::store::{EditError, SessionId};
+use crate::transcript::StoredMessage;
 
 /// What a writer knows of one session between batches.
 #[derive(Debug, Clone, Default)]
@@ -87,6 +88,15 @@ pub use crate::search::Hit;
 pub struct SearchReport {
     pub hits: Vec<Hit>,
     pub unindexed: u64,
+}
+
+/// A read of a session's rows that failed, with the policy's cause when
+/// it knows one.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ReadError {
+    pub message: String,
+    pub cause: Option<turnsafe_policy::Cause>,
 }
 
 /// A read that failed; the message never holds a password.
@@ -151,6 +161,14 @@ pub trait Backend {
     fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError>;
     /// The stored transcript in `seq` order, as `show --json` prints it.
     fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError>;
+    /// The newest `limit` messages of `session` (all with `None`), in `seq`
+    /// order, through the handle's own connection. A sticky handle refuses.
+    fn rows(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<StoredMessage>, ReadError>;
+    /// Remove and return the newest message of `session` (`None` when it
+    /// has none). A write: it follows the policy, as replay does.
+    fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError>;
+    /// Remove every stored message of `session`; returns how many.
+    fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError>;
     /// Full-text search over the committed messages; never misses one.
     fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError>;
     /// The identity of the database the handle writes to.

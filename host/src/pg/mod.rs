@@ -13,6 +13,7 @@
 //! connection is never made twice.
 
 pub mod connect;
+mod edit;
 pub mod replay;
 pub mod schema;
 pub mod translate;
@@ -27,11 +28,12 @@ use turnsafe_policy::machine::{Failure, WritePlan};
 use turnsafe_policy::{Durability, Evidence};
 
 use crate::backend::{
-    Backend, BackendError, Flush, GroupWrite, Hit, Identity, Lease, LeaseOptions, Ledger, SearchReport,
+    Backend, BackendError, Flush, GroupWrite, Hit, Identity, Lease, LeaseOptions, Ledger, ReadError, SearchReport,
 };
 use crate::capture::{Capture, CaptureError};
 use crate::outcome::FlushOutcome;
-use crate::store::{Counters, SessionId};
+use crate::store::{Counters, EditError, SessionId};
+use crate::transcript::StoredMessage;
 use schema::Migrated;
 use translate::Fault;
 pub use url::DbUrl;
@@ -692,6 +694,18 @@ impl Backend for PgStore {
     }
 
     /// Every lease this handle holds, given back in one statement.
+    fn rows(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<StoredMessage>, ReadError> {
+        self.read_rows(session, limit)
+    }
+
+    fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError> {
+        self.pop(session)
+    }
+
+    fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
+        self.clear(session)
+    }
+
     fn release_all_leases(&mut self) {
         let (ids, tokens): (Vec<String>, Vec<String>) = self
             .ledger

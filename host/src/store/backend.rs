@@ -10,9 +10,10 @@ use turnsafe_policy::machine::{Failure, WritePlan};
 
 use turnsafe_policy::Evidence;
 
-use super::{SessionId, SessionStore, failure_of};
-use crate::backend::{Backend, BackendError, Flush, GroupWrite, Identity, Ledger, SearchReport};
+use super::{EditError, SessionId, SessionStore, failure_of};
+use crate::backend::{Backend, BackendError, Flush, GroupWrite, Identity, Ledger, ReadError, SearchReport};
 use crate::capture::{Capture, CaptureError};
+use crate::transcript::StoredMessage;
 
 impl SessionStore {
     fn read_error(&self, e: rusqlite::Error) -> BackendError {
@@ -108,6 +109,39 @@ impl Backend for SessionStore {
                 }),
             },
         }
+    }
+
+    fn rows(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<StoredMessage>, ReadError> {
+        let db = self.db_path.clone();
+        if let Some(cause) = self.ledger.handle.sticky {
+            // The handle has stopped touching its database.
+            return Err(ReadError {
+                message: format!(
+                    "reading {}: the store refuses to touch its database until an operator acts",
+                    db.display()
+                ),
+                cause: Some(cause),
+            });
+        }
+        match self.conn.as_ref() {
+            Some(conn) => crate::transcript::stored_messages(conn, session, limit),
+            // The writer could not open it; a reader may still.
+            None => {
+                super::open_read_only(&db).and_then(|conn| crate::transcript::stored_messages(&conn, session, limit))
+            }
+        }
+        .map_err(|e| ReadError {
+            message: format!("reading {}: {e}", db.display()),
+            cause: Some(crate::observe::cause_of(turnsafe_policy::Operation::Replay, &e)),
+        })
+    }
+
+    fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError> {
+        SessionStore::pop_last(self, session)
+    }
+
+    fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
+        SessionStore::clear_session(self, session)
     }
 
     fn release_all_leases(&mut self) {

@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
+use turnsafe_policy::machine::Failure;
 use turnsafe_policy::{ActionKind, Cause, Evidence, Operation};
 
 use super::{SessionId, SessionStore, now_ms, random_u64, schema};
@@ -48,6 +49,81 @@ impl From<rusqlite::Error> for Stop {
     }
 }
 
+/// Ask the policy about each failed attempt of an edit, as for replay,
+/// whose fallback is to fail closed: `locked` is retried on its plan, a
+/// degraded search index is written around once (`attempt` is then called
+/// with `true`), and every other cause fails the edit with that cause. A
+/// sticky handle refuses without an attempt. `attempt` gets the
+/// milliseconds since the edit began, for its failure.
+#[allow(clippy::result_large_err)]
+pub(crate) fn run_edit<T>(
+    edit: &'static str,
+    session: &SessionId,
+    sticky: Option<Cause>,
+    mut attempt: impl FnMut(bool, u64) -> Result<T, Failure>,
+) -> Result<T, EditError> {
+    let started = Instant::now();
+    let seed = random_u64();
+    let fail = |cause: Cause, action: ActionKind, message: String, attempts: u32| EditError {
+        edit,
+        session: session.as_str().to_string(),
+        cause,
+        action,
+        message,
+        attempts,
+    };
+    if let Some(cause) = sticky {
+        return Err(fail(
+            cause,
+            ActionKind::FailClosed,
+            "the store refuses to touch its database until an operator acts".into(),
+            0,
+        ));
+    }
+    let mut degrade_fts = false;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let f = match attempt(degrade_fts, elapsed_ms) {
+            Ok(v) => return Ok(v),
+            Err(f) => f,
+        };
+        let mut evidence = f.evidence;
+        evidence.sort();
+        evidence.dedup();
+        let obs = turnsafe_policy::Observation {
+            operation: Operation::Replay,
+            engine: f.engine,
+            sqlstate: f.sqlstate,
+            code: f.code,
+            extended_code: f.extended_code,
+            message: f.message,
+            errno: f.errno,
+            evidence,
+            attempt: attempts,
+            elapsed_ms: f.elapsed_ms,
+            seed,
+        };
+        let decision = turnsafe_policy::decide(&obs);
+        let cause = decision.classification.cause;
+        tracing::info!(
+            session = session.as_str(),
+            edit,
+            code = ?obs.extended_code.or(obs.code),
+            sqlstate = ?obs.sqlstate,
+            cause = cause.label(),
+            action = decision.action.label(),
+            "edit attempt failed"
+        );
+        match decision.action {
+            ActionKind::Retry => std::thread::sleep(Duration::from_millis(decision.delay_ms.unwrap_or(1))),
+            ActionKind::DegradeFts if !degrade_fts => degrade_fts = true,
+            action => return Err(fail(cause, action, obs.message, attempts)),
+        }
+    }
+}
+
 impl SessionStore {
     /// Remove and return the newest message of `session` (`None` when it has none).
     pub fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError> {
@@ -65,35 +141,17 @@ impl SessionStore {
         self.edit("clear", session, |conn, session| delete_rows(conn, session, None))
     }
 
+    // A `Failure` is the policy's own input, handed to it as it is; a
+    // failed edit is rare, so its size on the error path costs nothing.
+    #[allow(clippy::result_large_err)]
     fn edit<T>(
         &mut self,
         edit: &'static str,
         session: &SessionId,
         mut f: impl FnMut(&Connection, &str) -> rusqlite::Result<T>,
     ) -> Result<T, EditError> {
-        let started = Instant::now();
-        let seed = random_u64();
-        let fail = |cause: Cause, action: ActionKind, message: String, attempts: u32| EditError {
-            edit,
-            session: session.as_str().to_string(),
-            cause,
-            action,
-            message,
-            attempts,
-        };
-        if let Some(cause) = self.ledger.handle.sticky {
-            return Err(fail(
-                cause,
-                ActionKind::FailClosed,
-                "the store refuses to touch its database until an operator acts".into(),
-                0,
-            ));
-        }
-        let mut degrade_fts = false;
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            let elapsed_ms = || started.elapsed().as_millis() as u64;
+        let sticky = self.ledger.handle.sticky;
+        run_edit(edit, session, sticky, |degrade_fts, elapsed_ms| {
             // The handle opens its database once; a failed open is tried once per edit.
             self.open_failure = None;
             let (stop, errno) = match self.ensure_open() {
@@ -107,42 +165,16 @@ impl SessionStore {
                     Err(stop) => (stop, self.conn.as_ref().and_then(observe::system_errno)),
                 },
             };
-            let obs = match &stop {
-                Stop::Sqlite(e, evidence) => observe::observation(
-                    Operation::Replay,
-                    e,
-                    errno,
-                    evidence.clone(),
-                    attempt,
-                    elapsed_ms(),
-                    seed,
-                ),
-                Stop::Evidence(evidence, detail) => turnsafe_policy::Observation {
-                    operation: Operation::Replay,
-                    message: detail.clone(),
-                    evidence: vec![*evidence],
-                    attempt,
-                    elapsed_ms: elapsed_ms(),
-                    seed,
-                    ..turnsafe_policy::Observation::new(Operation::Replay)
+            Err(match stop {
+                Stop::Sqlite(e, evidence) => super::failure_of(&e, errno, evidence, elapsed_ms),
+                Stop::Evidence(evidence, detail) => Failure {
+                    message: detail,
+                    evidence: vec![evidence],
+                    elapsed_ms,
+                    ..Failure::default()
                 },
-            };
-            let decision = turnsafe_policy::decide(&obs);
-            let cause = decision.classification.cause;
-            tracing::info!(
-                session = session.as_str(),
-                edit,
-                code = ?obs.extended_code,
-                cause = cause.label(),
-                action = decision.action.label(),
-                "edit attempt failed"
-            );
-            match decision.action {
-                ActionKind::Retry => std::thread::sleep(Duration::from_millis(decision.delay_ms.unwrap_or(1))),
-                ActionKind::DegradeFts if !degrade_fts => degrade_fts = true,
-                action => return Err(fail(cause, action, obs.message, attempt)),
-            }
-        }
+            })
+        })
     }
 
     /// One transaction: guard, lease, the edit, COMMIT.

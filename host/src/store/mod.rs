@@ -28,6 +28,7 @@ use crate::backend::{Cursor, Flush, Ledger};
 pub use crate::backend::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES};
 pub use backend::transcript;
 pub use edit::EditError;
+pub(crate) use edit::run_edit;
 pub use shared::SharedStore;
 
 use std::os::unix::fs::OpenOptionsExt;
@@ -399,12 +400,6 @@ impl SessionStore {
     /// settles as the policy says. No batch is ever half committed.
     pub fn append_group(&mut self, batches: &[(&SessionId, &[Message])]) -> Vec<FlushOutcome> {
         crate::backend::group::append_group(self, batches)
-    }
-
-    /// The outcome of a batch that never ran: handed back whole, cause
-    /// `unknown`.
-    pub(crate) fn handed_back(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
-        crate::backend::group::handed_back(self, session, messages)
     }
 
     /// The unsettled captures under the home that hold some session's

@@ -1,10 +1,12 @@
 //! A store many threads write through at once: [`SharedStore`] is cheap to
-//! clone, `Send + Sync`, and answers every batch with its own outcome.
+//! clone, `Send + Sync`, and answers every batch with its own outcome. It
+//! runs over either engine: SQLite ([`SharedStore::open`]) or any other
+//! [`Backend`], PostgreSQL among them ([`SharedStore::over`]).
 //!
 //! Group commit: a caller queues its batch, and if no commit is running it
 //! leads one, taking every batch waiting (at most [`GROUP_MAX_BATCHES`]
 //! batches or [`GROUP_MAX_BYTES`] of messages) into one transaction with
-//! one sync ([`SessionStore::append_group`]). Batches that arrive while it
+//! one sync ([`crate::backend::group`]). Batches that arrive while it
 //! runs wait for the next one. Each caller gets its outcome only after the
 //! commit that made its batch durable, or after its batch settled
 //! otherwise (diverted with its own receipt, or handed back).
@@ -26,6 +28,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use super::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES, SessionId, SessionStore, StoreError, StoreOptions};
+use crate::backend::Backend;
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 
@@ -34,14 +37,14 @@ use crate::outcome::FlushOutcome;
 const COMMITTER_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// A handle on a turnsafe home that many threads share.
-pub struct SharedStore {
+pub struct SharedStore<S: Backend + Send + 'static = SessionStore> {
     home: PathBuf,
-    inner: Arc<Inner>,
+    inner: Arc<Inner<S>>,
 }
 
-struct Inner {
-    store: Mutex<SessionStore>,
-    queue: Mutex<Queue>,
+struct Inner<S> {
+    store: Mutex<S>,
+    queue: Mutex<Queue<S>>,
     /// Signalled whenever a group settles.
     settled: Condvar,
     /// Signalled for the committer thread: a batch nobody waits for was
@@ -56,12 +59,11 @@ struct Inner {
     committer: Mutex<Option<JoinHandle<()>>>,
 }
 
-#[derive(Default)]
-struct Queue {
+struct Queue<S> {
     waiting: VecDeque<Queued>,
     /// Work on the store handed over with [`SharedStore::call_then`], by
     /// ticket: each runs alone, after every batch queued before it.
-    calls: VecDeque<(u64, Call)>,
+    calls: VecDeque<(u64, Call<S>)>,
     /// Outcomes not yet collected by their callers, by ticket.
     done: HashMap<u64, FlushOutcome>,
     /// A caller is committing a group.
@@ -78,7 +80,7 @@ struct Queue {
 }
 
 /// A piece of work on the store, run on the committer thread.
-type Call = Box<dyn FnOnce(&mut SessionStore) + Send>;
+type Call<S> = Box<dyn FnOnce(&mut S) + Send>;
 
 /// Who takes a batch's outcome.
 enum Reply {
@@ -95,8 +97,8 @@ struct Queued {
     reply: Reply,
 }
 
-impl Clone for SharedStore {
-    fn clone(&self) -> SharedStore {
+impl<S: Backend + Send + 'static> Clone for SharedStore<S> {
+    fn clone(&self) -> SharedStore<S> {
         self.inner.handles.fetch_add(1, Ordering::Relaxed);
         SharedStore {
             home: self.home.clone(),
@@ -105,7 +107,7 @@ impl Clone for SharedStore {
     }
 }
 
-impl Drop for SharedStore {
+impl<S: Backend + Send + 'static> Drop for SharedStore<S> {
     /// The last handle ends the committer thread after it has committed
     /// every batch handed over and called back, so nothing queued is lost
     /// and the store closes here, not later on another thread.
@@ -125,11 +127,17 @@ impl Drop for SharedStore {
     }
 }
 
-impl SharedStore {
-    /// Create `home` (0700) if missing and open its store.
+impl SharedStore<SessionStore> {
+    /// Create `home` (0700) if missing and open its SQLite store.
     pub fn open(home: &Path, opts: StoreOptions) -> Result<SharedStore, StoreError> {
-        let store = SessionStore::create(home, opts)?;
-        Ok(SharedStore {
+        Ok(SharedStore::over(SessionStore::create(home, opts)?, home))
+    }
+}
+
+impl<S: Backend + Send + 'static> SharedStore<S> {
+    /// Share `store`, whose divert folder is under `home`.
+    pub fn over(store: S, home: &Path) -> SharedStore<S> {
+        SharedStore {
             home: home.to_path_buf(),
             inner: Arc::new(Inner {
                 store: Mutex::new(store),
@@ -140,7 +148,7 @@ impl SharedStore {
                 queued: AtomicUsize::new(0),
                 committer: Mutex::new(None),
             }),
-        })
+        }
     }
 
     pub fn home(&self) -> &Path {
@@ -148,7 +156,7 @@ impl SharedStore {
     }
 
     /// Flush one batch, committed together with the batches other threads
-    /// send meanwhile; see [`SessionStore::append_group`] for what a group
+    /// send meanwhile; see [`crate::backend::group`] for what a group
     /// guarantees each batch.
     pub fn append_batch(&self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
         let inner = &*self.inner;
@@ -190,10 +198,10 @@ impl SharedStore {
     /// For reads and edits from a caller that must not block.
     pub fn call_then<T: 'static>(
         &self,
-        f: impl FnOnce(&mut SessionStore) -> T + Send + 'static,
+        f: impl FnOnce(&mut S) -> T + Send + 'static,
         then: impl FnOnce(Option<T>) + Send + 'static,
     ) {
-        let call: Call = Box::new(move |store: &mut SessionStore| {
+        let call: Call<S> = Box::new(move |store: &mut S| {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(store)));
             if result.is_err() {
                 tracing::error!("a call on the store panicked");
@@ -208,7 +216,7 @@ impl SharedStore {
 
     /// Make sure the committer thread takes what was just queued: wake it,
     /// or start it at the first hand-over.
-    fn hand_over<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) {
+    fn hand_over<'a>(&'a self, mut queue: MutexGuard<'a, Queue<S>>) {
         let inner = &self.inner;
         if queue.committer {
             if queue.committer_asleep && !queue.leading {
@@ -249,41 +257,57 @@ impl SharedStore {
 
     /// Give back this store's turn lease on `session`.
     pub fn release_lease(&self, session: &SessionId) {
-        self.inner.lock().release_lease(session);
+        Backend::release_lease(&mut *self.inner.lock(), session);
     }
 
     /// Run `f` with the store held, for reads that must see its state.
-    pub fn with_store<T>(&self, f: impl FnOnce(&mut SessionStore) -> T) -> T {
+    pub fn with_store<T>(&self, f: impl FnOnce(&mut S) -> T) -> T {
         f(&mut self.inner.lock())
     }
 }
 
-impl Queue {
+impl<S> Default for Queue<S> {
+    fn default() -> Self {
+        Queue {
+            waiting: VecDeque::new(),
+            calls: VecDeque::new(),
+            done: HashMap::new(),
+            leading: false,
+            next_ticket: 0,
+            committer: false,
+            committer_asleep: false,
+            waiters: 0,
+            closing: false,
+        }
+    }
+}
+
+impl<S> Queue<S> {
     fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.calls.is_empty()
     }
 }
 
-impl Inner {
+impl<S: Backend + Send + 'static> Inner<S> {
     /// The store, even after a caller panicked while holding it: every
     /// flush runs its own machines, so the handle stays sound.
-    fn lock(&self) -> MutexGuard<'_, SessionStore> {
+    fn lock(&self) -> MutexGuard<'_, S> {
         self.store.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn queue(&self) -> MutexGuard<'_, Queue> {
+    fn queue(&self) -> MutexGuard<'_, Queue<S>> {
         self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The ticket of a batch or call being queued, counted in `queued`.
-    fn ticket(&self, queue: &mut Queue) -> u64 {
+    fn ticket(&self, queue: &mut Queue<S>) -> u64 {
         let ticket = queue.next_ticket;
         queue.next_ticket += 1;
         self.queued.fetch_add(1, Ordering::Release);
         ticket
     }
 
-    fn queue_batch(&self, queue: &mut Queue, session: &SessionId, messages: Vec<Message>, reply: Reply) -> u64 {
+    fn queue_batch(&self, queue: &mut Queue<S>, session: &SessionId, messages: Vec<Message>, reply: Reply) -> u64 {
         let ticket = self.ticket(queue);
         queue.waiting.push_back(Queued {
             ticket,
@@ -296,7 +320,7 @@ impl Inner {
 
     /// One step of the queue's work from a caller's thread: wait for the
     /// running group if there is one, else lead the next.
-    fn step<'a>(&'a self, queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+    fn step<'a>(&'a self, queue: MutexGuard<'a, Queue<S>>) -> MutexGuard<'a, Queue<S>> {
         if queue.leading {
             self.wait_settled(queue)
         } else {
@@ -305,7 +329,7 @@ impl Inner {
     }
 
     /// Work from this thread until nothing is queued or running.
-    fn settle<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+    fn settle<'a>(&'a self, mut queue: MutexGuard<'a, Queue<S>>) -> MutexGuard<'a, Queue<S>> {
         while queue.leading || queue.has_work() {
             queue = self.step(queue);
         }
@@ -313,7 +337,7 @@ impl Inner {
     }
 
     /// Wait for the group being committed to settle.
-    fn wait_settled<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+    fn wait_settled<'a>(&'a self, mut queue: MutexGuard<'a, Queue<S>>) -> MutexGuard<'a, Queue<S>> {
         queue.waiters += 1;
         let mut queue = self.settled.wait(queue).unwrap_or_else(|p| p.into_inner());
         queue.waiters -= 1;
@@ -323,7 +347,7 @@ impl Inner {
     /// Run the oldest queued work (the queue must have some and no leader):
     /// a call alone, or a group of the batches queued before any call;
     /// settle each batch, and return the queue locked again.
-    fn lead<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+    fn lead<'a>(&'a self, mut queue: MutexGuard<'a, Queue<S>>) -> MutexGuard<'a, Queue<S>> {
         queue.leading = true;
         let first_call = queue.calls.front().map(|&(ticket, _)| ticket);
         let call_first = match (first_call, queue.waiting.front()) {
@@ -364,7 +388,7 @@ impl Inner {
     }
 
     /// No longer leading: wake whoever waits for that.
-    fn end_lead(&self, queue: &mut Queue) {
+    fn end_lead(&self, queue: &mut Queue<S>) {
         queue.leading = false;
         if queue.waiters > 0 {
             self.settled.notify_all();
@@ -376,7 +400,7 @@ impl Inner {
 
     /// The committer thread: lead every group no waiting caller leads, until
     /// the last handle is gone and nothing is queued.
-    fn run_committer(self: Arc<Inner>) {
+    fn run_committer(self: Arc<Inner<S>>) {
         let mut queue = self.queue();
         loop {
             if !queue.leading && queue.has_work() {
@@ -404,7 +428,7 @@ impl Inner {
         }
     }
 
-    fn sleep<'a>(&'a self, mut queue: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+    fn sleep<'a>(&'a self, mut queue: MutexGuard<'a, Queue<S>>) -> MutexGuard<'a, Queue<S>> {
         queue.committer_asleep = true;
         let mut queue = self.work.wait(queue).unwrap_or_else(|p| p.into_inner());
         queue.committer_asleep = false;
@@ -417,7 +441,10 @@ impl Inner {
         let batches: Vec<(&SessionId, &[Message])> =
             group.iter().map(|q| (&q.session, q.messages.as_slice())).collect();
         let mut store = self.lock();
-        match std::panic::catch_unwind(AssertUnwindSafe(|| store.append_group(&batches))) {
+        let store = &mut *store;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| {
+            crate::backend::group::append_group(store, &batches)
+        })) {
             Ok(outcomes) => outcomes,
             Err(_) => {
                 tracing::error!(
@@ -426,7 +453,7 @@ impl Inner {
                 );
                 batches
                     .iter()
-                    .map(|&(session, messages)| store.handed_back(session, messages))
+                    .map(|&(session, messages)| crate::backend::group::handed_back(store, session, messages))
                     .collect()
             }
         }
