@@ -210,7 +210,7 @@ fn take_leases(
     for id in alone {
         let ours = cursors.get(id).and_then(|c| c.lease_token.clone());
         let in_savepoint = (|| -> Result<Result<String, Stop>, postgres::Error> {
-            let mut sp = tx.savepoint("lease")?;
+            let mut sp = tx.savepoint("turnsafe_lease")?;
             match take_lease(&mut sp, id, ours.clone(), recreate.contains(id), lease) {
                 Ok(token) => {
                     sp.commit()?;
@@ -405,7 +405,7 @@ fn insert_rows(tx: &mut Transaction<'_>, n: usize, rows: &[Row<'_>], each: &mut 
         return if missed.is_empty() { Ok(()) } else { Err(Stop::Conflict) };
     }
     let together = (|| -> Result<bool, postgres::Error> {
-        let mut sp = tx.savepoint("group")?;
+        let mut sp = tx.savepoint("turnsafe_group")?;
         match insert(&mut sp, rows) {
             Ok(missed) if missed.is_empty() => {
                 sp.commit()?;
@@ -428,7 +428,7 @@ fn insert_rows(tx: &mut Transaction<'_>, n: usize, rows: &[Row<'_>], each: &mut 
     tracing::debug!("a group insert failed; each batch on its own");
     for k in batches {
         let own: Vec<&Row<'_>> = rows.iter().filter(|r| r.batch == k).collect();
-        let mut sp = tx.savepoint("batch")?;
+        let mut sp = tx.savepoint("turnsafe_batch")?;
         match insert_refs(&mut sp, &own) {
             Ok(missed) if missed.is_empty() => sp.commit()?,
             Ok(_) => {

@@ -1,0 +1,285 @@
+//! PostgreSQL group commit: batches that wait together are written in one
+//! transaction (one COMMIT, one WAL flush), and what one batch alone fails
+//! on fails only that batch, on a real server:
+//! - a uid stored with different content;
+//! - a turn lease another writer holds;
+//! - a session row another transaction holds locked past `lock_timeout`;
+//! - a session row deleted under the handle (the insert's foreign key);
+//!
+//! while a failure that ends the transaction (the backend terminated)
+//! fails every batch, each settling as the policy says, nothing stored
+//! twice. Which transaction stored a row is its `xmin`.
+mod common;
+use common::*;
+use std::collections::BTreeSet;
+use turnsafe_host::backend::Backend;
+use turnsafe_host::message::Message;
+use turnsafe_host::outcome::FlushOutcome;
+use turnsafe_host::store::{SessionId, SharedStore};
+use turnsafe_policy::Cause;
+
+/// The transactions that stored the messages of `sessions`.
+fn xmins(server: &pg::PgServer, db: &str, sessions: &[&str]) -> BTreeSet<String> {
+    let ids: Vec<String> = sessions.iter().map(|s| s.to_string()).collect();
+    server
+        .admin(db)
+        .query("SELECT xmin::text FROM messages WHERE session_id = ANY($1)", &[&ids])
+        .expect("read xmin")
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+fn group(store: &mut turnsafe_host::pg::PgStore, batches: &[(SessionId, Vec<Message>)]) -> Vec<FlushOutcome> {
+    let refs: Vec<(&SessionId, &[Message])> = batches.iter().map(|(s, m)| (s, m.as_slice())).collect();
+    store.append_group(&refs)
+}
+
+fn batches(names: &[&str], tag: &str, n: usize) -> Vec<(SessionId, Vec<Message>)> {
+    names
+        .iter()
+        .map(|s| (sid(s), batch(&format!("{tag}-{s}"), n)))
+        .collect()
+}
+
+#[test]
+fn batches_that_wait_together_share_one_transaction() {
+    let server = pg_or_skip!();
+    let db = server.create_db("group");
+    let home = Home::new();
+    let mut store = pg::store(&server.url(&db), home.path());
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h"];
+    let outs = group(&mut store, &batches(&names, "t1", 3));
+    assert!(outs.iter().all(|o| o.persisted), "{:?}", outs[0].failure);
+    assert_eq!(xmins(&server, &db, &names).len(), 1, "eight batches, one transaction");
+    assert_eq!(store.counters().append_attempts, 1);
+    // Their leases were taken in that transaction, one per session.
+    let leased: i64 = server
+        .admin(&db)
+        .query_one("SELECT count(*) FROM sessions WHERE lease_token IS NOT NULL", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(leased, 8);
+
+    // A second group of the same sessions goes on their seqs, again as one.
+    let outs = group(&mut store, &batches(&names, "t2", 2));
+    assert!(outs.iter().all(|o| o.persisted));
+    assert_eq!(xmins(&server, &db, &names).len(), 2);
+    for s in names {
+        let seqs: Vec<i64> = pg::rows(&server, &db, s).iter().map(|r| r.1).collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4, 5], "session {s}");
+    }
+    // Two batches of one session in one group keep their order.
+    let two = vec![(sid("a"), batch("t3-first", 2)), (sid("a"), batch("t3-second", 2))];
+    assert!(group(&mut store, &two).iter().all(|o| o.persisted));
+    let contents: Vec<String> = pg::rows(&server, &db, "a").into_iter().map(|r| r.2).collect();
+    assert!(
+        contents[5].starts_with("t3-first") && contents[7].starts_with("t3-second"),
+        "{contents:?}"
+    );
+
+    // Released in one statement at the end.
+    store.release_all_leases();
+    let leased: i64 = server
+        .admin(&db)
+        .query_one("SELECT count(*) FROM sessions WHERE lease_token IS NOT NULL", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(leased, 0);
+}
+
+#[test]
+fn a_uid_conflict_fails_only_its_batch() {
+    let server = pg_or_skip!();
+    let db = server.create_db("conflict");
+    let home = Home::new();
+    let mut store = pg::store(&server.url(&db), home.path());
+    assert!(store.append_batch(&sid("b"), &batch("old", 2)).persisted);
+    let before = xmins(&server, &db, &["b"]);
+
+    let conflicting = vec![
+        Message::new("user", "new one").with_uid("fresh-b"),
+        Message::new("user", "other content").with_uid("old-1"),
+    ];
+    let mut bs = batches(&["a", "c"], "t", 2);
+    bs.insert(1, (sid("b"), conflicting));
+    let outs = group(&mut store, &bs);
+    assert!(outs[0].persisted && outs[2].persisted);
+    assert!(!outs[1].persisted);
+    assert_eq!(outs[1].cause, Some(Cause::UidConflict));
+    assert_eq!(outs[1].handed_back, 2);
+    assert_eq!(
+        xmins(&server, &db, &["a", "c"]).len(),
+        1,
+        "the others in one transaction"
+    );
+    assert_eq!(
+        xmins(&server, &db, &["b"]),
+        before,
+        "nothing of the refused batch was stored"
+    );
+    assert!(pg::rows(&server, &db, "b").iter().all(|r| r.0 != "fresh-b"));
+}
+
+#[test]
+fn a_lease_held_elsewhere_fails_only_its_batch() {
+    let server = pg_or_skip!();
+    let db = server.create_db("fenced");
+    let url = server.url(&db);
+    let (home, other_home) = (Home::new(), Home::new());
+    // Another writer holds session b's live lease.
+    let mut other = pg::store(&url, other_home.path());
+    assert!(other.append_batch(&sid("b"), &batch("theirs", 1)).persisted);
+
+    let mut store = pg::store(&url, home.path());
+    let outs = group(&mut store, &batches(&["a", "b", "c"], "mine", 2));
+    assert!(outs[0].persisted && outs[2].persisted, "{}", outs[0].to_value());
+    assert!(!outs[1].persisted);
+    assert_eq!(outs[1].cause, Some(Cause::TurnLease), "{}", outs[1].to_value());
+    assert!(outs[1].receipt.is_some() || outs[1].handed_back == 2);
+    assert_eq!(xmins(&server, &db, &["a", "c"]).len(), 1);
+    assert_eq!(pg::rows(&server, &db, "b").len(), 1, "only the lease holder's message");
+}
+
+#[test]
+fn a_row_locked_past_the_timeout_fails_only_its_batch() {
+    let server = pg_or_skip!();
+    let db = server.create_db("rowlock");
+    let home = Home::new();
+    let mut store = pg::store(&server.url(&db), home.path());
+    assert!(
+        store
+            .append_group(&[(&sid("a"), &batch("x", 1)), (&sid("b"), &batch("x", 1))])
+            .iter()
+            .all(|o| o.persisted)
+    );
+    // Another transaction holds session b's row for the whole group.
+    let mut holder = server.admin(&db);
+    let mut tx = holder.transaction().unwrap();
+    tx.execute("SELECT 1 FROM sessions WHERE id = 'b' FOR UPDATE", &[])
+        .unwrap();
+
+    let outs = group(&mut store, &batches(&["a", "b"], "y", 2));
+    assert!(outs[0].persisted, "{}", outs[0].to_value());
+    assert!(!outs[1].persisted, "{}", outs[1].to_value());
+    assert_eq!(outs[1].cause, Some(Cause::Locked), "{}", outs[1].to_value());
+    assert!(outs[1].receipt.is_some(), "diverted once the patience ran out");
+    tx.rollback().unwrap();
+    // a's batch went in as soon as it asked: the lock on b never held it back.
+    assert_eq!(pg::rows(&server, &db, "a").len(), 3);
+    assert_eq!(pg::rows(&server, &db, "b").len(), 1);
+}
+
+#[test]
+fn a_session_row_deleted_under_the_handle_fails_alone_and_is_recreated() {
+    let server = pg_or_skip!();
+    let db = server.create_db("rowgone");
+    let home = Home::new();
+    let mut store = pg::store(&server.url(&db), home.path());
+    assert!(
+        group(&mut store, &batches(&["a", "b", "c"], "t1", 1))
+            .iter()
+            .all(|o| o.persisted)
+    );
+    // Someone removes session b behind the handle's back (it still holds its lease token).
+    let mut admin = server.admin(&db);
+    admin
+        .execute("DELETE FROM messages WHERE session_id = 'b'", &[])
+        .unwrap();
+    admin.execute("DELETE FROM sessions WHERE id = 'b'", &[]).unwrap();
+
+    let outs = group(&mut store, &batches(&["a", "b", "c"], "t2", 2));
+    assert!(
+        outs.iter().all(|o| o.persisted),
+        "{:?}",
+        outs.iter().map(|o| o.to_value()).collect::<Vec<_>>()
+    );
+    assert_eq!(outs[1].cause, Some(Cause::SessionRowMissing), "{}", outs[1].to_value());
+    assert_eq!(
+        outs[0].cause,
+        None,
+        "a committed at its first try: {}",
+        outs[0].to_value()
+    );
+    assert_eq!(outs[2].cause, None);
+    assert_eq!(pg::rows(&server, &db, "b").len(), 2);
+    assert_eq!(pg::rows(&server, &db, "a").len(), 3);
+}
+
+#[test]
+fn a_terminated_backend_fails_the_whole_group_and_nothing_is_stored_twice() {
+    let server = pg_or_skip!();
+    let db = server.create_db("terminated");
+    let home = Home::new();
+    let mut store = pg::store(&server.url(&db), home.path());
+    let names = ["a", "b", "c", "d"];
+    assert!(group(&mut store, &batches(&names, "t1", 1)).iter().all(|o| o.persisted));
+    // The writer's backend is terminated between groups (57P01 at its next statement).
+    let pid: i32 = store
+        .backend()
+        .client()
+        .expect("connected")
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    server
+        .admin(&db)
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .unwrap();
+
+    let outs = group(&mut store, &batches(&names, "t2", 3));
+    for (s, o) in names.iter().zip(&outs) {
+        assert!(o.persisted, "{s}: {}", o.to_value());
+        assert_eq!(o.cause, Some(Cause::Unavailable), "{s}: {}", o.to_value());
+        assert_eq!(o.attempts, 2, "{s}: one failed write, then one after the reconnect");
+        assert_eq!(pg::rows(&server, &db, s).len(), 4, "{s}: stored once");
+    }
+    assert_eq!(
+        store.counters().connections_opened,
+        2,
+        "one reconnect for the whole group"
+    );
+    assert_eq!(
+        xmins(&server, &db, &names).len(),
+        2,
+        "the group was written again as one transaction"
+    );
+}
+
+#[test]
+fn threads_on_one_shared_store_share_commits() {
+    let server = pg_or_skip!();
+    let db = server.create_db("shared");
+    let home = Home::new();
+    let shared = SharedStore::over(pg::store(&server.url(&db), home.path()), home.path());
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            let s = shared.clone();
+            std::thread::spawn(move || {
+                (0..10)
+                    .map(|k| s.append_batch(&sid(&format!("s{i}")), &batch(&format!("t{i}-{k}"), 2)))
+                    .all(|o| o.persisted)
+            })
+        })
+        .collect();
+    for t in threads {
+        assert!(t.join().unwrap());
+    }
+    let names: Vec<String> = (0..16).map(|i| format!("s{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let commits = xmins(&server, &db, &refs).len();
+    let total: i64 = server
+        .admin(&db)
+        .query_one("SELECT count(*) FROM messages", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(total, 16 * 10 * 2);
+    assert!(commits < 160, "160 batches from 16 threads took {commits} transactions");
+    for s in &names {
+        let seqs: Vec<i64> = pg::rows(&server, &db, s).iter().map(|r| r.1).collect();
+        assert_eq!(seqs, (1..=20).collect::<Vec<i64>>(), "{s}");
+    }
+    shared.with_store(|st| {
+        assert_eq!(st.transcript("s3").unwrap().len(), 20);
+    });
+}
