@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use turnsafe_policy::machine::Failure;
+use turnsafe_policy::machine::background::{self, Next};
 use turnsafe_policy::{ActionKind, Cause, Evidence, Operation};
 
 use super::{SessionId, SessionStore, now_ms, random_u64, schema};
@@ -72,10 +73,12 @@ pub(crate) fn run_edit<T>(
         message,
         attempts,
     };
-    if let Some(cause) = sticky {
+    if let Some(sticky) = sticky
+        && let Next::Stop { cause, action } = background::refused(sticky)
+    {
         return Err(fail(
             cause,
-            ActionKind::FailClosed,
+            action,
             "the store refuses to touch its database until an operator acts".into(),
             0,
         ));
@@ -105,21 +108,19 @@ pub(crate) fn run_edit<T>(
             elapsed_ms: f.elapsed_ms,
             seed,
         };
-        let decision = turnsafe_policy::decide(&obs);
-        let cause = decision.classification.cause;
+        let next = background::after_failure(&obs, degrade_fts);
         tracing::info!(
             session = session.as_str(),
             edit,
             code = ?obs.extended_code.or(obs.code),
             sqlstate = ?obs.sqlstate,
-            cause = cause.label(),
-            action = decision.action.label(),
+            next = ?next,
             "edit attempt failed"
         );
-        match decision.action {
-            ActionKind::Retry => std::thread::sleep(Duration::from_millis(decision.delay_ms.unwrap_or(1))),
-            ActionKind::DegradeFts if !degrade_fts => degrade_fts = true,
-            action => return Err(fail(cause, action, obs.message, attempts)),
+        match next {
+            Next::Wait { ms } => std::thread::sleep(Duration::from_millis(ms)),
+            Next::DegradeFts => degrade_fts = true,
+            Next::Stop { cause, action } => return Err(fail(cause, action, obs.message, attempts)),
         }
     }
 }

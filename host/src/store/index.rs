@@ -16,7 +16,8 @@
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
-use turnsafe_policy::{ActionKind, Cause, Decision, Evidence, Observation, Operation};
+use turnsafe_policy::machine::background::{self, Next};
+use turnsafe_policy::{Cause, Evidence, Observation, Operation};
 
 use super::{SessionStore, schema};
 use crate::guard::{Guard, Verdict};
@@ -141,8 +142,8 @@ pub fn catch_up(
         let st = match state(conn) {
             Ok(st) => st,
             Err(e) => {
-                let (d, obs) = decide(conn, &e, false, 1, 0, seed);
-                return Err(settle(conn, e, d.classification.cause, obs));
+                let (cause, _, obs) = decide(conn, &e, false, 1, 0, seed);
+                return Err(settle(conn, e, cause, obs));
             }
         };
         out.watermark = st.watermark;
@@ -165,7 +166,7 @@ pub fn catch_up(
             Ok(Chunk::Disabled) => return Err(IndexError::NeedsRebuild),
             Err(ChunkError::Generation(detail)) => return Err(IndexError::Generation(detail)),
             Err(ChunkError::Sqlite { error, in_index }) => {
-                let (d, obs) = decide(
+                let (cause, next, obs) = decide(
                     conn,
                     &error,
                     in_index,
@@ -173,16 +174,18 @@ pub fn catch_up(
                     started.elapsed().as_millis() as u64,
                     seed,
                 );
-                if d.action != ActionKind::Retry {
-                    return Err(settle(conn, error, d.classification.cause, obs));
+                // The catch-up writes around nothing: a damaged index is
+                // marked for rebuild, and search scans without it.
+                match next {
+                    Next::Wait { ms } => std::thread::sleep(Duration::from_millis(ms)),
+                    Next::DegradeFts | Next::Stop { .. } => return Err(settle(conn, error, cause, obs)),
                 }
-                std::thread::sleep(Duration::from_millis(d.delay_ms.unwrap_or(1)));
             }
         }
     }
 }
 
-/// Ask the policy what a failed index write means. The catch-up is the
+/// Ask the policy what a failed index write means, and what to do next. The catch-up is the
 /// deferred half of a batch's write, so it is observed as `append_batch`;
 /// a statement that writes only the index carries `fts_scope`.
 fn decide(
@@ -192,7 +195,7 @@ fn decide(
     attempt: u32,
     elapsed_ms: u64,
     seed: u64,
-) -> (Decision, Observation) {
+) -> (Cause, Next, Observation) {
     let evidence = if in_index { vec![Evidence::FtsScope] } else { Vec::new() };
     let obs = observe::observation(
         Operation::AppendBatch,
@@ -203,15 +206,16 @@ fn decide(
         elapsed_ms,
         seed,
     );
-    let d = turnsafe_policy::decide(&obs);
+    let cause = turnsafe_policy::decide(&obs).classification.cause;
+    let next = background::after_failure(&obs, true);
     tracing::info!(
         attempt,
         code = ?obs.extended_code,
-        cause = d.classification.cause.label(),
-        action = d.action.label(),
+        cause = cause.label(),
+        next = ?next,
         "search index catch-up failed"
     );
-    (d, obs)
+    (cause, next, obs)
 }
 
 /// A failure the catch-up stops at: damage marks the index for rebuild.

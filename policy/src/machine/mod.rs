@@ -51,6 +51,7 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+pub mod background;
 mod flush;
 mod report;
 pub(crate) mod wire;
