@@ -329,9 +329,15 @@ fn failed_step(operation: &str, errno: Option<i64>) -> String {
 fn number_after(lower: &str, marker: &str) -> Option<i64> {
     let i = find(lower, marker)?;
     // `get`, not indexing: a slice that cannot fail needs no panic path.
-    let rest = lower.get(i + marker.len()..)?.trim_start_matches(' ');
-    let end = rest.bytes().position(|b| !b.is_ascii_digit()).unwrap_or(rest.len());
-    crate::text::parse_i64(rest.get(..end)?)
+    let rest = lower.get(i + marker.len()..)?;
+    // The spaces skipped by bytes: `trim_start_matches(' ')` decodes chars.
+    let start = rest.bytes().position(|b| b != b' ').unwrap_or(rest.len());
+    let end = rest
+        .bytes()
+        .skip(start)
+        .position(|b| !b.is_ascii_digit())
+        .map_or(rest.len(), |n| start + n);
+    crate::text::parse_i64(rest.get(start..end)?)
 }
 
 /// Read a host's free-form divert error (`"open: EMFILE"`, `"fsync:28"`,
@@ -353,31 +359,69 @@ pub fn parse_capture_failure(text: &str) -> CaptureFailure {
 
 fn parse_failure(text: &str, known: &[&str]) -> (String, Option<i64>) {
     let lower = text.to_ascii_lowercase();
-    let operation = lower
-        .split(|c: char| !(c.is_ascii_lowercase() || c == '_'))
-        .find(|w| known.contains(w))
+    let operation = first_word(&lower, Word::Operation(known))
         .unwrap_or("write")
         .to_string();
     // Rust's io::Error and Python's OSError say which number is the errno;
     // a path in the rest of the text does not matter then.
     let mut errno_value = number_after(&lower, "os error ").or_else(|| number_after(&lower, "[errno "));
     if errno_value.is_none() {
-        errno_value = text.split(|c: char| !c.is_ascii_alphanumeric()).find_map(|w| {
-            if w.len() > 1 && w.starts_with('E') && w.bytes().all(|b| b.is_ascii_uppercase()) {
-                errno::from_name(w)
-            } else {
-                None
-            }
-        });
+        errno_value = first_word(text, Word::ErrnoName).and_then(errno::from_name);
     }
     // Bytes, not `contains('/')`: a `char` search brings `memchr` along.
     if errno_value.is_none() && !text.bytes().any(|b| b == b'/') {
-        errno_value = text
-            .split(|c: char| !c.is_ascii_digit())
-            .filter(|w| !w.is_empty() && w.len() <= 4)
-            .find_map(crate::text::parse_i64);
+        errno_value = first_word(text, Word::Number).and_then(crate::text::parse_i64);
     }
     (operation, errno_value)
+}
+
+/// The words [`first_word`] looks for.
+#[derive(Clone, Copy)]
+enum Word<'a> {
+    /// One of these operations, in lower case (`a-z` and `_`).
+    Operation(&'a [&'a str]),
+    /// A known errno's name (`EMFILE`), among letters and digits.
+    ErrnoName,
+    /// One to four digits.
+    Number,
+}
+
+/// The first word of `text` of the kind `word` says: a longest run of the
+/// bytes the kind is made of, which it then accepts. Bytes, not `split`
+/// with a `char` predicate: one loop instead of a decoding iterator per
+/// predicate in the component. Every byte a word is made of is ASCII, so
+/// each word starts and ends on a `char` boundary, and the words are those
+/// `split` gives.
+fn first_word<'t>(text: &'t str, word: Word<'_>) -> Option<&'t str> {
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    // `+ 1`, not `..=`: a `RangeInclusive` costs the component its own iterator.
+    for end in 0..bytes.len() + 1 {
+        let part = bytes.get(end).is_some_and(|&b| match word {
+            Word::Operation(_) => b.is_ascii_lowercase() || b == b'_',
+            Word::ErrnoName => b.is_ascii_alphanumeric(),
+            Word::Number => b.is_ascii_digit(),
+        });
+        if part {
+            continue;
+        }
+        let picked = text.get(start..end).filter(|w| match word {
+            _ if w.is_empty() => false,
+            Word::Operation(known) => known.contains(w),
+            Word::ErrnoName => {
+                w.len() > 1
+                    && w.starts_with('E')
+                    && w.bytes().all(|b| b.is_ascii_uppercase())
+                    && errno::from_name(w).is_some()
+            }
+            Word::Number => w.len() <= 4,
+        });
+        if picked.is_some() {
+            return picked;
+        }
+        start = end + 1;
+    }
+    None
 }
 
 /// The effects of a divert, by the names hosts report them with.

@@ -103,12 +103,20 @@ pub(crate) fn evidence_labels(items: &[Json]) -> Vec<Evidence> {
     Evidence::set(items.iter().filter_map(|i| i.as_str().and_then(Evidence::from_label)))
 }
 
-/// The first 40 characters of `s`.
+/// The first 40 characters of `s`. Counted by their first bytes (every
+/// byte but a UTF-8 continuation byte), not with `char_indices`, whose
+/// decoding the component would carry for this alone.
 fn clip(s: &str) -> &str {
-    match s.char_indices().nth(40) {
-        Some((end, _)) => s.get(..end).unwrap_or(s),
-        None => s,
+    let mut chars = 0;
+    for (i, b) in s.bytes().enumerate() {
+        if b & 0xC0 != 0x80 {
+            if chars == 40 {
+                return s.get(..i).unwrap_or(s);
+            }
+            chars += 1;
+        }
     }
+    s
 }
 
 /// The seed is a u64; negative values are taken modulo 2^64.

@@ -82,7 +82,8 @@ impl Json {
     /// A non-negative integral number that fits a u64.
     pub(crate) fn as_u64(&self) -> Option<u64> {
         match self {
-            Json::Num(text) if !text.starts_with('-') && !text.contains(['.', 'e', 'E']) => {
+            // Byte tests: a `char` pattern decodes the text in the component.
+            Json::Num(text) if !text.bytes().any(|b| matches!(b, b'-' | b'.' | b'e' | b'E')) => {
                 crate::text::parse_u64(text)
             }
             Json::Num(_) => self.as_i64().and_then(|n| u64::try_from(n).ok()),

@@ -114,3 +114,72 @@ fn remediation_for_a_cause_leads_every_copy_of_it() {
         }
     }
 }
+
+/// The divert-error reading as it was first written, with `str::split` on
+/// `char` predicates and `trim_start_matches`: the policy now reads bytes
+/// (cheaper in the component), and must read every text the same.
+fn read_with_char_splits(text: &str) -> (String, Option<i64>) {
+    let known = turnsafe_policy::KNOWN_DIVERT_OPS;
+    let lower = text.to_ascii_lowercase();
+    let operation = lower
+        .split(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+        .find(|w| known.contains(w))
+        .unwrap_or("write")
+        .to_string();
+    let number_after = |marker: &str| {
+        let rest = lower[lower.find(marker)? + marker.len()..].trim_start_matches(' ');
+        let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        rest[..end].parse::<i64>().ok()
+    };
+    let mut errno = number_after("os error ").or_else(|| number_after("[errno "));
+    if errno.is_none() {
+        errno = text.split(|c: char| !c.is_ascii_alphanumeric()).find_map(|w| {
+            let named = w.len() > 1 && w.starts_with('E') && w.bytes().all(|b| b.is_ascii_uppercase());
+            named.then(|| turnsafe_policy::errno::from_name(w)).flatten()
+        });
+    }
+    if errno.is_none() && !text.contains('/') {
+        errno = text
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|w| !w.is_empty() && w.len() <= 4)
+            .find_map(|w| w.parse().ok());
+    }
+    (operation, errno)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn a_divert_error_reads_as_char_splits_read_it(
+        parts in proptest::collection::vec(
+            proptest::sample::select(vec![
+                "open", "fsync_dir", "Fsync", "mkdir", "EMFILE", "ENOSPC", "Eio", "EWHAT", "E", "os error ",
+                "[errno ", "(os error  13)", "24", "007", "1234", "12345", "-3", "/", " ", ":", "é", "日本", "x_y", "\u{1F600}",
+            ]),
+            0..8,
+        ),
+        noise in ".{0,12}",
+    ) {
+        let text = format!("{}{noise}", parts.concat());
+        proptest::prop_assert_eq!(parsed(&text), read_with_char_splits(&text), "{:?}", text);
+    }
+}
+
+#[test]
+fn an_unknown_operation_is_clipped_by_characters_not_bytes() {
+    for c in ["é", "日", "\u{1F600}"] {
+        let out = classify(json!({ "operation": c.repeat(50) }));
+        let e = out["error"].as_str().unwrap();
+        assert!(e.contains(&format!("`{}`", c.repeat(40))), "{e}");
+        assert!(!e.contains(&c.repeat(41)), "{e}");
+    }
+    // A short one is whole.
+    let out = classify(json!({ "operation": "é".repeat(40) }));
+    assert!(
+        out["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("`{}`", "é".repeat(40)))
+    );
+}
