@@ -111,6 +111,15 @@ fn failed(cause: &str, elapsed_ms: u64) -> Value {
             "evidence": evidence, "elapsed_ms": elapsed_ms })
 }
 
+/// A PostgreSQL connection that failed its TLS handshake, as the host
+/// reports it: no SQLSTATE, `SQLITE_IOERR` (so `disk`), the reason named
+/// in the message before the client's own text.
+fn failed_tls(reason: turnsafe_policy::TlsFailure, client_text: &str) -> Value {
+    json!({ "type": "failed", "code": 10, "extended_code": null,
+            "message": format!("postgres SQLSTATE none: {}: {client_text}", reason.text()), "errno": null,
+            "evidence": [], "elapsed_ms": 3, "engine": "postgres" })
+}
+
 fn opened() -> Value {
     json!({ "type": "opened" })
 }
@@ -397,6 +406,38 @@ fn cases() -> Vec<(String, Vec<Turn>)> {
             ),
             (start("b", 1, 24), vec![committed()]),
         ],
+    ));
+    // PostgreSQL: a server and a URL that disagree on TLS. `disk`, as any
+    // configuration the next batch meets again, with the reason in the copy;
+    // the next batch connects again.
+    out.push((
+        "postgres_tls_not_offered_names_its_reason".into(),
+        vec![
+            (
+                start("a", 1, 25),
+                vec![
+                    failed_tls(
+                        turnsafe_policy::TlsFailure::NotOffered,
+                        "error performing TLS handshake: server does not support TLS",
+                    ),
+                    diverted(1, 0),
+                ],
+            ),
+            (start("b", 1, 26), vec![opened(), committed()]),
+        ],
+    ));
+    out.push((
+        "postgres_tls_certificate_names_its_reason".into(),
+        vec![(
+            start("a", 1, 27),
+            vec![
+                failed_tls(
+                    turnsafe_policy::TlsFailure::Certificate,
+                    "error performing TLS handshake: invalid peer certificate: UnknownIssuer",
+                ),
+                divert_failed(false),
+            ],
+        )],
     ));
     out
 }

@@ -17,7 +17,7 @@
 
 use crate::decide::is_producible;
 use crate::errno;
-use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Durability, Outcome};
+use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Durability, Outcome, TlsFailure};
 #[allow(unused_imports)]
 use crate::prelude::*;
 use crate::text::{cat, find};
@@ -82,6 +82,8 @@ pub(crate) struct Facts<'a> {
     pub(crate) pending_capture: Option<&'a str>,
     /// How the host's commits reach the disk.
     pub(crate) durability: Durability,
+    /// Why the connection failed its TLS handshake, for a `disk` copy.
+    pub(crate) tls: Option<TlsFailure>,
 }
 
 impl<'a> Facts<'a> {
@@ -102,6 +104,7 @@ impl<'a> Facts<'a> {
             divert_residue: ctx.divert_residue.is_some(),
             pending_capture: ctx.pending_capture.as_deref(),
             durability: ctx.durability,
+            tls: None,
         }
     }
 }
@@ -142,6 +145,12 @@ fn remedy(cause: Cause) -> &'static str {
         _ => "tried again",
     }
 }
+
+/// What an operator does about a connection that failed its TLS handshake
+/// ([`TlsFailure`]): a `disk` copy's first step, and `turnsafe doctor`'s.
+pub const TLS_REMEDIATION: &str = "Set the URL's `sslmode` to fit the server: `require` (the default) needs TLS with a \
+                                   certificate that `sslrootcert` (a CA file) verifies; `disable` is plaintext, for \
+                                   loopback only.";
 
 /// What an operator can do about a cause, whatever the outcome.
 pub fn cause_remediation(cause: Cause) -> Vec<String> {
@@ -211,7 +220,13 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
     let mut steps = if capture_lost && crate::decide::needs_capture(cause) {
         Vec::new()
     } else {
-        cause_remediation(cause)
+        // Not the disk's steps when the server and the URL disagree on TLS.
+        let steps = if ctx.tls.is_some() {
+            &[TLS_REMEDIATION]
+        } else {
+            cause_steps(cause)
+        };
+        crate::collect::map(steps, |s| String::from(*s))
     };
     // What the operator does about the retired generation depends on what
     // is really on disk: a receipt, a failed capture, or nothing known.
@@ -504,15 +519,33 @@ fn details(outcome: Outcome, ctx: &Facts<'_>) -> Vec<(String, String)> {
     {
         add("errno", &errno::human(e));
     }
+    if let Some(t) = ctx.tls {
+        add("tls", t.text());
+    }
     details
 }
 
 /// Build the copy for an outcome.
 pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy, CopyError> {
+    explain_tls(cause, outcome, ctx, None)
+}
+
+/// [`explain`] for a failure whose message named a TLS reason (see
+/// [`TlsFailure::of`]); it shapes only a `disk` copy.
+pub(crate) fn explain_tls(
+    cause: Cause,
+    outcome: Outcome,
+    ctx: &CopyContext,
+    tls: Option<TlsFailure>,
+) -> Result<Copy, CopyError> {
     if let Some(r) = &ctx.receipt {
         r.check().map_err(CopyError::InvalidReceipt)?;
     }
-    explain_facts(cause, outcome, &Facts::of(ctx))
+    let facts = Facts {
+        tls: tls.filter(|_| cause == Cause::Disk),
+        ..Facts::of(ctx)
+    };
+    explain_facts(cause, outcome, &facts)
 }
 
 /// [`explain`] from borrowed facts.
@@ -520,7 +553,10 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
     if !is_producible(cause, outcome) {
         return Err(CopyError::NotProducible { cause, outcome });
     }
-    let why = capitalise(reason(cause));
+    let why = capitalise(match ctx.tls {
+        Some(_) => "the TLS handshake with the database server failed",
+        None => reason(cause),
+    });
     // After a lost COMMIT nobody can say the messages are not stored: the
     // copy says what is known instead.
     let unknown = cause == Cause::OutcomeUnknown;

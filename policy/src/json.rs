@@ -15,13 +15,13 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use crate::copy::{explain, parse_capture_failure, parse_divert_failure};
+use crate::copy::{explain, explain_tls, parse_capture_failure, parse_divert_failure};
 use crate::decide::{decide, outcome_for};
 use crate::fields::Fields;
 use crate::jsontext::{Json, parse};
 use crate::model::{
     CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, Decision, DivertFailure, DivertResidue, Engine, Evidence,
-    Observation, Operation, Outcome,
+    Observation, Operation, Outcome, TlsFailure,
 };
 use crate::text::cat;
 use crate::value as v;
@@ -359,14 +359,17 @@ pub fn evaluate_json(request: &str) -> String {
         }
         let d = decide(&obs);
         let cause = d.classification.cause;
+        // The copy the flush machine would give this failure: its TLS
+        // reason, if its message names one, shapes a `disk` copy.
+        let tls = TlsFailure::of(&obs);
         let copy = match ctx_value.and_then(|c| c.get("outcome")).and_then(Json::as_str) {
             Some(label) => {
                 let o = Outcome::from_label(label).ok_or("unknown `context.outcome`")?;
-                Some(explain(cause, o, &ctx).map_err(|e| e.message())?)
+                Some(explain_tls(cause, o, &ctx, tls).map_err(|e| e.message())?)
             }
             // A derived outcome the table cannot pair with this cause (a
             // fenced write that reached the divert step) has no user copy.
-            None => outcome_for(obs.operation, d.action, &ctx).and_then(|o| explain(cause, o, &ctx).ok()),
+            None => outcome_for(obs.operation, d.action, &ctx).and_then(|o| explain_tls(cause, o, &ctx, tls).ok()),
         };
         let mut out = decision_json(&d);
         match copy {

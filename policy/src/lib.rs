@@ -69,7 +69,7 @@ mod component;
 
 pub use classify::classify;
 pub use copy::{
-    CopyError, KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, cause_remediation, explain, parse_capture_failure,
+    CopyError, KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, TLS_REMEDIATION, cause_remediation, explain, parse_capture_failure,
     parse_divert_failure,
 };
 pub use decide::{
@@ -78,7 +78,7 @@ pub use decide::{
 };
 pub use model::{
     ActionKind, Basis, CaptureFailure, CaptureReceipt, CapturedFile, Cause, Classification, Copy, CopyContext,
-    Decision, DivertFailure, DivertResidue, Durability, Engine, Evidence, Observation, Operation, Outcome,
+    Decision, DivertFailure, DivertResidue, Durability, Engine, Evidence, Observation, Operation, Outcome, TlsFailure,
 };
 pub use retry::RetryPlan;
 

@@ -146,6 +146,53 @@ impl Engine {
     }
 }
 
+/// Why a PostgreSQL connection failed its TLS handshake, as the host's
+/// message names it (see [`TlsFailure::of`]). It shapes the copy of a
+/// `disk` failure only: the cause stays `disk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsFailure {
+    /// `sslmode=require` against a server that offers no TLS.
+    NotOffered,
+    /// The server's certificate did not verify against the roots
+    /// (`sslrootcert`, else the Mozilla roots), or not for its host name.
+    Certificate,
+}
+
+impl TlsFailure {
+    pub const ALL: [TlsFailure; 2] = [TlsFailure::NotOffered, TlsFailure::Certificate];
+
+    /// The reason, in the copy's words (its `tls` detail), and as a host's
+    /// message names it.
+    const TEXTS: [&'static str; 2] = [
+        "the server does not offer TLS",
+        "the server's certificate failed verification",
+    ];
+
+    pub fn text(self) -> &'static str {
+        Self::TEXTS[self as usize]
+    }
+
+    /// The reason a failure's message names: a PostgreSQL failure with no
+    /// SQLSTATE (so its whole message is the host's, none of it the
+    /// server's) whose message holds one of the [`TlsFailure::text`]s.
+    /// Text only refines the copy of the cause the codes gave (`disk`); it
+    /// never makes a cause.
+    pub fn of(obs: &Observation) -> Option<TlsFailure> {
+        if obs.engine != Engine::Postgres || obs.sqlstate.is_some() {
+            return None;
+        }
+        let named = |t: TlsFailure| crate::text::contains(&obs.message, t.text());
+        if named(TlsFailure::NotOffered) {
+            Some(TlsFailure::NotOffered)
+        } else if named(TlsFailure::Certificate) {
+            Some(TlsFailure::Certificate)
+        } else {
+            None
+        }
+    }
+}
+
 /// Everything the host observed about one failed storage operation.
 ///
 /// Time and chance are inputs: `attempt` (1-based count of attempts made,

@@ -137,5 +137,11 @@ pub fn render_markdown() -> String {
     }
     s.push_str("\nAny other SQLSTATE falls through to the SQLite code the backend translates it onto, in one ");
     s.push_str("function: see `docs/POSTGRES.md`.\n");
+    s.push_str("\nA failure with no SQLSTATE whose message names a TLS reason (");
+    for (i, t) in crate::TlsFailure::ALL.iter().enumerate() {
+        s.push_str(&format!("{}`{}`", if i > 0 { " or " } else { "" }, t.text()));
+    }
+    s.push_str(") keeps the cause its code gives; a `disk` copy then names the handshake, the reason (detail `tls`) ");
+    s.push_str("and the URL's `sslmode` and `sslrootcert`. The text alone makes no cause.\n");
     s
 }

@@ -2,9 +2,10 @@
 //! each the JSON copy object. A changed word is a reviewed snapshot change.
 
 use turnsafe_policy::json::copy_to_value;
+use turnsafe_policy::machine::{Event, Failure, FlushStart, Handle, Step};
 use turnsafe_policy::{
-    CaptureFailure, CaptureReceipt, CapturedFile, Cause, CopyContext, DivertFailure, DivertResidue, Durability,
-    Outcome, explain, is_producible, needs_capture, producible_pairs,
+    CaptureFailure, CaptureReceipt, CapturedFile, Cause, CopyContext, DivertFailure, DivertResidue, Durability, Engine,
+    Observation, Operation, Outcome, TlsFailure, explain, is_producible, needs_capture, producible_pairs,
 };
 
 const RECEIPT: &str = "/home/agent/.turnsafe/sessions/s-7f3a.jsonl";
@@ -332,4 +333,182 @@ fn cantopen_errno_shapes_the_detail_only() {
     };
     let copy = copy_to_value(&explain(Cause::Disk, Outcome::Diverted, &ctx).unwrap());
     assert_eq!(copy["details"]["errno"], "too many open files (EMFILE)");
+}
+
+/// A PostgreSQL connection that failed its TLS handshake, as the host
+/// reports it: no SQLSTATE, `SQLITE_IOERR` (so `disk`), and the reason
+/// named in its message before the client's own text.
+fn tls_failure(reason: TlsFailure, client_text: &str) -> Failure {
+    Failure {
+        engine: Engine::Postgres,
+        sqlstate: None,
+        code: Some(10),
+        message: format!("postgres SQLSTATE none: {}: {client_text}", reason.text()),
+        ..Failure::default()
+    }
+}
+
+const TLS_CASES: [(TlsFailure, &str, &str); 2] = [
+    (
+        TlsFailure::NotOffered,
+        "tls_not_offered",
+        "error performing TLS handshake: server does not support TLS",
+    ),
+    (
+        TlsFailure::Certificate,
+        "tls_certificate",
+        "error performing TLS handshake: invalid peer certificate: UnknownIssuer",
+    ),
+];
+
+/// The copy of a flush whose open failed with `failure`, then diverted
+/// (or failed to), through the flush machine every host drives.
+fn flush_copy(failure: Failure, outcome: Outcome) -> turnsafe_policy::Copy {
+    let mut h = Handle::new();
+    h.start(FlushStart {
+        session: "s-7f3a".into(),
+        uids: vec!["u1".into()],
+        ..FlushStart::default()
+    })
+    .unwrap();
+    assert_eq!(h.poll(), Some(Step::Open));
+    h.handle(Event::Failed(failure)).unwrap();
+    assert_eq!(h.poll(), Some(Step::Divert { cause: Cause::Disk }));
+    h.handle(match outcome {
+        Outcome::Diverted => Event::Diverted(receipt(RECEIPT)),
+        _ => Event::DivertFailed {
+            failure: DivertFailure {
+                operation: "open".into(),
+                errno: Some(24),
+            },
+            message: "Too many open files (os error 24)".into(),
+            residue: None,
+        },
+    })
+    .unwrap();
+    match h.poll() {
+        Some(Step::Done(report)) => report.copy.expect("a failed flush has copy"),
+        other => panic!("not done: {other:?}"),
+    }
+}
+
+/// A server and a URL that disagree on TLS: the cause stays `disk`, but
+/// the copy names the handshake, the reason in its `tls` detail, and the
+/// URL's `sslmode` and `sslrootcert` instead of the disk's checks.
+#[test]
+fn one_snapshot_per_tls_reason() {
+    turnsafe_tests::snapshot_settings().bind(|| {
+        for (reason, name, client_text) in TLS_CASES {
+            for outcome in [Outcome::Diverted, Outcome::DivertFailed] {
+                let copy = flush_copy(tls_failure(reason, client_text), outcome);
+                let value = copy_to_value(&copy);
+                assert_eq!(value["cause"], "disk", "{value}");
+                assert_eq!(value["details"]["tls"], reason.text(), "{value}");
+                let body = value["body"].as_str().unwrap();
+                assert!(
+                    body.starts_with("The TLS handshake with the database server failed"),
+                    "{body}"
+                );
+                assert!(!body.contains("opened or written"), "{body}");
+                let first = value["remediation"][0].as_str().unwrap();
+                assert!(first.contains("sslmode") && first.contains("sslrootcert"), "{value}");
+                assert_eq!(first, turnsafe_policy::TLS_REMEDIATION);
+                assert!(!value.to_string().contains("ulimit"), "no disk checks: {value}");
+                // The client's own text is not repeated to the user.
+                assert!(!value.to_string().contains("UnknownIssuer"), "{value}");
+                insta::assert_json_snapshot!(format!("copy__disk__{}__{name}", outcome.label()), value);
+            }
+        }
+    });
+}
+
+/// `evaluate-json` gives a failure's copy as the flush machine does.
+#[test]
+fn evaluate_gives_the_tls_copy_the_machine_gives() {
+    for (reason, _, client_text) in TLS_CASES {
+        let failure = tls_failure(reason, client_text);
+        let request = serde_json::json!({
+            "observation": {
+                "operation": "open",
+                "engine": "postgres",
+                "code": 10,
+                "message": failure.message,
+            },
+            "context": { "session": "s-7f3a", "receipt": receipt(RECEIPT) },
+        });
+        let out: serde_json::Value =
+            serde_json::from_str(&turnsafe_policy::json::evaluate_json(&request.to_string())).unwrap();
+        assert_eq!(out["cause"], "disk", "{out}");
+        assert_eq!(
+            out["copy"],
+            copy_to_value(&flush_copy(failure, Outcome::Diverted)),
+            "{out}"
+        );
+    }
+}
+
+/// The reason is read only where the whole message is the host's and the
+/// cause is the one a failed handshake gets: never with a SQLSTATE (the
+/// server's text may follow it), never for another cause, and text alone
+/// makes no cause.
+#[test]
+fn the_tls_reason_refines_only_a_disk_copy_without_sqlstate() {
+    let text = "postgres SQLSTATE none: the server does not offer TLS: error performing TLS handshake";
+    let obs = |sqlstate: Option<&str>, engine: Engine| Observation {
+        engine,
+        sqlstate: sqlstate.map(String::from),
+        code: Some(10),
+        message: text.into(),
+        ..Observation::new(Operation::Open)
+    };
+    assert_eq!(
+        TlsFailure::of(&obs(None, Engine::Postgres)),
+        Some(TlsFailure::NotOffered)
+    );
+    assert_eq!(TlsFailure::of(&obs(Some("08006"), Engine::Postgres)), None);
+    assert_eq!(TlsFailure::of(&obs(None, Engine::Sqlite)), None);
+    let certificate = Observation {
+        message: "postgres SQLSTATE none: the server's certificate failed verification: x".into(),
+        ..obs(None, Engine::Postgres)
+    };
+    assert_eq!(TlsFailure::of(&certificate), Some(TlsFailure::Certificate));
+
+    // With a SQLSTATE the copy is the cause's own.
+    let lost = Failure {
+        sqlstate: Some("08006".into()),
+        ..tls_failure(TlsFailure::NotOffered, "x")
+    };
+    let h = |failure: Failure| {
+        let mut h = Handle::new();
+        h.start(FlushStart {
+            session: "s".into(),
+            uids: vec!["u".into()],
+            ..FlushStart::default()
+        })
+        .unwrap();
+        h.handle(Event::Failed(failure)).unwrap();
+        h
+    };
+    let mut lost_handle = h(lost);
+    assert!(
+        matches!(lost_handle.poll(), Some(Step::Wait { .. })),
+        "unavailable retries"
+    );
+    // Text alone, with no code, is no cause at all.
+    let bare = Observation {
+        code: None,
+        ..obs(None, Engine::Postgres)
+    };
+    assert_eq!(turnsafe_policy::classify(&bare).cause, Cause::Unknown);
+    let request = serde_json::json!({
+        "observation": { "operation": "open", "engine": "postgres", "message": text },
+        "context": { "receipt": receipt(RECEIPT) },
+    });
+    let out: serde_json::Value =
+        serde_json::from_str(&turnsafe_policy::json::evaluate_json(&request.to_string())).unwrap();
+    assert_eq!(out["copy"]["code"], "unknown.diverted", "{out}");
+    assert!(out["copy"]["details"].get("tls").is_none(), "{out}");
+    // An explained `disk` copy (no failure behind it) names no TLS reason.
+    let plain = copy_to_value(&explain(Cause::Disk, Outcome::Diverted, &context_for(Outcome::Diverted)).unwrap());
+    assert!(plain["details"].get("tls").is_none(), "{plain}");
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::report::{self, CaptureReport, DivertErrorReport, FlushReport};
 use super::{DivertReceipt, Event, Failure, HandleState, ProtocolError, Step, WritePlan};
-use crate::model::{ActionKind, Cause, DivertResidue, Durability, Observation, Operation};
+use crate::model::{ActionKind, Cause, DivertResidue, Durability, Observation, Operation, TlsFailure};
 
 /// Everything a flush needs from the host before its first step.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -104,6 +104,9 @@ pub struct FlushMachine {
     action: Option<ActionKind>,
     /// The errno of the failure the outcome rests on (it shapes the copy).
     errno: Option<i64>,
+    /// The TLS reason the failure the outcome rests on names (it shapes
+    /// the copy of `disk`).
+    tls: Option<TlsFailure>,
     /// The capture this flush made, for the outcome.
     capture: Option<CaptureReport>,
     /// A COMMIT's answer was lost and its batch is not looked up yet: the
@@ -136,6 +139,7 @@ impl FlushMachine {
             last,
             action,
             errno: None,
+            tls: None,
             capture: None,
             resolving: false,
         }
@@ -265,6 +269,7 @@ impl FlushMachine {
         let d = crate::decide(&obs);
         self.last = Some((d.classification.cause, operation));
         self.errno = obs.errno;
+        self.tls = TlsFailure::of(&obs);
         self.action = Some(d.action);
         if d.sticky {
             // Quarantined: nothing opens or writes this database again.
@@ -355,6 +360,7 @@ impl FlushMachine {
             cause,
             action: self.action,
             errno: self.errno,
+            tls: self.tls,
             capture_now: self.capture,
             capture_known: handle.capture.as_ref(),
             ending,

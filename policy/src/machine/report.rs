@@ -207,6 +207,7 @@ pub(super) struct Parts<'a> {
     pub cause: Option<Cause>,
     pub action: Option<ActionKind>,
     pub errno: Option<i64>,
+    pub tls: Option<crate::model::TlsFailure>,
     pub capture_now: Option<CaptureReport>,
     pub capture_known: Option<&'a CaptureReport>,
     pub ending: Ending,
@@ -222,6 +223,9 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
     let failed = Facts {
         session,
         errno: p.errno,
+        // A TLS reason speaks only for `disk`, the cause a failed
+        // handshake gets (not for a lost COMMIT whose lookup then failed).
+        tls: p.tls.filter(|_| p.cause == Some(Cause::Disk)),
         pending_capture: p.start.pending_capture.as_ref().map(|c| c.path.as_str()),
         ..known
     };
