@@ -1,0 +1,71 @@
+// `npm run build` (and `prepare`): writes the policy component the turnsafe
+// binary carries into gen/turnsafe_policy.wasm, transpiles it with jco into
+// gen/policy/ (an ES module and its core wasm), and copies the SQLite code
+// table beside it. A package made by `npm pack` ships gen/, so installing
+// the tarball needs no Rust; a clone builds it here with cargo.
+//
+// The binary, first found: $TURNSAFE_BIN; the workspace's target/release or
+// target/debug `turnsafe` when it is at least as new as the policy sources;
+// else `cargo build --release -p turnsafe-host --bin turnsafe`.
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
+const root = path.dirname(here);
+const gen = path.join(here, 'gen');
+
+function newestSource() {
+  let newest = 0;
+  const walk = (dir) => {
+    let entries;
+    try {
+      entries = fs.readdirSync(dir, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      const p = path.join(dir, e.name);
+      if (e.isDirectory()) walk(p);
+      else newest = Math.max(newest, fs.statSync(p).mtimeMs);
+    }
+  };
+  for (const d of ['policy/src', 'wit']) walk(path.join(root, d));
+  return newest;
+}
+
+function findBinary() {
+  if (process.env.TURNSAFE_BIN) return process.env.TURNSAFE_BIN;
+  if (!fs.existsSync(path.join(root, 'Cargo.toml')) || !fs.existsSync(path.join(root, 'policy'))) {
+    return null;
+  }
+  const target = process.env.CARGO_TARGET_DIR ?? path.join(root, 'target');
+  const sources = newestSource();
+  for (const profile of ['release', 'debug']) {
+    const bin = path.join(target, profile, 'turnsafe');
+    try {
+      if (fs.statSync(bin).mtimeMs >= sources) return bin;
+    } catch {
+      // not built
+    }
+  }
+  console.error('turnsafe-store: building the turnsafe binary (cargo build --release), which carries the policy component');
+  execFileSync('cargo', ['build', '--locked', '--release', '-p', 'turnsafe-host', '--bin', 'turnsafe'],
+    { cwd: root, stdio: 'inherit' });
+  return path.join(target, 'release', 'turnsafe');
+}
+
+const bin = findBinary();
+if (!bin) {
+  if (fs.existsSync(path.join(gen, 'policy', 'turnsafe_policy.js'))) process.exit(0);
+  console.error('turnsafe-store: no component in gen/ and no turnsafe source tree to build it from');
+  process.exit(1);
+}
+fs.mkdirSync(gen, { recursive: true });
+const wasm = path.join(gen, 'turnsafe_policy.wasm');
+execFileSync(bin, ['component', '--out', wasm], { stdio: ['ignore', 'ignore', 'inherit'] });
+const jcoBin = path.join(here, 'node_modules', '@bytecodealliance', 'jco', 'dist', 'jco.js');
+execFileSync(process.execPath, [jcoBin, 'transpile', wasm, '-o', path.join(gen, 'policy'), '--name', 'turnsafe_policy', '--quiet'],
+  { stdio: 'inherit' });
+fs.copyFileSync(path.join(root, 'examples', 'sqlite-codes.json'), path.join(gen, 'sqlite-codes.json'));

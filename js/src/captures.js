@@ -1,0 +1,267 @@
+// Captures of retired generations under a home (state.db.retired-*/), and
+// the pending-capture rule: an unsettled capture whose manifest says it
+// holds rows of a session that the database lacks (`missing_rows`; a
+// manifest without it, or unreadable, holds every session) stops that
+// session's writes (the flush machine diverts them with the capture's
+// cause) and its reads (HistoryIncomplete). As host/src/captures.rs.
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+import Database from 'better-sqlite3';
+
+import { fsyncDir } from './divert.js';
+
+export const PREFIX = 'state.db.retired-';
+export const MARKER = 'SETTLED';
+
+const CAUSES = new Set(['locked', 'disk', 'disk_full', 'replaced', 'deleted_wal', 'corrupt', 'fts_index', 'turn_lease',
+  'compression', 'compression_closed', 'session_row_missing', 'uid_conflict', 'unavailable', 'read_only',
+  'outcome_unknown', 'unknown']);
+
+/** A marker is proof only when it reads as one (host/src/captures.rs `Settled`). */
+function settled(dir) {
+  let m;
+  try {
+    m = JSON.parse(fs.readFileSync(path.join(dir, MARKER), 'utf8'));
+  } catch {
+    return false;
+  }
+  return m !== null && typeof m === 'object' && Number.isInteger(m.format) && m.format >= 0
+    && typeof m.settled_at === 'string' && (m.how === 'installed' || m.how === 'dismissed')
+    && Number.isInteger(m.carried_over) && m.carried_over >= 0 && Number.isInteger(m.pid) && m.pid >= 0
+    && typeof m.turnsafe === 'string';
+}
+
+/** The unsettled captures under `home` that hold rows of some session: `{path, cause, sessions}`. */
+export function holds(home) {
+  let entries;
+  try {
+    entries = fs.readdirSync(home, { withFileTypes: true });
+  } catch (e) {
+    if (e.code === 'ENOENT') return [];
+    // The open that follows meets whatever keeps the home from being read.
+    return [];
+  }
+  const out = [];
+  for (const e of entries.filter((d) => d.name.startsWith(PREFIX) && d.isDirectory()).sort((a, b) => (a.name < b.name ? -1 : 1))) {
+    const dir = path.resolve(home, e.name);
+    if (settled(dir)) continue;
+    let cause = 'unknown';
+    let sessions = null;
+    try {
+      const m = JSON.parse(fs.readFileSync(path.join(dir, 'manifest.json'), 'utf8'));
+      if (typeof m.cause === 'string' && CAUSES.has(m.cause)) cause = m.cause;
+      if (m.missing_rows && typeof m.missing_rows === 'object') {
+        sessions = Object.fromEntries(Object.entries(m.missing_rows).filter(([, n]) => n > 0));
+      }
+    } catch {
+      // unreadable: it holds every session
+    }
+    if (sessions === null || Object.keys(sessions).length > 0) out.push({ path: dir, cause, sessions });
+  }
+  return out;
+}
+
+export const holdsSession = (h, session) => h.sessions === null || (h.sessions[session] ?? 0) > 0;
+
+/** The hold as reads report it: `{path, cause, rows}`. */
+export const holdValue = (h, session) => ({ path: h.path, cause: h.cause,
+  rows: h.sessions === null ? null : (h.sessions[session] ?? 0) });
+
+/** `yyyymmddThhmmssZ`. */
+const stamp = () => new Date().toISOString().replace(/\.\d+Z$/, 'Z').replaceAll('-', '').replaceAll(':', '');
+
+function startTime(pid) {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const n = Number(stat.slice(stat.lastIndexOf(')') + 1).trim().split(/\s+/)[19]);
+    return Number.isFinite(n) ? n : null;
+  } catch {
+    return null;
+  }
+}
+
+function captureError(operation, file, e) {
+  const err = e instanceof Error ? e : new Error(String(e));
+  return {
+    operation,
+    errno: typeof err.errno === 'number' ? Math.abs(err.errno) : null,
+    error: `capture of the retired generation failed at ${operation}${file ? ` ${file}` : ''}: ${err.message}`,
+  };
+}
+
+function writeDurably(dir, name, data) {
+  const tmp = path.join(dir, `.${name}.tmp`);
+  let fd;
+  const { O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW } = fs.constants;
+  try {
+    fd = fs.openSync(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0o600);
+  } catch (e) {
+    throw captureError('create', name, e);
+  }
+  try {
+    let done = 0;
+    while (done < data.length) {
+      let n;
+      try {
+        n = fs.writeSync(fd, data, done, data.length - done);
+      } catch (e) {
+        throw captureError('write', name, e);
+      }
+      if (!(n > 0)) throw captureError('write', name, new Error('the write stored no bytes'));
+      done += n;
+    }
+    try {
+      fs.fsyncSync(fd);
+    } catch (e) {
+      throw captureError('fsync', name, e);
+    }
+  } finally {
+    fs.closeSync(fd);
+  }
+  try {
+    fs.renameSync(tmp, path.join(dir, name));
+  } catch (e) {
+    throw captureError('rename', name, e);
+  }
+}
+
+/** Read a whole file through a held descriptor; a short read is an error. */
+function readThrough(fd) {
+  const size = Number(fs.fstatSync(fd).size);
+  const buf = Buffer.alloc(size);
+  let done = 0;
+  while (done < size) {
+    const n = fs.readSync(fd, buf, done, size - done, done);
+    if (n === 0) throw new Error(`short read: ${done} of ${size} bytes through fd ${fd}`);
+    done += n;
+  }
+  return buf;
+}
+
+function rowsOf(db) {
+  const conn = new Database(db, { fileMustExist: true });
+  try {
+    const has = conn.prepare("SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' AND name = 'messages'").get().n;
+    if (!has) return new Set();
+    return new Set(conn.prepare('SELECT session_id, uid FROM messages').raw().all().map(([s, u]) => JSON.stringify([s, u])));
+  } finally {
+    conn.close();
+  }
+}
+
+/** Rows of the captured generation that the database now at `current` lacks, by session. */
+function missingRows(captureDir, current) {
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'turnsafe-capture-'));
+  try {
+    const copy = (from, name, required) => {
+      try {
+        fs.copyFileSync(from, path.join(work, name));
+      } catch (e) {
+        if (required || e.code !== 'ENOENT') throw e;
+      }
+    };
+    copy(path.join(captureDir, 'state.db'), 'cap.db', true);
+    copy(path.join(captureDir, 'state.db-wal'), 'cap.db-wal', false);
+    const captured = rowsOf(path.join(work, 'cap.db'));
+    let now = new Set();
+    if (fs.existsSync(current)) {
+      copy(current, 'cur.db', true);
+      copy(`${current}-wal`, 'cur.db-wal', false);
+      now = rowsOf(path.join(work, 'cur.db'));
+    }
+    const missing = {};
+    for (const row of captured) {
+      if (now.has(row)) continue;
+      const [s] = JSON.parse(row);
+      missing[s] = (missing[s] ?? 0) + 1;
+    }
+    return { missing_rows: Object.fromEntries(Object.entries(missing).sort()), missing_rows_error: null };
+  } catch (e) {
+    return { missing_rows: null, missing_rows_error: `the captured generation cannot be read: ${e.message}` };
+  } finally {
+    fs.rmSync(work, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Copy the files the guard recorded, through the descriptors this process
+ * holds (chosen by identity, never by path), into
+ * `<home>/state.db.retired-<UTC>-<pid>/`: each to a temporary name, fsynced
+ * and renamed, then the manifest, then the folder and the home fsynced.
+ * Returns `{receipt}` or `{error: {operation, errno, error}}`.
+ */
+export function capture(guard, why, version) {
+  const files = [];
+  for (let i = 0; i < 3; i++) {
+    const held = guard.files[i];
+    if (!held) continue;
+    const name = `state.db${['', '-wal', '-shm'][i]}`;
+    if (held.fd == null) {
+      // Node found no descriptor of this process holding it: nothing to
+      // read through, and a copy by path would be the wrong file.
+      if (i === 0) continue;
+      return { error: { operation: 'read', errno: null,
+        error: `capture of the retired generation failed at read ${name}: this process holds no descriptor of it (nothing found in /proc/self/fd)` } };
+    }
+    try {
+      files.push({ name, data: readThrough(held.fd), id: held.id, fd: held.fd });
+    } catch (e) {
+      return { error: captureError('read', name, e) };
+    }
+  }
+  if (files.length === 0) {
+    return { error: { operation: 'read', errno: null,
+      error: 'capture of the retired generation failed at read: this process holds no descriptor of the files' } };
+  }
+  const parent = path.dirname(guard.dbPath);
+  let dir = null;
+  for (let n = 1; n <= 64 && dir === null; n++) {
+    const s = stamp();
+    const candidate = path.join(parent, n === 1 ? `${PREFIX}${s}-${process.pid}` : `${PREFIX}${s}.${n}-${process.pid}`);
+    try {
+      fs.mkdirSync(candidate, { mode: 0o700 });
+      dir = candidate;
+    } catch (e) {
+      if (e.code !== 'EEXIST' || n === 64) return { error: captureError('mkdir', null, e) };
+    }
+  }
+  try {
+    const manifestFiles = [];
+    for (const f of files) {
+      writeDurably(dir, f.name, f.data);
+      manifestFiles.push({ name: f.name, dev: Number(f.id.dev), ino: Number(f.id.ino), fd: f.fd, size: f.data.length,
+        sha256: createHash('sha256').update(f.data).digest('hex') });
+    }
+    const missing = missingRows(dir, guard.dbPath);
+    const manifest = {
+      format: 1,
+      trigger: why.trigger,
+      cause: why.cause,
+      evidence: why.evidence,
+      source: guard.dbPath,
+      generation: guard.generation,
+      pid: process.pid,
+      pid_start: startTime(process.pid),
+      captured_by: process.pid,
+      ...missing,
+      captured_at: new Date().toISOString(),
+      files: manifestFiles,
+      versions: { turnsafe: version, sqlite: 'better-sqlite3', host: 'turnsafe-store (node)' },
+    };
+    const text = Buffer.from(JSON.stringify(manifest, null, 2));
+    writeDurably(dir, 'manifest.json', text);
+    try {
+      fsyncDir(dir);
+      fsyncDir(parent);
+    } catch (e) {
+      throw captureError('fsync_dir', null, e);
+    }
+    return { receipt: { path: dir, files: files.map((f) => ({ name: f.name, size: f.data.length })),
+      manifest_sha256: createHash('sha256').update(text).digest('hex') } };
+  } catch (e) {
+    return { error: e.operation ? e : captureError('write', null, e) };
+  }
+}

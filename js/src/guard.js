@@ -1,0 +1,149 @@
+// The WAL-generation guard with what Node can see. In WAL mode SQLite
+// reports no error when state.db, -wal or -shm is deleted, moved or
+// replaced under a live connection; committed frames are then lost
+// silently. At open the guard records the identity (dev, ino) of the three
+// files, the descriptors of this process that hold them (found once in
+// /proc/self/fd) and the generation in the header (application_id, bytes
+// 68-71, read through the held descriptor). Before every write, under the
+// write lock, and before close it compares them with the paths (stat), the
+// held descriptors (fstat: identity and link count) and the header.
+//
+// Unlike the native guard it cannot ask SQLite for SQLITE_FCNTL_HAS_MOVED
+// (better-sqlite3 has no file control); the path and descriptor checks,
+// which the native guard runs first, answer every case that one does.
+import fs from 'node:fs';
+
+export const PARTS = ['', '-wal', '-shm'];
+
+const idOf = (st) => ({ dev: st.dev, ino: st.ino });
+const same = (a, b) => a.dev === b.dev && a.ino === b.ino;
+
+function statId(p) {
+  try {
+    return idOf(fs.statSync(p, { bigint: true }));
+  } catch (e) {
+    if (e.code === 'ENOENT') return null;
+    throw probeError('stat', e);
+  }
+}
+
+function probeError(probe, e) {
+  return Object.assign(new Error(`guard probe \`${probe}\` failed: ${e.message}`), { probe, errno: e.errno, cause: e });
+}
+
+/** The descriptors of this process whose link is `p` (or `p (deleted)`) and whose identity is `id`. */
+function findFd(p, id) {
+  let names;
+  try {
+    names = fs.readdirSync('/proc/self/fd');
+  } catch (e) {
+    throw probeError('scan /proc/self/fd', e);
+  }
+  for (const name of names) {
+    const fd = Number(name);
+    if (!Number.isInteger(fd)) continue;
+    let target;
+    try {
+      target = fs.readlinkSync(`/proc/self/fd/${name}`);
+    } catch {
+      continue;
+    }
+    if (target.endsWith(' (deleted)')) target = target.slice(0, -' (deleted)'.length);
+    if (target !== p) continue;
+    try {
+      if (same(idOf(fs.fstatSync(fd, { bigint: true })), id)) return fd;
+    } catch {
+      // not ours any more
+    }
+  }
+  return null;
+}
+
+function headerGeneration(fd) {
+  const buf = Buffer.alloc(4);
+  const n = fs.readSync(fd, buf, 0, 4, 68);
+  if (n !== 4) throw new Error('short header read');
+  return buf.readInt32BE(0);
+}
+
+export class Guard {
+  /** Record the files as they are now; `dbPath` is made absolute and resolved. */
+  constructor(dbPath, db) {
+    try {
+      this.dbPath = fs.realpathSync(dbPath);
+    } catch (e) {
+      throw probeError('canonicalize', e);
+    }
+    this.files = [null, null, null];
+    for (let i = 0; i < 3; i++) this.recordPart(i);
+    const main = this.files[0];
+    if (main?.fd != null) {
+      try {
+        this.generation = headerGeneration(main.fd);
+      } catch (e) {
+        throw probeError('pread header', e);
+      }
+    } else {
+      this.generation = db.pragma('application_id', { simple: true });
+    }
+  }
+
+  path(i) {
+    return this.dbPath + PARTS[i];
+  }
+
+  recordPart(i) {
+    const id = statId(this.path(i));
+    if (id) this.files[i] = { id, fd: findFd(this.path(i), id) };
+  }
+
+  /** `null` when intact, else `{evidence, detail}`; throws an error with `probe` when a probe fails. */
+  check() {
+    const replaced = (detail) => ({ evidence: 'db_replaced', detail });
+    const deleted = (detail) => ({ evidence: 'deleted_wal_generation', detail });
+    const main = this.files[0];
+    if (!main) return replaced('state.db was not there when the handle opened');
+    const now = statId(this.dbPath);
+    if (!now) return replaced('state.db is gone from its path');
+    if (!same(now, main.id)) return replaced(`state.db at the path is inode ${now.ino} not ${main.id.ino}`);
+    if (main.fd != null) {
+      let st;
+      try {
+        st = fs.fstatSync(main.fd, { bigint: true });
+      } catch (e) {
+        throw probeError('fstat state.db', e);
+      }
+      if (!same(idOf(st), main.id)) return replaced(`descriptor ${main.fd} no longer holds state.db`);
+      if (st.nlink === 0n) return replaced('the held state.db has no links left');
+      let g;
+      try {
+        g = headerGeneration(main.fd);
+      } catch (e) {
+        throw probeError('pread header', e);
+      }
+      if (g !== this.generation) return replaced("the header's generation changed (the file was overwritten)");
+    }
+    for (const i of [1, 2]) {
+      const held = this.files[i];
+      const at = statId(this.path(i));
+      if (!held && !at) continue;
+      if (!held) {
+        // A sidecar appeared since open: record it now.
+        this.recordPart(i);
+        continue;
+      }
+      if (!at) return deleted(`state.db${PARTS[i]} is gone from its path (held inode ${held.id.ino})`);
+      if (!same(at, held.id)) return deleted(`state.db${PARTS[i]} at the path is inode ${at.ino} not ${held.id.ino}`);
+      if (held.fd != null) {
+        let st;
+        try {
+          st = fs.fstatSync(held.fd, { bigint: true });
+        } catch (e) {
+          throw probeError('fstat sidecar', e);
+        }
+        if (!same(idOf(st), held.id) || st.nlink === 0n) return deleted(`the held state.db${PARTS[i]} was unlinked`);
+      }
+    }
+    return null;
+  }
+}

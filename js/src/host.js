@@ -1,0 +1,847 @@
+// The Node host: one handle on a turnsafe home (home/state.db, diverts in
+// home/sessions/), the schema the native host writes (host/src/store/schema.rs,
+// version 3), and the effects the policy component's flush machine asks
+// for. It holds no decision of its own: `append` starts a flush on the
+// machine (`flush-step-json`), performs each step (open, write, wait,
+// resolve, capture, divert) and feeds back what happened until the machine
+// says `done`; the outcome is the component's own object. Edits (pop,
+// clear, a history transaction) ask the component after each failed
+// attempt (`editNext`). Synchronous: it runs in the store's worker thread.
+import { createHash, randomUUID } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+
+import Database from 'better-sqlite3';
+
+import { capture, holds, holdsSession, holdValue } from './captures.js';
+import { divert, divertMaxSeq, flockExclusive, fsyncDir, validSession } from './divert.js';
+import { Guard } from './guard.js';
+import { codesOf, editNext, flushStep, outcomeText, refused, spent, version } from './policy.js';
+
+/** The schema version this host writes (host/src/store/schema.rs `VERSION`). */
+export const SCHEMA_VERSION = 3;
+
+const TABLES = `
+CREATE TABLE IF NOT EXISTS state_meta(
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sessions(
+    id               TEXT PRIMARY KEY,
+    created_ms       INTEGER NOT NULL,
+    lease_token      TEXT,
+    lease_holder     TEXT,
+    lease_expires_ms INTEGER
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS messages(
+    id           INTEGER PRIMARY KEY,
+    session_id   TEXT NOT NULL REFERENCES sessions(id),
+    uid          TEXT NOT NULL,
+    seq          INTEGER NOT NULL,
+    role         TEXT,
+    content      TEXT,
+    item         TEXT NOT NULL,
+    created_ms   INTEGER NOT NULL,
+    UNIQUE(session_id, uid)
+);
+CREATE INDEX IF NOT EXISTS messages_by_seq ON messages(session_id, seq);
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
+    content, content='messages', content_rowid='id'
+);
+`;
+
+const V2_TRIGGERS = `
+DROP TRIGGER IF EXISTS messages_fts_insert;
+CREATE TRIGGER IF NOT EXISTS messages_fts_unindex AFTER DELETE ON messages
+BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content)
+    SELECT 'delete', old.id, old.content
+    WHERE (SELECT value FROM state_meta WHERE key = 'fts_enabled') = '1'
+      AND old.id <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_watermark');
+    UPDATE state_meta
+       SET value = CAST(MIN(CAST(value AS INTEGER), COALESCE((SELECT MAX(id) FROM messages), 0)) AS TEXT)
+     WHERE key = 'fts_watermark';
+END;
+CREATE TRIGGER IF NOT EXISTS messages_fts_reindex AFTER UPDATE OF content ON messages
+WHEN (SELECT value FROM state_meta WHERE key = 'fts_enabled') = '1'
+ AND old.id <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_watermark')
+BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+`;
+
+/** A refusal before anything is written: a newer (or older) schema, an invalid session id. */
+export class Refusal extends Error {
+  constructor(message, extra = {}) {
+    super(message);
+    this.name = 'Refused';
+    Object.assign(this, extra);
+  }
+}
+
+/**
+ * The schema version of the database at `db`, read without writing
+ * anything: from the header when the WAL holds no frames, through a
+ * read-only connection otherwise. null when there is no database there.
+ */
+export function versionAt(db) {
+  let walSize = 0;
+  try {
+    walSize = fs.statSync(`${db}-wal`).size;
+  } catch {
+    walSize = 0;
+  }
+  if (walSize > 32) {
+    try {
+      const c = new Database(db, { readonly: true, fileMustExist: true });
+      try {
+        return c.pragma('user_version', { simple: true });
+      } finally {
+        c.close();
+      }
+    } catch {
+      return null;
+    }
+  }
+  let fd;
+  try {
+    fd = fs.openSync(db, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
+  } catch {
+    return null;
+  }
+  try {
+    const h = Buffer.alloc(100);
+    if (fs.readSync(fd, h, 0, 100, 0) !== 100 || h.subarray(0, 16).toString('latin1') !== 'SQLite format 3\0') return null;
+    return h.readInt32BE(60);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+function newerSchema(found) {
+  return new Refusal(`state.db has schema version ${found}, newer than this turnsafe knows (${SCHEMA_VERSION}); `
+    + 'use a newer turnsafe (nothing was written)', { found, code: 'newer_schema' });
+}
+
+/** Keys sorted at every level, as serde_json writes a map (the content projection of a non-text value). */
+function sortedJson(v) {
+  if (Array.isArray(v)) return `[${v.map(sortedJson).join(',')}]`;
+  if (v !== null && typeof v === 'object') {
+    return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${sortedJson(v[k])}`).join(',')}}`;
+  }
+  return JSON.stringify(v);
+}
+
+/** The text projection of `content` the index holds (host/src/message.rs `text_of`). */
+export function textOf(content) {
+  if (content === null || content === undefined) return null;
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content)) {
+    const texts = content.map((p) => (typeof p === 'string' ? p
+      : (p !== null && typeof p === 'object' && typeof p.text === 'string' ? p.text : null))).filter((t) => t !== null);
+    return texts.length ? texts.join('\n') : null;
+  }
+  if (typeof content === 'object') return typeof content.text === 'string' ? content.text : sortedJson(content);
+  return sortedJson(content);
+}
+
+/** Deep equality of two JSON values, key order aside (how the native host compares a resend). */
+export function sameJson(a, b) {
+  return sortedJson(a) === sortedJson(b);
+}
+
+const sleep = (ms) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, Math.max(0, ms));
+const mintId = () => randomUUID().replaceAll('-', '');
+const seed = () => Math.floor(Math.random() * 2 ** 32);
+
+/** An edit that did not happen: nothing was changed. */
+export class EditFailure extends Error {
+  constructor(edit, session, cause, action, message, attempts) {
+    super(`${edit} of session ${session} failed: session_persistence_failed:${cause}: ${message}`);
+    this.name = 'TurnsafeError';
+    Object.assign(this, { edit, session, cause, action, attempts });
+  }
+}
+
+/** Reads that cannot present the transcript as complete while a capture holds rows of it. */
+export class Incomplete extends Error {
+  constructor(session, rows, captures) {
+    super(`the history of session ${session} is not complete: an unsettled capture holds rows of it (${captures.map((c) => c.path).join(', ')})`);
+    this.name = 'HistoryIncomplete';
+    Object.assign(this, { session, rows, captures });
+  }
+}
+
+/** A failed SQLite call (or any failure to open) as the flush machine's `failed` event. */
+function failedEvent(err, startedMs, extra = {}) {
+  let codes = codesOf(err);
+  let errno = null;
+  if (codes.code === null && extra.openCode) {
+    // better-sqlite3 throws a codeless TypeError for a missing folder: a
+    // failure to open the file is what SQLite calls CANTOPEN.
+    codes = { code: 14, extended_code: 14 };
+    errno = extra.errno ?? null;
+  }
+  return {
+    type: 'failed',
+    ...codes,
+    message: `${err?.code && typeof err.code === 'string' ? `${err.code}: ` : ''}${err?.message ?? String(err)}`,
+    errno,
+    evidence: extra.evidence ?? [],
+    elapsed_ms: Math.max(0, Math.round(performance.now() - startedMs)),
+  };
+}
+
+export class Host {
+  constructor(home, opts = {}) {
+    this.home = path.resolve(home);
+    this.dbPath = path.join(this.home, 'state.db');
+    this.holder = opts.holder ?? `pid-${process.pid}`;
+    this.leaseTtlMs = opts.leaseTtlMs ?? 30_000;
+    this.busyTimeoutMs = opts.busyTimeoutMs ?? 10;
+    this.synchronous = opts.synchronous === 'normal' ? 'NORMAL' : 'FULL';
+    this.guardOn = opts.guard !== false;
+    this.db = null;
+    this.guard = null;
+    this.homeSynced = false;
+    // The machine's handle (open, sticky cause, capture), opaque here.
+    this.state = null;
+    // Per session: {nextSeq, lease}.
+    this.cursors = new Map();
+    this.captured = null;
+    // A connection whose generation is retired is never closed (see close()).
+    this.retired = false;
+    this.stmts = null;
+    this.counters = { opens: 0, writes: 0, diverts: 0, flushMs: 0, componentMs: 0 };
+  }
+
+  cursor(session) {
+    let c = this.cursors.get(session);
+    if (!c) {
+      c = { nextSeq: null, lease: null };
+      this.cursors.set(session, c);
+    }
+    return c;
+  }
+
+  // ---- open --------------------------------------------------------------
+
+  /** Refuse a database newer than this host before anything writes to it. */
+  checkSchema() {
+    const found = versionAt(this.dbPath);
+    if (found !== null && found > SCHEMA_VERSION) throw newerSchema(found);
+    if (found !== null && found > 0 && found < SCHEMA_VERSION) {
+      throw new Refusal(`state.db has schema version ${found}, older than this host writes (${SCHEMA_VERSION}); `
+        + 'any turnsafe command of the native host (`turnsafe doctor --home ...`) migrates it (nothing was written)',
+      { found, code: 'older_schema' });
+    }
+  }
+
+  /** Open the store; returns null or the `failed` event. Throws a Refusal for a newer schema. */
+  openStore(startedMs) {
+    if (this.db) return null;
+    this.counters.opens += 1;
+    this.checkSchema();
+    if (!this.homeSynced) {
+      // SQLite fsyncs the folder its files are in, never that folder's
+      // parent: without this a power cut takes a new home with its entry.
+      try {
+        fsyncDir(path.dirname(this.home));
+        this.homeSynced = true;
+      } catch (e) {
+        return failedEvent(Object.assign(new Error(`turnsafe could not fsync the home's parent folder: ${e.message}`),
+          { code: 'SQLITE_CANTOPEN' }), startedMs, { errno: e.errno ? Math.abs(e.errno) : null });
+      }
+    }
+    try {
+      fs.lstatSync(this.dbPath);
+    } catch {
+      // Created here so it is 0600 (SQLite gives its WAL and shm the main
+      // file's mode); if this fails, SQLite's open reports it in its own terms.
+      try {
+        const { O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW } = fs.constants;
+        fs.closeSync(fs.openSync(this.dbPath, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0o600));
+      } catch {
+        // reported by the open below
+      }
+    }
+    let db;
+    try {
+      db = new Database(this.dbPath, { timeout: this.busyTimeoutMs });
+    } catch (e) {
+      let errno = null;
+      try {
+        fs.statSync(this.home);
+      } catch (se) {
+        errno = se.errno ? Math.abs(se.errno) : null;
+      }
+      return failedEvent(e, startedMs, { openCode: true, errno: errno ?? (e.errno ? Math.abs(e.errno) : null) });
+    }
+    try {
+      this.configure(db);
+      if (this.guardOn) this.guard = new Guard(this.dbPath, db);
+    } catch (e) {
+      try {
+        db.close();
+      } catch {
+        // closing a connection that never wrote checkpoints nothing
+      }
+      if (e instanceof Refusal) throw e;
+      if (e.probe) {
+        return failedEvent(Object.assign(new Error(`turnsafe ${e.message}`), { code: 'SQLITE_IOERR' }), startedMs,
+          { errno: e.errno ? Math.abs(e.errno) : null });
+      }
+      return failedEvent(e, startedMs, { openCode: true });
+    }
+    this.db = db;
+    this.prepare();
+    return null;
+  }
+
+  configure(db) {
+    db.pragma('foreign_keys = ON');
+    this.migrate(db);
+    const mode = db.pragma('journal_mode = WAL', { simple: true });
+    if (String(mode).toLowerCase() !== 'wal') {
+      throw Object.assign(new Error(`could not switch to WAL (journal_mode is ${mode})`), { code: 'SQLITE_CANTOPEN' });
+    }
+    db.pragma(`synchronous = ${this.synchronous}`);
+  }
+
+  migrate(db) {
+    const v = db.pragma('user_version', { simple: true });
+    if (v > SCHEMA_VERSION) throw newerSchema(v);
+    if (v === SCHEMA_VERSION) return;
+    db.exec('BEGIN IMMEDIATE');
+    try {
+      // Re-read under the write lock: another process may have migrated.
+      const again = db.pragma('user_version', { simple: true });
+      if (again > SCHEMA_VERSION) throw newerSchema(again);
+      if (again !== SCHEMA_VERSION) {
+        if (again !== 0) {
+          throw new Refusal(`state.db has schema version ${again}, older than this host writes (${SCHEMA_VERSION}); `
+            + 'any turnsafe command of the native host migrates it (nothing was written)', { found: again, code: 'older_schema' });
+        }
+        // Any nonzero 32-bit value; zero means never stamped.
+        let generation = (Math.random() * 2 ** 32) | 0;
+        if (generation === 0) generation = 1;
+        db.exec(TABLES);
+        db.exec(V2_TRIGGERS);
+        // The generation also lives in the header, written before the switch to WAL.
+        db.pragma(`application_id = ${generation}`);
+        db.prepare("INSERT OR IGNORE INTO state_meta(key, value) VALUES ('generation', ?), ('fts_enabled', '1'), ('fts_watermark', '0')")
+          .run(String(generation));
+        db.prepare("INSERT OR REPLACE INTO state_meta(key, value) VALUES ('schema_version', ?)").run(String(SCHEMA_VERSION));
+        db.pragma(`user_version = ${SCHEMA_VERSION}`);
+      }
+      db.exec('COMMIT');
+    } catch (e) {
+      if (db.inTransaction) db.exec('ROLLBACK');
+      throw e;
+    }
+  }
+
+  prepare() {
+    const db = this.db;
+    this.stmts = {
+      begin: db.prepare('BEGIN IMMEDIATE'),
+      commit: db.prepare('COMMIT'),
+      rollback: db.prepare('ROLLBACK'),
+      maxSeq: db.prepare('SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM messages WHERE session_id = ?'),
+      lease: db.prepare('SELECT lease_token, lease_expires_ms FROM sessions WHERE id = ?'),
+      renew: db.prepare('UPDATE sessions SET lease_expires_ms = ? WHERE id = ?'),
+      take: db.prepare('UPDATE sessions SET lease_token = ?, lease_holder = ?, lease_expires_ms = ? WHERE id = ?'),
+      newSession: db.prepare('INSERT INTO sessions(id, created_ms, lease_token, lease_holder, lease_expires_ms) VALUES (?, ?, ?, ?, ?)'),
+      insert: db.prepare('INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)'),
+      stored: db.prepare('SELECT item FROM messages WHERE session_id = ? AND uid = ?'),
+      release: db.prepare('UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL WHERE id = ? AND lease_token = ?'),
+      degrade: db.prepare("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'"),
+    };
+  }
+
+  // ---- the flush -----------------------------------------------------------
+
+  /**
+   * Flush one batch: `items` (JSON objects, stored exactly as given) with
+   * `uids` (null where the caller has none: minted here). Returns
+   * `{outcome, text}`: the component's outcome object and its exact JSON.
+   */
+  append(session, items, uids = null) {
+    if (!validSession(session)) throw new Refusal(`invalid session id: ${JSON.stringify(session)}`, { code: 'invalid_session_id' });
+    const t0 = performance.now();
+    const before = this.componentMs();
+    const minted = [];
+    const all = items.map((_, i) => {
+      const u = uids?.[i];
+      if (typeof u === 'string' && u.length > 0) return u;
+      const m = mintId();
+      minted.push(m);
+      return m;
+    });
+    const start = { session, uids: all, minted_uids: minted, seed: seed() };
+    if (this.synchronous === 'NORMAL') start.durability = 'unsynced';
+    const hold = holds(this.home).find((h) => holdsSession(h, session));
+    if (hold) start.pending_capture = { path: hold.path, cause: hold.cause };
+    const batch = { session, items, uids: all };
+    const startedMs = performance.now();
+    let answer = flushStep({ state: this.state, start });
+    for (;;) {
+      const reply = JSON.parse(answer);
+      if (reply.error) throw new Error(`the flush machine refused a step: ${reply.error}`);
+      this.state = reply.state;
+      const step = reply.step;
+      let event;
+      switch (step.type) {
+        case 'done': {
+          this.counters.flushMs += performance.now() - t0;
+          this.counters.componentMs += this.componentMs() - before;
+          return { outcome: step.outcome, text: outcomeText(answer) };
+        }
+        case 'open':
+          event = this.openStore(startedMs) ?? { type: 'opened' };
+          break;
+        case 'write':
+          event = this.write(batch, step.plan ?? {}, startedMs);
+          break;
+        case 'wait':
+          sleep(step.ms);
+          event = { type: 'waited', elapsed_ms: Math.round(performance.now() - startedMs) };
+          break;
+        case 'resolve':
+          event = this.resolve(batch, startedMs);
+          break;
+        case 'capture':
+          event = this.captureStep(step);
+          break;
+        case 'divert':
+          event = this.divertStep(batch, step.cause);
+          break;
+        default:
+          throw new Error(`unknown step ${step.type}`);
+      }
+      answer = flushStep({ state: this.state, event });
+    }
+  }
+
+  componentMs() {
+    return spent.ms;
+  }
+
+  /** One attempt: a single BEGIN IMMEDIATE transaction; the guard checked under the write lock. */
+  write(batch, plan, startedMs) {
+    const db = this.db;
+    const st = this.stmts;
+    if (!db) return failedEvent(new Error('the store is not open'), startedMs, { openCode: true });
+    this.counters.writes += 1;
+    const { session, items, uids } = batch;
+    const cur = this.cursor(session);
+    // A writer about to take the lease learns which seqs diverted lines
+    // already hold, so it never commits over them.
+    const promised = cur.lease ? null : divertMaxSeq(this.home, session);
+    let pendingLease = null;
+    let nextSeq = null;
+    try {
+      st.begin.run();
+      try {
+        if (this.guard) {
+          let verdict;
+          try {
+            verdict = this.guard.check();
+          } catch (e) {
+            throw Object.assign(new Error(`turnsafe ${e.message}`), { code: 'SQLITE_IOERR', probeErrno: e.errno });
+          }
+          if (verdict) throw Object.assign(new Error(`turnsafe guard: ${verdict.detail}`), { evidence: [verdict.evidence] });
+        }
+        let seq = st.maxSeq.get(session).s;
+        const known = cur.nextSeq === null ? promised === null ? null : promised + 1
+          : promised === null ? cur.nextSeq : Math.max(cur.nextSeq, promised + 1);
+        if (known !== null && known > seq) seq = known;
+        if (cur.nextSeq === null) cur.nextSeq = seq;
+        if (plan.degrade_fts) st.degrade.run();
+        pendingLease = this.takeLease(session, cur, plan.recreate_session === true);
+        const created = Date.now();
+        items.forEach((m, i) => {
+          try {
+            st.insert.run(session, uids[i], seq, typeof m.role === 'string' ? m.role : null, textOf(m.content),
+              JSON.stringify(m), created);
+            seq += 1;
+          } catch (e) {
+            // Idempotent resend: an identical stored row counts as
+            // committed; different content is a conflict.
+            if (e.code === 'SQLITE_CONSTRAINT_UNIQUE' && /messages\.session_id, messages\.uid/.test(e.message)) {
+              const row = st.stored.get(session, uids[i]);
+              if (row && sameJson(JSON.parse(row.item), m)) return;
+            }
+            throw e;
+          }
+        });
+        nextSeq = seq;
+        st.commit.run();
+      } catch (e) {
+        if (db.inTransaction) st.rollback.run();
+        throw e;
+      }
+    } catch (e) {
+      if (e.leaseLost) {
+        cur.nextSeq = null;
+        return failedEvent(e, startedMs, { evidence: ['turn_lease_lost'] });
+      }
+      if (e.evidence) return failedEvent(e, startedMs, { evidence: e.evidence });
+      if (!(e instanceof Database.SqliteError) && !(typeof e?.code === 'string' && e.code.startsWith('SQLITE_'))) throw e;
+      return failedEvent(e, startedMs, { errno: e.probeErrno ? Math.abs(e.probeErrno) : null });
+    }
+    cur.lease = pendingLease;
+    cur.nextSeq = nextSeq;
+    return { type: 'committed' };
+  }
+
+  takeLease(session, cur, recreate) {
+    const st = this.stmts;
+    const now = Date.now();
+    const row = st.lease.get(session);
+    const mine = cur.lease;
+    const ttl = this.leaseTtlMs;
+    const lost = () => Object.assign(new Error("the session's turn lease is held by another writer"), { leaseLost: true });
+    if (row && mine) {
+      if (row.lease_token === mine) {
+        if (row.lease_expires_ms === null || row.lease_expires_ms - now < ttl - Math.floor(ttl / 2)) st.renew.run(now + ttl, session);
+        return mine;
+      }
+      throw lost();
+    }
+    if (row) {
+      if (row.lease_token !== null && row.lease_expires_ms !== null && row.lease_expires_ms > now) throw lost();
+      const token = mintId();
+      st.take.run(token, this.holder, now + ttl, session);
+      return token;
+    }
+    // A session row that vanished after our first batch is left missing, so
+    // the insert fails with a foreign-key error and the policy decides.
+    if (mine && !recreate) return mine;
+    const token = mine ?? mintId();
+    st.newSession.run(session, now, token, this.holder, now + ttl);
+    return token;
+  }
+
+  /** Which of the batch's uids are stored, on the connection just opened. */
+  resolve(batch, startedMs) {
+    try {
+      const q = this.db.prepare('SELECT count(*) AS n FROM messages WHERE session_id = ? AND uid IN (SELECT value FROM json_each(?))');
+      const n = q.get(batch.session, JSON.stringify(batch.uids)).n;
+      return { type: 'resolved', all_stored: n === new Set(batch.uids).size };
+    } catch (e) {
+      return failedEvent(e, startedMs);
+    }
+  }
+
+  captureStep() {
+    this.retired = true;
+    if (this.captured) {
+      return this.captured.receipt ? { type: 'captured', receipt: this.captured.receipt }
+        : { type: 'capture_failed', ...this.captured.error };
+    }
+    if (!this.guard) {
+      this.captured = { error: { operation: 'read', errno: null,
+        error: 'capture of the retired generation failed at read: this handle recorded no generation (its guard is off or its open failed)' } };
+    } else {
+      let verdict = null;
+      try {
+        verdict = this.guard.check();
+      } catch {
+        verdict = null;
+      }
+      const evidence = verdict ? [verdict.evidence] : [];
+      const cause = evidence.includes('db_replaced') ? 'replaced' : evidence.includes('deleted_wal_generation') ? 'deleted_wal' : 'unknown';
+      this.captured = capture(this.guard, { trigger: verdict ? `write: ${verdict.detail}` : 'the flush machine asked for a capture',
+        cause, evidence }, version());
+    }
+    return this.captured.receipt ? { type: 'captured', receipt: this.captured.receipt }
+      : { type: 'capture_failed', ...this.captured.error };
+  }
+
+  divertStep(batch, cause) {
+    const cur = this.cursor(batch.session);
+    const first = cur.nextSeq;
+    this.counters.diverts += 1;
+    try {
+      const receipt = divert(this.home, batch.session, cause, batch.items.map((message, i) => ({
+        uid: batch.uids[i], seq: first === null ? null : first + i, message })));
+      if (first !== null) cur.nextSeq = first + batch.items.length;
+      return { type: 'diverted', receipt };
+    } catch (e) {
+      if (!e?.divert) throw e;
+      return { type: 'divert_failed', operation: e.operation, errno: e.errno, message: String(e.message ?? e),
+        residue: e.residue ?? null };
+    }
+  }
+
+  /** The machine's sticky cause, as its state says (opaque otherwise: read only for edits). */
+  stickyCause() {
+    const s = this.state;
+    const sticky = s?.handle?.sticky ?? s?.sticky ?? null;
+    return typeof sticky === 'string' ? sticky : null;
+  }
+
+  // ---- reads and edits -----------------------------------------------------
+
+  /**
+   * Work outside a flush: each attempt opens the store if needed and runs
+   * `f(db)` in one BEGIN IMMEDIATE transaction (the guard and the session's
+   * lease checked first when `write`); a failure is answered by the policy.
+   */
+  edit(edit, session, f, { write = true } = {}) {
+    const sticky = this.stickyCause();
+    if (sticky) {
+      const n = refused(sticky);
+      throw new EditFailure(edit, session, n.cause, n.action, 'the store refuses to touch its database until an operator acts', 0);
+    }
+    const started = performance.now();
+    const s = seed();
+    let degraded = false;
+    for (let attempt = 1; ; attempt++) {
+      let ev = this.openStore(started);
+      if (!ev) ev = this.editOnce(session, f, write, degraded, started);
+      if (ev.type === 'ok') return ev.value;
+      const { type, ...obs } = ev;
+      void type;
+      const next = editNext({ ...obs, attempt, seed: s }, degraded);
+      if (next.wait !== undefined) sleep(next.wait);
+      else if (next.degradeFts) degraded = true;
+      else throw new EditFailure(edit, session, next.cause, next.action, ev.message, attempt);
+    }
+  }
+
+  editOnce(session, f, write, degraded, started) {
+    const db = this.db;
+    const st = this.stmts;
+    try {
+      st.begin.run();
+      try {
+        if (write && this.guard) {
+          let verdict;
+          try {
+            verdict = this.guard.check();
+          } catch (e) {
+            throw Object.assign(new Error(`turnsafe ${e.message}`), { code: 'SQLITE_IOERR' });
+          }
+          if (verdict) throw Object.assign(new Error(`turnsafe guard: ${verdict.detail}`), { evidence: [verdict.evidence] });
+        }
+        if (write) {
+          const row = st.lease.get(session);
+          const ours = this.cursors.get(session)?.lease ?? null;
+          if (row && row.lease_token !== null && row.lease_expires_ms !== null && row.lease_expires_ms > Date.now()
+            && row.lease_token !== ours) {
+            throw Object.assign(new Error("the session's turn lease is held by another writer"), { evidence: ['turn_lease_lost'] });
+          }
+          if (degraded) st.degrade.run();
+        }
+        const value = f(db);
+        st.commit.run();
+        return { type: 'ok', value };
+      } catch (e) {
+        if (db.inTransaction) st.rollback.run();
+        throw e;
+      }
+    } catch (e) {
+      if (e instanceof Refusal || e.userError) throw e;
+      if (e.evidence) return failedEvent(e, started, { evidence: e.evidence });
+      if (!(e instanceof Database.SqliteError)) throw e;
+      return failedEvent(e, started);
+    }
+  }
+
+  /** Rows of `session` in seq order (the newest `limit`, all when null): `[{uid, seq, item}]`. */
+  rows(db, session, limit) {
+    return db.prepare(`SELECT uid, seq, item FROM (SELECT id, uid, seq, item FROM messages WHERE session_id = ?
+      ORDER BY seq DESC, id DESC LIMIT ?) ORDER BY seq, id`).all(session, limit ?? -1)
+      .map((r) => ({ uid: r.uid, seq: r.seq, item: JSON.parse(r.item) }));
+  }
+
+  /** The stored items, or Incomplete while an unsettled capture holds rows of the session. */
+  show(session, limit) {
+    if (!validSession(session)) throw new Refusal(`invalid session id: ${JSON.stringify(session)}`, { code: 'invalid_session_id' });
+    const rows = this.edit('show', session, (db) => this.rows(db, session, limit), { write: false });
+    const held = holds(this.home).filter((h) => holdsSession(h, session));
+    if (held.length) throw new Incomplete(session, rows.map((r) => r.item), held.map((h) => holdValue(h, session)));
+    return rows.map((r) => r.item);
+  }
+
+  /** Remove and return the newest item (null when none). */
+  pop(session) {
+    return this.edit('pop', session, (db) => {
+      const last = this.rows(db, session, 1)[0];
+      if (!last) return null;
+      db.prepare('DELETE FROM messages WHERE session_id = ? AND uid = ?').run(session, last.uid);
+      return last.item;
+    });
+  }
+
+  /** Remove every stored item of `session`, then settle its pending divert lines as cleared. */
+  clear(session) {
+    const n = this.edit('clear', session, (db) => db.prepare('DELETE FROM messages WHERE session_id = ?').run(session).changes);
+    this.settleCleared(session);
+    this.cursor(session).nextSeq = null;
+    return n;
+  }
+
+  /**
+   * docs/DIVERT.md, "Cleared": the session's divert file is taken under its
+   * flock, one ledger line per divert line gets state `cleared`, and the
+   * file moves to sessions/settled/, kept.
+   */
+  settleCleared(session) {
+    const folder = path.join(this.home, 'sessions');
+    const file = path.join(folder, `${session}.jsonl`);
+    let fd;
+    try {
+      fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
+    } catch {
+      return;
+    }
+    try {
+      flockExclusive(fd);
+      const text = fs.readFileSync(file, 'utf8');
+      const stampNow = new Date().toISOString().replace(/[-:]/g, '').replace(/\.\d+Z$/, 'Z');
+      const settledDir = path.join(folder, 'settled');
+      fs.mkdirSync(settledDir, { recursive: true, mode: 0o700 });
+      const target = `${session}@${stampNow}-${mintId().slice(0, 8)}.jsonl`;
+      const ledger = [];
+      let offset = 0;
+      text.split('\n').forEach((line, i) => {
+        const at = offset;
+        offset += Buffer.byteLength(line) + 1;
+        if (!line) return;
+        let uid = null;
+        try {
+          uid = JSON.parse(line).uid ?? null;
+        } catch {
+          uid = null;
+        }
+        ledger.push(JSON.stringify({ file: target, line: i + 1, offset: at, session, uid, state: 'cleared',
+          reason: 'the session was cleared', at_ms: Date.now() }));
+      });
+      const lfd = fs.openSync(path.join(folder, 'ledger.jsonl'),
+        fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW, 0o600);
+      try {
+        if (ledger.length) fs.writeSync(lfd, ledger.join('\n') + '\n');
+        fs.fsyncSync(lfd);
+      } finally {
+        fs.closeSync(lfd);
+      }
+      fs.renameSync(file, path.join(settledDir, target));
+      fsyncDir(settledDir);
+      fsyncDir(folder);
+    } finally {
+      fs.closeSync(fd);
+    }
+  }
+
+  /**
+   * `replaceHistoryWithCompaction` and `replace_suffix`: in one transaction,
+   * remove the stored items from `fromSeqOf` on (all with `expected` null;
+   * else the stored suffix must equal `expected`) and store `replacement`
+   * under `uids`. Idempotent: when every replacement uid is stored with the
+   * same item, the replacement was applied already.
+   */
+  replace(session, expected, replacement, uids, edit = 'replace') {
+    return this.edit(edit, session, (db) => {
+      const stored = uids.map((u) => this.stmts.stored.get(session, u));
+      if (uids.length > 0 && stored.every(Boolean)) {
+        if (stored.every((r, i) => sameJson(JSON.parse(r.item), replacement[i]))) return { applied: false };
+        throw userError('Session history operation was already applied with a different transaction.');
+      }
+      if (stored.some(Boolean)) throw userError('Session history operation was already applied with a different transaction.');
+      const all = this.rows(db, session, null);
+      let from = 0;
+      if (expected !== null) {
+        from = all.length - expected.length;
+        if (from < 0 || !all.slice(from).every((r, i) => sameJson(r.item, expected[i]))) {
+          throw userError('Session history suffix no longer matches the transaction precondition.');
+        }
+      }
+      const del = db.prepare('DELETE FROM messages WHERE session_id = ? AND uid = ?');
+      for (const r of all.slice(from)) del.run(session, r.uid);
+      let seq = db.prepare('SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM messages WHERE session_id = ?').get(session).s;
+      const exists = this.stmts.lease.get(session);
+      if (!exists) this.stmts.newSession.run(session, Date.now(), null, null, null);
+      const created = Date.now();
+      replacement.forEach((m, i) => {
+        this.stmts.insert.run(session, uids[i], seq, typeof m.role === 'string' ? m.role : null, textOf(m.content),
+          JSON.stringify(m), created);
+        seq += 1;
+      });
+      this.cursor(session).nextSeq = seq;
+      return { applied: true };
+    });
+  }
+
+  /**
+   * How much of a history append by operation id is stored already:
+   * `all` (each uid with the same item), `conflict` (a uid with another
+   * item), else `none`. Nothing is opened for it on a sticky handle or
+   * when the store cannot be opened: the flush then decides.
+   */
+  storedUids(session, uids, items) {
+    if (this.stickyCause()) return 'none';
+    try {
+      if (this.openStore(performance.now())) return 'none';
+      const rows = uids.map((u) => this.stmts.stored.get(session, u));
+      if (rows.some((r, i) => r && !sameJson(JSON.parse(r.item), items[i]))) return 'conflict';
+      return rows.length > 0 && rows.every(Boolean) ? 'all' : 'none';
+    } catch (e) {
+      if (e instanceof Refusal) throw e;
+      return 'none';
+    }
+  }
+
+  /** Give back this handle's lease on `session`. */
+  releaseLease(session) {
+    const cur = this.cursors.get(session);
+    if (!cur?.lease || !this.db || this.stickyCause()) return;
+    try {
+      this.stmts.release.run(session, cur.lease);
+    } catch {
+      // the lease then expires on its own
+    }
+    cur.lease = null;
+  }
+
+  /**
+   * Release every lease, check the generation once more, and close. A
+   * connection whose generation is retired is never closed: better-sqlite3
+   * cannot switch off SQLite's checkpoint at close, which would write the
+   * retired frames over whatever file is at the path now.
+   */
+  close() {
+    if (!this.db) return { closed: true };
+    for (const s of this.cursors.keys()) this.releaseLease(s);
+    let verdict = null;
+    try {
+      verdict = this.guard ? this.guard.check() : null;
+    } catch {
+      verdict = { evidence: 'probe_failed', detail: 'a guard probe failed at close' };
+    }
+    if (verdict || this.retired || this.stickyCause()) {
+      let captured = null;
+      if (verdict && !this.captured && this.guard && verdict.evidence !== 'probe_failed') {
+        this.captured = capture(this.guard, { trigger: `close: ${verdict.detail}`,
+          cause: verdict.evidence === 'db_replaced' ? 'replaced' : 'deleted_wal', evidence: [verdict.evidence] }, version());
+        captured = this.captured;
+      }
+      Host.kept.push(this.db);
+      this.db = null;
+      return { closed: false, reason: verdict?.detail ?? 'the handle is sticky: its generation is retired', capture: captured };
+    }
+    this.db.close();
+    this.db = null;
+    return { closed: true };
+  }
+}
+
+/** Connections to retired generations, kept open until the process ends. */
+Host.kept = [];
+
+function userError(message) {
+  return Object.assign(new Error(message), { userError: true, name: 'UserError' });
+}

@@ -1,0 +1,34 @@
+// The operations a store runs on its Host, by name: the same table serves
+// the worker thread and the in-thread mode.
+import { Host } from './host.js';
+import { spent } from './policy.js';
+
+export function makeOps(home, options) {
+  const host = new Host(home, options);
+  return {
+    host,
+    append: ({ session, items, uids }) => host.append(session, items, uids),
+    /** A history append by operation id: done already, a conflict, or flushed. */
+    appendTransaction: ({ session, items, uids }) => {
+      const stored = host.storedUids(session, uids, items);
+      if (stored === 'conflict') {
+        throw Object.assign(new Error('Session history operation was already applied with a different transaction.'), { name: 'UserError' });
+      }
+      if (stored === 'all') return { already: true };
+      return host.append(session, items, uids);
+    },
+    show: ({ session, limit }) => host.show(session, limit),
+    pop: ({ session }) => host.pop(session),
+    clear: ({ session }) => host.clear(session),
+    replace: ({ session, expected, replacement, uids, edit }) => host.replace(session, expected, replacement, uids, edit),
+    release: ({ session }) => host.releaseLease(session),
+    close: () => host.close(),
+    stats: () => ({ ...host.counters, componentCalls: spent.calls, componentMsTotal: spent.ms }),
+    resetStats: () => {
+      Object.assign(host.counters, { opens: 0, writes: 0, diverts: 0, flushMs: 0, componentMs: 0 });
+      spent.ms = 0;
+      spent.calls = 0;
+    },
+    ping: () => 'pong',
+  };
+}

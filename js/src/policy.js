@@ -1,0 +1,66 @@
+// The turnsafe policy component, transpiled by jco into gen/policy. The
+// host calls only its JSON entry points: `flushStepJson` drives every flush,
+// `classifyJson` answers the attempts of an edit (see `editNext` below).
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { engine } from '../gen/policy/turnsafe_policy.js';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+/** SQLite result code names -> numbers (`turnsafe codes`, copied in by the build). */
+export const CODES = JSON.parse(fs.readFileSync(path.join(here, '..', 'gen', 'sqlite-codes.json'), 'utf8'));
+
+/** better-sqlite3 reports the extended code's name, e.g. `SQLITE_BUSY_SNAPSHOT`. */
+export function codesOf(err) {
+  const ext = typeof err?.code === 'string' ? CODES[err.code] : undefined;
+  if (ext === undefined) return { code: null, extended_code: null };
+  return { code: ext & 0xff, extended_code: ext };
+}
+
+/** Time spent inside the component, for the bench (milliseconds, high resolution). */
+export const spent = { ms: 0, calls: 0 };
+
+function timed(f, arg) {
+  const t = performance.now();
+  try {
+    return f(arg);
+  } finally {
+    spent.ms += performance.now() - t;
+    spent.calls += 1;
+  }
+}
+
+/** One step of the flush machine: the answer's raw text. */
+export const flushStep = (request) => timed((s) => engine.flushStepJson(s), JSON.stringify(request));
+export const classifyJson = (s) => timed((x) => engine.classifyJson(x), s);
+export const explainJson = (s) => timed((x) => engine.explainJson(x), s);
+export const version = () => engine.version();
+
+/** The outcome object of a `done` answer, byte for byte as the component wrote it. */
+export function outcomeText(answer) {
+  const head = '"step":{"outcome":';
+  const tail = ',"type":"done"}}';
+  return answer.slice(answer.indexOf(head) + head.length, answer.lastIndexOf(tail));
+}
+
+/**
+ * The next move after a failed attempt of work that has nothing to divert
+ * (an edit: pop, clear, a history transaction). The WIT exports no machine
+ * for it, so this is the policy crate's `machine::background::after_failure`
+ * over the component's own decision (`classify-json` on an observation of
+ * operation `replay`, whose fallback is to fail closed): retry waits the
+ * plan's delay, the index is written around once, anything else stops
+ * with the policy's cause. The decision is the component's; this only reads it.
+ */
+export function editNext(observation, degraded) {
+  const d = JSON.parse(classifyJson(JSON.stringify({ ...observation, operation: 'replay' })));
+  if (d.error) return { stop: true, cause: 'unknown', action: 'fail_closed', error: d.error };
+  if (d.action === 'retry') return { wait: d.delay_ms ?? 1 };
+  if (d.action === 'degrade_fts' && !degraded) return { degradeFts: true };
+  return { stop: true, cause: d.cause, action: d.action };
+}
+
+/** What a sticky handle answers to an edit: it never touches the database again. */
+export const refused = (sticky) => ({ stop: true, cause: sticky, action: 'fail_closed' });

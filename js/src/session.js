@@ -1,0 +1,186 @@
+// TurnsafeSession: the `Session` of the OpenAI Agents SDK for JavaScript
+// (`@openai/agents` 0.20) on a turnsafe home, with its optional
+// history-transaction hooks. Every batch ends committed, in a durable
+// divert copy with a receipt, or handed back; when it is not committed,
+// the call rejects with TurnNotPersisted carrying the outcome.
+import { createHash, randomUUID } from 'node:crypto';
+
+import { TurnNotPersisted, TurnsafeError } from './errors.js';
+import { Store } from './store.js';
+
+const VALID = /^(?!\.)(?!.*\.\.)[A-Za-z0-9_.:-]{1,128}$/;
+
+/**
+ * The turnsafe session id for an SDK session id: a valid one as it is; any
+ * other string maps to a stable id (a readable prefix of its safe
+ * characters and a hash of the whole), as the Python package does.
+ */
+export function safeSessionId(sessionId) {
+  if (VALID.test(sessionId)) return sessionId;
+  const digest = createHash('sha256').update(Buffer.from(sessionId, 'utf8')).digest('hex').slice(0, 32);
+  const prefix = Array.from(sessionId).map((c) => (/^[A-Za-z0-9_-]$/.test(c) ? c : '_')).join('').slice(0, 48).replace(/^\.+/, '');
+  return prefix ? `${prefix}-h${digest}` : `h${digest}`;
+}
+
+function sorted(v) {
+  if (Array.isArray(v)) return `[${v.map(sorted).join(',')}]`;
+  if (v !== null && typeof v === 'object') {
+    return `{${Object.keys(v).filter((k) => v[k] !== undefined).sort().map((k) => `${JSON.stringify(k)}:${sorted(v[k])}`).join(',')}}`;
+  }
+  return JSON.stringify(v);
+}
+
+/** An item as it will be stored: its JSON round trip (undefined fields dropped). */
+function plain(item) {
+  if (item === null || typeof item !== 'object' || Array.isArray(item)) {
+    throw new TypeError('a session item must be a JSON object');
+  }
+  return JSON.parse(JSON.stringify(item));
+}
+
+function userError(message) {
+  const e = new Error(message);
+  e.name = 'UserError';
+  return e;
+}
+
+/** The uids of a history transaction's items: the same for every retry of one operation id. */
+function operationUids(operationId, n, salt) {
+  const h = createHash('sha256').update(`${salt}\0${operationId}`).digest('hex').slice(0, 32);
+  return Array.from({ length: n }, (_, i) => `op-${h}-${i}`);
+}
+
+export class TurnsafeSession {
+  /**
+   * @param {string} sessionId the SDK's id (any string; `turnsafeId` is the id it is stored under)
+   * @param {string} home the turnsafe home: `home/state.db`, diverts in `home/sessions/`
+   * @param {object} [options] `{ holder, leaseTtlMs, synchronous: 'full'|'normal', thread: true, limit }`
+   */
+  constructor(sessionId, home, options = {}) {
+    if (typeof sessionId !== 'string' || sessionId.length === 0) throw new TypeError('sessionId must be a non-empty string');
+    this.sessionId = sessionId;
+    this.turnsafeId = safeSessionId(sessionId);
+    this.home = home;
+    this.limit = options.limit ?? null;
+    this.store = options.store ?? Store.for(home, options);
+    if (options.store) options.store.users += 1;
+    // Uids of items whose batch was not persisted, by content, oldest first.
+    this.unsettled = new Map();
+    this.closed = false;
+  }
+
+  async getSessionId() {
+    return this.sessionId;
+  }
+
+  /**
+   * The newest `limit` items (all without one) in chronological order,
+   * exactly as they were added. Rejects with HistoryIncomplete while an
+   * unsettled capture holds rows of the session the database lacks.
+   */
+  async getItems(limit) {
+    const n = limit ?? this.limit;
+    if (n !== null && n !== undefined && n <= 0) return [];
+    return this.store.call('show', { session: this.turnsafeId, limit: n ?? null });
+  }
+
+  /** Append one batch; rejects with TurnNotPersisted (`.outcome`) unless every item was committed. */
+  async addItems(items) {
+    if (!items || items.length === 0) return;
+    const batch = items.map(plain);
+    let prints = null;
+    let uids = null;
+    if (this.unsettled.size > 0) {
+      // A resend after a failure reuses the failed attempt's uids.
+      prints = batch.map(sorted);
+      uids = prints.map((p) => this.takeUnsettled(p));
+    }
+    const { outcome, text } = await this.store.call('append', { session: this.turnsafeId, items: batch, uids });
+    if (outcome.persisted) return;
+    prints ??= batch.map(sorted);
+    prints.forEach((p, i) => {
+      const q = this.unsettled.get(p) ?? [];
+      q.push(outcome.uids[i]);
+      this.unsettled.set(p, q);
+    });
+    throw new TurnNotPersisted(outcome, text);
+  }
+
+  takeUnsettled(print) {
+    const q = this.unsettled.get(print);
+    if (!q || q.length === 0) return null;
+    const uid = q.shift();
+    if (q.length === 0) this.unsettled.delete(print);
+    return uid;
+  }
+
+  /** Remove and return the newest item (undefined when there is none). */
+  async popItem() {
+    const item = await this.store.call('pop', { session: this.turnsafeId });
+    return item ?? undefined;
+  }
+
+  /** Remove every item; the session's pending divert lines are settled as `cleared`. */
+  async clearSession() {
+    await this.store.call('clear', { session: this.turnsafeId });
+    this.unsettled.clear();
+  }
+
+  /**
+   * Replace the whole stored history with `items` (a compaction marker and
+   * its retained suffix) in one transaction: all of it, or nothing.
+   */
+  async replaceHistoryWithCompaction(items) {
+    const replacement = items.map(plain);
+    const uids = operationUids(randomUUID(), replacement.length, 'compaction');
+    await this.store.call('replace', { session: this.turnsafeId, expected: null, replacement, uids, edit: 'replace_history' });
+  }
+
+  /**
+   * `SessionHistoryTransactionAwareSession`: an `append_items` or a
+   * `replace_suffix` transaction, applied atomically and idempotent by
+   * `operationId`. Its items are stored under uids derived from the
+   * operation id, so a retry of the same operation finds them stored (and
+   * succeeds without applying it again), and the same id with other items
+   * is refused. An append that is not committed rejects with
+   * TurnNotPersisted, like addItems; its retry reuses the same uids.
+   */
+  async applyHistoryTransaction(args) {
+    const operationId = args?.operationId;
+    const transaction = args?.transaction;
+    if (typeof operationId !== 'string' || !operationId.trim()) {
+      throw userError('Session history transaction operationId must be a non-empty string.');
+    }
+    if (!transaction || typeof transaction !== 'object') throw userError('Session history transaction must be an object.');
+    if (transaction.type === 'append_items') {
+      if (!Array.isArray(transaction.items)) throw userError('Session history append transaction fields are invalid.');
+      const items = transaction.items.map(plain);
+      if (items.length === 0) return;
+      const uids = operationUids(operationId, items.length, 'append_items');
+      const r = await this.store.call('appendTransaction', { session: this.turnsafeId, items, uids });
+      if (r.already || r.outcome.persisted) return;
+      throw new TurnNotPersisted(r.outcome, r.text);
+    }
+    if (transaction.type === 'replace_suffix') {
+      if (!Array.isArray(transaction.expectedSuffix) || !Array.isArray(transaction.replacement)) {
+        throw userError('Session history suffix transaction fields are invalid.');
+      }
+      const replacement = transaction.replacement.map(plain);
+      const uids = operationUids(operationId, replacement.length, 'replace_suffix');
+      await this.store.call('replace', { session: this.turnsafeId, expected: transaction.expectedSuffix.map(plain),
+        replacement, uids, edit: 'replace_suffix' });
+      return;
+    }
+    throw userError('Unsupported session history transaction type.');
+  }
+
+  /** Give back this session's turn lease; the last session on the store closes it. */
+  async close() {
+    if (this.closed) return;
+    this.closed = true;
+    await this.store.call('release', { session: this.turnsafeId }).catch(() => {});
+    await this.store.release();
+  }
+}
+
+export { TurnNotPersisted, TurnsafeError };

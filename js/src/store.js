@@ -1,0 +1,107 @@
+// A store: one Host on a home, in a worker thread (the default) or in the
+// calling thread (`thread: false`). Sessions on one home share one store
+// per process, as they share one connection and one lease holder in the
+// native host and the Python package.
+import fs from 'node:fs';
+import path from 'node:path';
+import { Worker } from 'node:worker_threads';
+
+import { revive } from './errors.js';
+import { makeOps } from './ops.js';
+
+const stores = new Map();
+
+export class Store {
+  /** The shared store for `home` and these options. */
+  static for(home, options = {}) {
+    const abs = path.resolve(home);
+    fs.mkdirSync(abs, { recursive: true, mode: 0o700 });
+    const key = JSON.stringify([fs.realpathSync(abs), options.thread !== false, options.holder ?? null,
+      options.leaseTtlMs ?? null, options.synchronous ?? null]);
+    let s = stores.get(key);
+    if (!s || s.closed) {
+      s = new Store(abs, options);
+      s.key = key;
+      stores.set(key, s);
+    }
+    s.users += 1;
+    return s;
+  }
+
+  constructor(home, options = {}) {
+    this.home = home;
+    this.closed = false;
+    this.users = 0;
+    const hostOptions = { holder: options.holder, leaseTtlMs: options.leaseTtlMs, synchronous: options.synchronous,
+      busyTimeoutMs: options.busyTimeoutMs };
+    if (options.thread === false) {
+      this.ops = makeOps(home, hostOptions);
+      this.worker = null;
+    } else {
+      this.worker = new Worker(new URL('./worker.js', import.meta.url), { workerData: { home, options: hostOptions } });
+      this.pending = new Map();
+      this.nextId = 1;
+      this.worker.on('message', (m) => this.settle(m));
+      this.worker.on('error', (e) => this.failAll(e));
+      this.worker.on('exit', (code) => this.failAll(new Error(`the store's worker exited (${code})`)));
+      this.worker.unref();
+    }
+  }
+
+  settle({ id, ok, value, error }) {
+    const p = this.pending.get(id);
+    if (!p) return;
+    this.pending.delete(id);
+    if (this.pending.size === 0) this.worker.unref();
+    if (ok) p.resolve(value);
+    else p.reject(revive(error));
+  }
+
+  failAll(e) {
+    for (const p of this.pending.values()) p.reject(e);
+    this.pending.clear();
+    this.closed = true;
+  }
+
+  /** Run `op` on the Host; resolves with its value. */
+  call(op, args) {
+    if (this.closed) return Promise.reject(new Error('the store is closed'));
+    if (!this.worker) {
+      try {
+        return Promise.resolve(this.ops[op](args ?? {}));
+      } catch (e) {
+        return Promise.reject(e);
+      }
+    }
+    return new Promise((resolve, reject) => {
+      const id = this.nextId++;
+      if (this.pending.size === 0) this.worker.ref();
+      this.pending.set(id, { resolve, reject });
+      this.worker.postMessage({ id, op, args });
+    });
+  }
+
+  /** One session let go of the store; the last one closes it (leases released, connection closed). */
+  async release() {
+    this.users -= 1;
+    if (this.users > 0 || this.closed) return null;
+    return this.close();
+  }
+
+  async close() {
+    if (this.closed) return null;
+    let result = null;
+    try {
+      result = await this.call('close');
+    } finally {
+      this.closed = true;
+      if (stores.get(this.key) === this) stores.delete(this.key);
+      if (this.worker && !result?.kept) {
+        // A connection to a retired generation is never closed (see Host.close):
+        // its worker is left running, unreferenced, until the process ends.
+        if (result?.closed !== false) await this.worker.terminate();
+      }
+    }
+    return result;
+  }
+}
