@@ -1,0 +1,95 @@
+// What the suites share: temporary homes, the native `turnsafe` binary,
+// capabilities that only some machines have, and a process that holds the
+// write lock of a database.
+import { spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const JS = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
+export const ROOT = path.dirname(JS);
+
+export const tmp = (prefix = 'turnsafe-js-') => fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+
+/**
+ * The native turnsafe binary: $TURNSAFE_RELEASE_BIN (scripts/test-all builds
+ * it), $TURNSAFE_BIN, or the workspace's target/release or target/debug
+ * one. None is a failure, never a skip.
+ */
+export function turnsafeBin() {
+  const target = process.env.CARGO_TARGET_DIR ?? path.join(ROOT, 'target');
+  for (const c of [process.env.TURNSAFE_RELEASE_BIN, process.env.TURNSAFE_BIN]) if (c && fs.existsSync(c)) return c;
+  // The newer of the workspace's builds.
+  const built = ['release', 'debug'].map((p) => path.join(target, p, 'turnsafe')).filter((p) => fs.existsSync(p))
+    .sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);
+  if (built.length) return built[0];
+  throw new Error('no turnsafe binary: set TURNSAFE_RELEASE_BIN or build it (cargo build -p turnsafe-host --bin turnsafe)');
+}
+
+/** Run the native CLI: `{status, stdout, stderr, lines}` (stdout's JSON lines parsed). */
+export function turnsafe(args, input) {
+  const r = spawnSync(turnsafeBin(), args, { input, encoding: 'utf8' });
+  if (r.error) throw r.error;
+  const lines = r.stdout.split('\n').filter(Boolean).map((l) => {
+    try {
+      return JSON.parse(l);
+    } catch {
+      return l;
+    }
+  });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr, lines };
+}
+
+const inCi = () => ['true', '1'].includes((process.env.CI ?? '').toLowerCase());
+
+/**
+ * A capability the test needs (root, chattr): a failure under CI=true, a
+ * skip elsewhere that scripts/skip-reporter.mjs counts. Returns whether the test may go on.
+ */
+export function need(t, ok, why) {
+  if (ok) return true;
+  if (inCi()) throw new Error(`missing capability under CI: ${why}`);
+  t.skip(`missing capability: ${why}`);
+  return false;
+}
+
+export const isRoot = () => process.getuid?.() === 0;
+
+// Another process holds BEGIN IMMEDIATE on the db for `holdMs` after it says `held`.
+const HOLDER = `
+import Database from 'better-sqlite3';
+const db = new Database(process.env.HOLD_DB);
+db.pragma('journal_mode = WAL');
+db.exec('BEGIN IMMEDIATE');
+process.stdout.write('held\\n');
+setTimeout(() => { db.exec('ROLLBACK'); db.close(); process.exit(0); }, Number(process.env.HOLD_MS));
+`;
+
+/** Start a process that holds the write lock of `db` for `holdMs`; resolves once it holds it. */
+export async function holdLock(db, holdMs) {
+  const child = spawn(process.execPath, ['--input-type=module', '-e', HOLDER], {
+    cwd: JS, env: { ...process.env, HOLD_DB: db, HOLD_MS: String(holdMs) }, stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  let out = '';
+  child.stdout.on('data', (d) => {
+    out += d;
+  });
+  while (!out.includes('held')) {
+    const [code] = await Promise.race([once(child.stdout, 'data'), once(child, 'exit')]);
+    if (typeof code === 'number') throw new Error(`the lock holder exited ${code}`);
+  }
+  return child;
+}
+
+/** The bytes a receipt vouches for match its sha256 and its line count. */
+export function receiptHolds(receipt) {
+  const bytes = fs.readFileSync(receipt.path).subarray(receipt.offset, receipt.offset + receipt.length);
+  const sha = createHashHex(bytes);
+  return sha === receipt.sha256 && bytes.toString('utf8').split('\n').length - 1 === receipt.count;
+}
+
+import { createHash } from 'node:crypto';
+
+const createHashHex = (b) => createHash('sha256').update(b).digest('hex');
