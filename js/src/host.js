@@ -114,6 +114,9 @@ export function versionAt(db) {
     const h = Buffer.alloc(100);
     if (fs.readSync(fd, h, 0, 100, 0) !== 100 || h.subarray(0, 16).toString('latin1') !== 'SQLite format 3\0') return null;
     return h.readInt32BE(60);
+  } catch {
+    // not a readable file (a folder, say): the open reports it in its own terms
+    return null;
   } finally {
     fs.closeSync(fd);
   }

@@ -93,3 +93,24 @@ export function receiptHolds(receipt) {
 import { createHash } from 'node:crypto';
 
 const createHashHex = (b) => createHash('sha256').update(b).digest('hex');
+
+/**
+ * Run `code` (an ES module that may import `turnsafe-store`, meaning this
+ * package) in a child Node process, under `bash -c` with `prefix` (e.g.
+ * `ulimit -n 64`); returns `{status, stdout, stderr, json}`.
+ */
+export function child(code, { env = {}, prefix = 'true' } = {}) {
+  const dir = tmp('turnsafe-js-child-');
+  const file = path.join(dir, 'child.mjs');
+  const index = new URL('../src/index.js', import.meta.url).href;
+  fs.writeFileSync(file, code.replaceAll("'turnsafe-store'", `'${index}'`));
+  const r = spawnSync('bash', ['-c', `${prefix} && exec "$NODE" "$FILE"`],
+    { cwd: JS, env: { ...process.env, ...env, NODE: process.execPath, FILE: file }, encoding: 'utf8' });
+  let json = null;
+  try {
+    json = JSON.parse(r.stdout);
+  } catch {
+    json = null;
+  }
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr, json };
+}
