@@ -8,6 +8,7 @@
 // target/debug `turnsafe` when it is at least as new as the policy sources;
 // else `cargo build --release -p turnsafe-host --bin turnsafe`.
 import { execFileSync } from 'node:child_process';
+import os from 'node:os';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -69,3 +70,21 @@ const jcoBin = path.join(here, 'node_modules', '@bytecodealliance', 'jco', 'dist
 execFileSync(process.execPath, [jcoBin, 'transpile', wasm, '-o', path.join(gen, 'policy'), '--name', 'turnsafe_policy', '--quiet'],
   { stdio: 'inherit' });
 fs.copyFileSync(path.join(root, 'examples', 'sqlite-codes.json'), path.join(gen, 'sqlite-codes.json'));
+
+// The schema this binary writes: its version and every object of a home it
+// creates, so the JavaScript host writes the same one (a test compares them).
+const probe = fs.mkdtempSync(path.join(os.tmpdir(), 'turnsafe-schema-'));
+try {
+  execFileSync(bin, ['append', '--home', probe, '--session', 'probe'], { input: '[{"role":"user","content":"x"}]\n',
+    stdio: ['pipe', 'ignore', 'inherit'] });
+  const { default: Database } = await import('better-sqlite3');
+  const db = new Database(path.join(probe, 'state.db'), { readonly: true });
+  const schema = {
+    version: db.pragma('user_version', { simple: true }),
+    objects: db.prepare("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name").all(),
+  };
+  db.close();
+  fs.writeFileSync(path.join(gen, 'schema.json'), JSON.stringify(schema, null, 2) + '\n');
+} finally {
+  fs.rmSync(probe, { recursive: true, force: true });
+}

@@ -18,8 +18,17 @@ import { divert, divertMaxSeq, flockExclusive, fsyncDir, validSession } from './
 import { Guard } from './guard.js';
 import { codesOf, editNext, flushStep, outcomeText, refused, spent, version } from './policy.js';
 
-/** The schema version this host writes (host/src/store/schema.rs `VERSION`). */
-export const SCHEMA_VERSION = 3;
+/**
+ * The schema this host writes: the version of the native host it was
+ * built with (the build asks that binary, gen/schema.json), one this file
+ * knows how to write: 3 (messages of any shape) or 4 (3 plus the archive
+ * of what edits take out, and each session's lineage).
+ */
+const NATIVE_SCHEMA = JSON.parse(fs.readFileSync(new URL('../gen/schema.json', import.meta.url), 'utf8'));
+export const SCHEMA_VERSION = NATIVE_SCHEMA.version;
+if (SCHEMA_VERSION !== 3 && SCHEMA_VERSION !== 4) {
+  throw new Error(`turnsafe-store writes schema versions 3 and 4; the turnsafe it was built with writes ${SCHEMA_VERSION}`);
+}
 
 const TABLES = `
 CREATE TABLE IF NOT EXISTS state_meta(
@@ -31,7 +40,7 @@ CREATE TABLE IF NOT EXISTS sessions(
     created_ms       INTEGER NOT NULL,
     lease_token      TEXT,
     lease_holder     TEXT,
-    lease_expires_ms INTEGER
+    lease_expires_ms INTEGER@LINEAGE@
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS messages(
     id           INTEGER PRIMARY KEY,
@@ -49,6 +58,27 @@ CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
     content, content='messages', content_rowid='id'
 );
 `;
+
+/** Version 4's archive: what edits took out of a transcript. */
+const ARCHIVE = `
+CREATE TABLE IF NOT EXISTS archive(
+    id           INTEGER PRIMARY KEY,
+    session_id   TEXT NOT NULL,
+    uid          TEXT NOT NULL,
+    seq          INTEGER NOT NULL,
+    role         TEXT,
+    content      TEXT,
+    item         TEXT NOT NULL,
+    created_ms   INTEGER NOT NULL,
+    archived_ms  INTEGER NOT NULL,
+    reason       TEXT NOT NULL,
+    holder       TEXT,
+    edit         TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS archive_by_session ON archive(session_id, archived_ms);
+`;
+
+const tables = (version) => TABLES.replace('@LINEAGE@', version >= 4 ? ',\n    forked_from      TEXT,\n    forked_at_seq    INTEGER' : '');
 
 const V2_TRIGGERS = `
 DROP TRIGGER IF EXISTS messages_fts_insert;
@@ -234,7 +264,7 @@ export class Host {
   checkSchema() {
     const found = versionAt(this.dbPath);
     if (found !== null && found > SCHEMA_VERSION) throw newerSchema(found);
-    if (found !== null && found > 0 && found < SCHEMA_VERSION) {
+    if (found !== null && found > 0 && found < Math.min(3, SCHEMA_VERSION)) {
       throw new Refusal(`state.db has schema version ${found}, older than this host writes (${SCHEMA_VERSION}); `
         + 'any turnsafe command of the native host (`turnsafe doctor --home ...`) migrates it (nothing was written)',
       { found, code: 'older_schema' });
@@ -321,7 +351,13 @@ export class Host {
       // Re-read under the write lock: another process may have migrated.
       const again = db.pragma('user_version', { simple: true });
       if (again > SCHEMA_VERSION) throw newerSchema(again);
-      if (again !== SCHEMA_VERSION) {
+      if (again === 3 && SCHEMA_VERSION === 4) {
+        // 3 -> 4: the archive and each session's lineage; nothing stored moves.
+        db.exec('ALTER TABLE sessions ADD COLUMN forked_from TEXT; ALTER TABLE sessions ADD COLUMN forked_at_seq INTEGER;');
+        db.exec(ARCHIVE);
+        db.prepare("INSERT OR REPLACE INTO state_meta(key, value) VALUES ('schema_version', ?)").run(String(SCHEMA_VERSION));
+        db.pragma(`user_version = ${SCHEMA_VERSION}`);
+      } else if (again !== SCHEMA_VERSION) {
         if (again !== 0) {
           throw new Refusal(`state.db has schema version ${again}, older than this host writes (${SCHEMA_VERSION}); `
             + 'any turnsafe command of the native host migrates it (nothing was written)', { found: again, code: 'older_schema' });
@@ -329,7 +365,8 @@ export class Host {
         // Any nonzero 32-bit value; zero means never stamped.
         let generation = (Math.random() * 2 ** 32) | 0;
         if (generation === 0) generation = 1;
-        db.exec(TABLES);
+        db.exec(tables(SCHEMA_VERSION));
+        if (SCHEMA_VERSION >= 4) db.exec(ARCHIVE);
         db.exec(V2_TRIGGERS);
         // The generation also lives in the header, written before the switch to WAL.
         db.pragma(`application_id = ${generation}`);
@@ -349,6 +386,7 @@ export class Host {
     const db = this.db;
     this.stmts = {
       begin: db.prepare('BEGIN IMMEDIATE'),
+      beginRead: db.prepare('BEGIN'),
       commit: db.prepare('COMMIT'),
       rollback: db.prepare('ROLLBACK'),
       maxSeq: db.prepare('SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM messages WHERE session_id = ?'),
@@ -619,7 +657,8 @@ export class Host {
     const db = this.db;
     const st = this.stmts;
     try {
-      st.begin.run();
+      // A read takes no write lock: a deferred transaction, one snapshot.
+      (write ? st.begin : st.beginRead).run();
       try {
         if (write && this.guard) {
           let verdict;
@@ -670,28 +709,69 @@ export class Host {
     return rows.map((r) => r.item);
   }
 
+  /**
+   * Take rows of `session` out of the transcript (`uid`, from `fromSeq`
+   * on, or all): with schema 4 they move to the archive, stamped with the
+   * reason, this writer and the edit's id, as the native host's edits do.
+   */
+  takeOut(db, session, { uid = null, fromSeq = null }, reason, editId) {
+    const filter = 'session_id = ? AND (? IS NULL OR uid = ?) AND (? IS NULL OR seq >= ?)';
+    const args = [session, uid, uid, fromSeq, fromSeq];
+    if (this.hasArchive(db)) {
+      db.prepare(`INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, reason, holder, edit)
+        SELECT session_id, uid, seq, role, content, item, created_ms, ?, ?, ?, ? FROM messages WHERE ${filter} ORDER BY seq, id`)
+        .run(Date.now(), reason, this.holder, editId, ...args);
+    }
+    // The schema's messages_fts_unindex trigger keeps the index and its watermark true.
+    return db.prepare(`DELETE FROM messages WHERE ${filter}`).run(...args).changes;
+  }
+
+  hasArchive(db) {
+    return db.prepare("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'archive') AS e").get().e === 1;
+  }
+
   /** Remove and return the newest item (null when none). */
   pop(session) {
+    const editId = mintId();
     return this.edit('pop', session, (db) => {
       const last = this.rows(db, session, 1)[0];
       if (!last) return null;
-      db.prepare('DELETE FROM messages WHERE session_id = ? AND uid = ?').run(session, last.uid);
+      this.takeOut(db, session, { uid: last.uid }, 'pop', editId);
       return last.item;
     });
   }
 
-  /** Remove every stored item of `session`, then settle its pending divert lines as cleared. */
+  /**
+   * Remove every stored item of `session` (to the archive with schema 4,
+   * with its pending divert lines), then settle its pending divert lines
+   * as `cleared` (docs/DIVERT.md, "Cleared").
+   */
   clear(session) {
-    const n = this.edit('clear', session, (db) => db.prepare('DELETE FROM messages WHERE session_id = ?').run(session).changes);
+    const editId = mintId();
+    const lines = pendingLines(this.home, session);
+    const n = this.edit('clear', session, (db) => {
+      const taken = this.takeOut(db, session, {}, 'clear', editId);
+      if (this.hasArchive(db)) {
+        const ins = db.prepare(`INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, reason, holder, edit)
+          VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'clear', ?, ?)`);
+        const now = Date.now();
+        for (const l of lines) {
+          ins.run(session, l.uid, l.seq ?? 0, typeof l.message.role === 'string' ? l.message.role : null, textOf(l.message.content),
+            JSON.stringify(l.message), now, now, this.holder, editId);
+        }
+      }
+      return taken;
+    });
     this.settleCleared(session);
     this.cursor(session).nextSeq = null;
     return n;
   }
 
   /**
-   * docs/DIVERT.md, "Cleared": the session's divert file is taken under its
-   * flock, one ledger line per divert line gets state `cleared`, and the
-   * file moves to sessions/settled/, kept.
+   * The session's divert file, if it is turnsafe's (docs/DIVERT.md, "Whose
+   * files these are"), is taken under its flock into sessions/settling/,
+   * one ledger line per line gets state `cleared`, and the file moves to
+   * sessions/settled/, kept. A foreign file is never touched.
    */
   settleCleared(session) {
     const folder = path.join(this.home, 'sessions');
@@ -702,52 +782,68 @@ export class Host {
     } catch {
       return;
     }
+    let name;
+    const settling = path.join(folder, 'settling');
+    const settledDir = path.join(folder, 'settled');
     try {
+      if (!fs.fstatSync(fd).isFile()) return;
+      if (!parseLines(fs.readFileSync(fd, 'utf8'), session).length) return;
+      for (const d of [settling, settledDir]) fs.mkdirSync(d, { recursive: true, mode: 0o700 });
       flockExclusive(fd);
-      const text = fs.readFileSync(file, 'utf8');
-      const stampNow = new Date().toISOString().replace(/[-:]/g, '').replace(/\.\d+Z$/, 'Z');
-      const settledDir = path.join(folder, 'settled');
-      fs.mkdirSync(settledDir, { recursive: true, mode: 0o700 });
-      const target = `${session}@${stampNow}-${mintId().slice(0, 8)}.jsonl`;
-      const ledger = [];
-      let offset = 0;
-      text.split('\n').forEach((line, i) => {
-        const at = offset;
-        offset += Buffer.byteLength(line) + 1;
-        if (!line) return;
-        let uid = null;
-        try {
-          uid = JSON.parse(line).uid ?? null;
-        } catch {
-          uid = null;
-        }
-        ledger.push(JSON.stringify({ file: target, line: i + 1, offset: at, session, uid, state: 'cleared',
-          reason: 'the session was cleared', at_ms: Date.now() }));
-      });
-      const lfd = fs.openSync(path.join(folder, 'ledger.jsonl'),
-        fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW, 0o600);
-      try {
-        if (ledger.length) fs.writeSync(lfd, ledger.join('\n') + '\n');
-        fs.fsyncSync(lfd);
-      } finally {
-        fs.closeSync(lfd);
-      }
-      fs.renameSync(file, path.join(settledDir, target));
-      fsyncDir(settledDir);
-      fsyncDir(folder);
+      name = `${session}@${Date.now()}-${process.pid}.jsonl`;
+      fs.renameSync(file, path.join(settling, name));
     } finally {
       fs.closeSync(fd);
     }
+    fsyncDir(settling);
+    const data = fs.readFileSync(path.join(settling, name));
+    const ledger = [];
+    let offset = 0;
+    let lineNo = 0;
+    for (const line of data.toString('utf8').split(/(?<=\n)/)) {
+      lineNo += 1;
+      const at = offset;
+      offset += Buffer.byteLength(line);
+      if (!line.trim()) continue;
+      let uid = null;
+      try {
+        const u = JSON.parse(line).uid;
+        uid = typeof u === 'string' ? u : null;
+      } catch {
+        uid = null;
+      }
+      ledger.push(JSON.stringify({ file: name, line: lineNo, offset: at, session, uid, state: 'cleared',
+        reason: 'the session was cleared', at_ms: Date.now() }));
+    }
+    const lfd = fs.openSync(path.join(folder, 'ledger.jsonl'),
+      fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW, 0o600);
+    try {
+      fsyncDir(folder);
+      fsyncDir(this.home);
+      if (ledger.length) {
+        const bytes = Buffer.from(ledger.join('\n') + '\n');
+        let done = 0;
+        while (done < bytes.length) done += fs.writeSync(lfd, bytes, done, bytes.length - done);
+      }
+      fs.fsyncSync(lfd);
+    } finally {
+      fs.closeSync(lfd);
+    }
+    fs.renameSync(path.join(settling, name), path.join(settledDir, name));
+    fsyncDir(settledDir);
+    fsyncDir(settling);
   }
 
   /**
-   * `replaceHistoryWithCompaction` and `replace_suffix`: in one transaction,
-   * remove the stored items from `fromSeqOf` on (all with `expected` null;
-   * else the stored suffix must equal `expected`) and store `replacement`
-   * under `uids`. Idempotent: when every replacement uid is stored with the
-   * same item, the replacement was applied already.
+   * `replaceHistoryWithCompaction` and `replace_suffix`: in one
+   * transaction, take the stored items from the start of the suffix on
+   * out (to the archive with schema 4, reason `compaction`; all of them
+   * with `expected` null, else the stored suffix must equal `expected`)
+   * and store `replacement` under `uids` from that seq on. Idempotent: when
+   * every replacement uid is stored with its item, it was applied already.
    */
   replace(session, expected, replacement, uids, edit = 'replace') {
+    const editId = mintId();
     return this.edit(edit, session, (db) => {
       const stored = uids.map((u) => this.stmts.stored.get(session, u));
       if (uids.length > 0 && stored.every(Boolean)) {
@@ -763,18 +859,17 @@ export class Host {
           throw userError('Session history suffix no longer matches the transaction precondition.');
         }
       }
-      const del = db.prepare('DELETE FROM messages WHERE session_id = ? AND uid = ?');
-      for (const r of all.slice(from)) del.run(session, r.uid);
-      let seq = db.prepare('SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM messages WHERE session_id = ?').get(session).s;
-      const exists = this.stmts.lease.get(session);
-      if (!exists) this.stmts.newSession.run(session, Date.now(), null, null, null);
+      let seq = from < all.length ? all[from].seq : this.stmts.maxSeq.get(session).s;
+      if (from < all.length) this.takeOut(db, session, { fromSeq: seq }, 'compaction', editId);
+      if (!this.stmts.lease.get(session)) db.prepare('INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?, ?)').run(session, Date.now());
       const created = Date.now();
       replacement.forEach((m, i) => {
         this.stmts.insert.run(session, uids[i], seq, typeof m.role === 'string' ? m.role : null, textOf(m.content),
           JSON.stringify(m), created);
         seq += 1;
       });
-      this.cursor(session).nextSeq = seq;
+      const cur = this.cursor(session);
+      if (cur.nextSeq !== null) cur.nextSeq = Math.max(cur.nextSeq, seq);
       return { applied: true };
     });
   }
@@ -844,6 +939,51 @@ export class Host {
 
 /** Connections to retired generations, kept open until the process ends. */
 Host.kept = [];
+
+/** The turnsafe divert lines for `session` in `text` (docs/DIVERT.md): `{uid, seq, message}`. */
+function parseLines(text, session) {
+  const out = [];
+  for (const line of text.split('\n')) {
+    if (!line.trim()) continue;
+    let v;
+    try {
+      v = JSON.parse(line);
+    } catch {
+      continue;
+    }
+    if (v === null || typeof v !== 'object' || (v.v !== 1 && v.v !== 2) || v.session !== session || typeof v.uid !== 'string'
+      || v.message === null || typeof v.message !== 'object' || Array.isArray(v.message)) continue;
+    let message = v.message;
+    if (v.v === 1) {
+      // Version 1 put the uid inside the message.
+      const { uid, ...rest } = message;
+      void uid;
+      message = rest;
+    }
+    out.push({ uid: v.uid, seq: Number.isInteger(v.seq) ? v.seq : null, message });
+  }
+  return out;
+}
+
+/** The divert lines of `session` not yet settled: its file and its files being replayed. */
+function pendingLines(home, session) {
+  const folder = path.join(home, 'sessions');
+  const files = [path.join(folder, `${session}.jsonl`)];
+  try {
+    for (const n of fs.readdirSync(path.join(folder, 'settling'))) {
+      if (n.slice(0, n.indexOf('@')) === session) files.push(path.join(folder, 'settling', n));
+    }
+  } catch {
+    // none being replayed
+  }
+  return files.flatMap((f) => {
+    try {
+      return parseLines(fs.readFileSync(f, 'utf8'), session);
+    } catch {
+      return [];
+    }
+  });
+}
 
 function userError(message) {
   return Object.assign(new Error(message), { userError: true, name: 'UserError' });

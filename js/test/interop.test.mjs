@@ -1,0 +1,128 @@
+// One home, two hosts: what the JavaScript host writes, the native CLI
+// shows, searches and checks, and the other way round; seqs continue across
+// them, and the turn lease of one fences the other until it is given back.
+import Database from 'better-sqlite3';
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { test } from 'node:test';
+
+import { SCHEMA_VERSION, TurnsafeSession } from '../src/index.js';
+import { tmp, turnsafe } from './helpers.mjs';
+
+const user = (content) => ({ role: 'user', content });
+
+function append(home, session, batches, extra = []) {
+  const r = turnsafe(['append', '--home', home, '--session', session, ...extra], batches.map((b) => JSON.stringify(b)).join('\n') + '\n');
+  return { ...r, outcomes: r.lines };
+}
+
+const rows = (home, session) => turnsafe(['show', '--home', home, '--session', session, '--json']).lines
+  .filter((l) => l.type === 'message').map((l) => l.data);
+
+test('native writes, JavaScript reads and continues, native continues after it', async () => {
+  const home = tmp();
+  const tool = { type: 'function_call', callId: 'c1', name: 'lookup', arguments: '{"q":"ü"}', providerData: { n: 1.5, z: null } };
+  let r = append(home, 's1', [{ items: [user('native one'), tool], uids: ['n1', 'n2'] }]);
+  assert.equal(r.status, 0, r.stderr);
+  assert.equal(r.outcomes[0].persisted, true);
+  const s = new TurnsafeSession('s1', home);
+  assert.deepEqual(await s.getItems(), [user('native one'), tool]);
+  await s.addItems([user('js three'), user('js four')]);
+  await s.close();
+  r = append(home, 's1', [[user('native five')]]);
+  assert.equal(r.outcomes[0].persisted, true, JSON.stringify(r.outcomes[0]));
+  const all = rows(home, 's1');
+  assert.deepEqual(all.map((x) => x.seq), [1, 2, 3, 4, 5]);
+  assert.deepEqual(all.map((x) => x.message.content ?? x.message.type),
+    ['native one', 'function_call', 'js three', 'js four', 'native five']);
+  assert.deepEqual(all.slice(0, 2).map((x) => x.uid), ['n1', 'n2']);
+  const again = new TurnsafeSession('s1', home);
+  assert.equal((await again.getItems()).length, 5);
+  await again.close();
+});
+
+test('what JavaScript wrote is searched and checked by the native CLI', async () => {
+  const home = tmp();
+  const s = new TurnsafeSession('s1', home);
+  await s.addItems([user('the refund policy is thirty days'), { role: 'assistant', type: 'message', status: 'completed',
+    content: [{ type: 'output_text', text: 'noted the refund' }] }]);
+  await s.close();
+  const search = turnsafe(['search', '--home', home, 'refund', '--json']);
+  assert.equal(search.status, 0, search.stderr);
+  const hits = search.lines.filter((l) => l.type === 'hit');
+  assert.equal(hits.length, 2);
+  assert.ok(hits.every((h) => h.data.session === 's1'));
+  const doctor = turnsafe(['doctor', '--home', home, '--json']);
+  assert.equal(doctor.status, 0, doctor.stdout);
+  // The index the native search built is kept true by JavaScript's edits.
+  const again = new TurnsafeSession('s1', home);
+  await again.popItem();
+  await again.close();
+  const after = turnsafe(['search', '--home', home, 'refund', '--json']).lines.filter((l) => l.type === 'hit');
+  assert.equal(after.length, 1);
+  assert.equal(turnsafe(['doctor', '--home', home, '--json']).status, 0);
+});
+
+test("a resend after a failure is idempotent across hosts: the native host's uids, the same rows", async () => {
+  const home = tmp();
+  const r = append(home, 's1', [{ items: [user('a'), user('b')], uids: ['u1', 'u2'] }]);
+  assert.equal(r.outcomes[0].persisted, true);
+  // The native append resent with the same uids and items stores nothing twice.
+  const again = append(home, 's1', [{ items: [user('a'), user('b')], uids: ['u1', 'u2'] }]);
+  assert.equal(again.outcomes[0].persisted, true);
+  const s = new TurnsafeSession('s1', home);
+  // The same uid with other content is a conflict, handed back.
+  await assert.rejects(s.store.call('append', { session: 's1', items: [user('changed')], uids: ['u1'] })
+    .then(({ outcome }) => {
+      if (!outcome.persisted) throw Object.assign(new Error(outcome.error), { outcome });
+    }), (e) => e.outcome.cause === 'uid_conflict' && e.outcome.handed_back === 1);
+  const { outcome } = await s.store.call('append', { session: 's1', items: [user('a')], uids: ['u1'] });
+  assert.equal(outcome.persisted, true);
+  assert.deepEqual((await s.getItems()).map((i) => i.content), ['a', 'b']);
+  await s.close();
+});
+
+test("the turn lease: a live JavaScript session fences the native writer until close() gives it back", async () => {
+  const home = tmp();
+  const s = new TurnsafeSession('s1', home, { holder: 'js' });
+  await s.addItems([user('mine')]);
+  const fenced = append(home, 's1', [[user('theirs')]]);
+  assert.equal(fenced.status, 3);
+  assert.equal(fenced.outcomes[0].cause, 'turn_lease');
+  assert.equal(fenced.outcomes[0].handed_back, 1);
+  await s.close();
+  const after = append(home, 's1', [[user('theirs')]]);
+  assert.equal(after.outcomes[0].persisted, true, JSON.stringify(after.outcomes[0]));
+  // And the other way: the native writer's lease is released when it ends,
+  // so the JavaScript session writes on.
+  const again = new TurnsafeSession('s1', home);
+  await again.addItems([user('mine again')]);
+  await again.close();
+  assert.deepEqual(rows(home, 's1').map((x) => x.message.content), ['mine', 'theirs', 'mine again']);
+});
+
+test('the JavaScript host creates the very schema the native host creates', async () => {
+  const norm = (sql) => (sql ?? '').replace(/\s+/g, ' ').trim();
+  const dump = (home) => {
+    const db = new Database(path.join(home, 'state.db'), { readonly: true });
+    try {
+      return {
+        version: db.pragma('user_version', { simple: true }),
+        objects: db.prepare("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name")
+          .all().map((o) => ({ ...o, sql: norm(o.sql) })),
+        meta: db.prepare("SELECT key FROM state_meta ORDER BY key").all().map((r) => r.key),
+        journal: db.pragma('journal_mode', { simple: true }),
+      };
+    } finally {
+      db.close();
+    }
+  };
+  const native = tmp();
+  assert.equal(append(native, 's1', [[user('x')]]).status, 0);
+  const js = tmp();
+  const s = new TurnsafeSession('s1', js);
+  await s.addItems([user('x')]);
+  await s.close();
+  assert.deepEqual(dump(js), dump(native));
+  assert.equal(dump(js).version, SCHEMA_VERSION);
+});
