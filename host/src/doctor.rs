@@ -283,12 +283,30 @@ pub fn examine_postgres(url: &crate::pg::DbUrl, home: Option<&Path>) -> (Vec<Fin
             facts.insert("read_only".into(), state.read_only.into());
             facts.insert("synchronous_replication".into(), state.synchronous_replication().into());
         }
-        Err(e) => out.push(finding(
-            "postgres",
-            "error",
-            format!("cannot use {}: {e}", url.display()),
-            Some(Cause::Unavailable),
-        )),
+        Err(e) => out.push(match &e {
+            // The server and the URL disagree on TLS: configuration, not a
+            // server away; the policy's words for it, as the copy has them.
+            crate::pg::connect::ConnectError::Postgres(pe) if let Some(tls) = crate::pg::connect::tls_failure(pe) => {
+                Finding {
+                    kind: "tls",
+                    severity: "error",
+                    message: format!(
+                        "cannot use {}: the TLS handshake failed: {} ({})",
+                        url.display(),
+                        tls.text(),
+                        crate::pg::translate::chain_text(pe)
+                    ),
+                    cause: Some(Cause::Disk.label()),
+                    remediation: vec![turnsafe_policy::TLS_REMEDIATION.to_string()],
+                }
+            }
+            _ => finding(
+                "postgres",
+                "error",
+                format!("cannot use {}: {e}", url.display()),
+                Some(Cause::Unavailable),
+            ),
+        }),
     }
     if let Some(home) = home {
         captures(home, &mut out, &mut facts);

@@ -27,6 +27,7 @@ pub mod failpoint;
 #[cfg(feature = "fault-vfs")]
 pub mod faultvfs;
 pub mod guard;
+pub mod history;
 pub mod holders;
 pub mod ids;
 pub mod message;

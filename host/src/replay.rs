@@ -626,22 +626,20 @@ fn settle_file(
     Ok(report)
 }
 
-/// Decide and (unless dry) import one line.
-fn settle_line(
-    conn: &mut dyn Target,
-    session: &str,
-    text: &str,
-    dry: bool,
-) -> Result<(Option<String>, Settled), ReplayError> {
-    let q = |r: &str| Ok((None, Settled::Quarantined(r.to_string())));
+/// A divert line read back: its uid, seq (when it has one) and message.
+pub(crate) type DivertLine = (String, Option<i64>, Message);
+
+/// A divert line read back, or why it cannot be read (with its uid when it
+/// has one).
+pub(crate) fn parse_divert_line(text: &str, session: &str) -> Result<DivertLine, (Option<String>, &'static str)> {
     let Ok(v) = serde_json::from_str::<Value>(text) else {
-        return q("torn or invalid JSON");
+        return Err((None, "torn or invalid JSON"));
     };
     let Some(obj) = v.as_object() else {
-        return q("not a JSON object");
+        return Err((None, "not a JSON object"));
     };
     let uid = obj.get("uid").and_then(Value::as_str).map(String::from);
-    let quarantine = |r: &str| Ok((uid.clone(), Settled::Quarantined(r.to_string())));
+    let quarantine = |r: &'static str| Err((uid.clone(), r));
     let version = obj.get("v").and_then(Value::as_u64);
     if !matches!(version, Some(1) | Some(FORMAT_VERSION)) {
         return quarantine("unsupported or missing format version `v`");
@@ -672,6 +670,50 @@ fn settle_line(
             None => return quarantine("`seq` is not an integer"),
         },
     };
+    Ok((uid_s, seq, message))
+}
+
+/// The readable lines of `session` still pending (its divert file, and
+/// files of it being settled): what a clear archives with the rows.
+pub(crate) fn pending_lines(home: &Path, session: &str) -> io::Result<Vec<DivertLine>> {
+    let sessions = home.join("sessions");
+    let mut files = vec![sessions.join(format!("{session}.jsonl"))];
+    if let Ok(rd) = std::fs::read_dir(sessions.join("settling")) {
+        files.extend(
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.file_name().and_then(|n| n.to_str()).and_then(session_of_settling) == Some(session)),
+        );
+    }
+    let mut out = Vec::new();
+    for f in files {
+        let data = match std::fs::read(&f) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for line in String::from_utf8_lossy(&data).lines() {
+            if let Ok(parsed) = parse_divert_line(line, session) {
+                out.push(parsed);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Decide and (unless dry) import one line.
+fn settle_line(
+    conn: &mut dyn Target,
+    session: &str,
+    text: &str,
+    dry: bool,
+) -> Result<(Option<String>, Settled), ReplayError> {
+    let (uid_s, seq, message) = match parse_divert_line(text, session) {
+        Ok(parsed) => parsed,
+        Err((uid, reason)) => return Ok((uid, Settled::Quarantined(reason.to_string()))),
+    };
+    let uid = Some(uid_s.clone());
+    let quarantine = |r: &str| Ok((uid.clone(), Settled::Quarantined(r.to_string())));
     let row = Row { message: &message };
     if dry {
         if !conn.exists(session, &uid_s)? {

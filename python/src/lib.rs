@@ -793,9 +793,38 @@ impl Store {
     }
 
     /// The newest `limit` messages of the session (all with `None`), in
-    /// `seq` order, each exactly as it was written.
-    #[pyo3(signature = (session_id, *, limit = None))]
-    fn show<'py>(&self, py: Python<'py>, session_id: &str, limit: Option<i64>) -> PyResult<Bound<'py, PyList>> {
+    /// `seq` order, each exactly as it was written. With `archived=True`,
+    /// the session's archived rows instead (what `pop`, `clear`, a
+    /// compaction took out), newest archived first, each a dict
+    /// `{"uid", "seq", "message", "archived_at", "reason"}`.
+    #[pyo3(signature = (session_id, *, limit = None, archived = false))]
+    fn show<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: &str,
+        limit: Option<i64>,
+        archived: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        if archived {
+            let session = parse_session(py, session_id)?;
+            let limit = read_limit(limit)?;
+            let store = self.shared(py)?;
+            let rows = py
+                .detach(move || store.with_store(|s| s.archived(session.as_str(), limit)))
+                .map_err(|e| {
+                    Failed {
+                        message: e.message,
+                        cause: e.cause.map(|c| c.label()),
+                        incomplete: None,
+                    }
+                    .into_err(py)
+                })?;
+            let list = PyList::empty(py);
+            for a in &rows {
+                list.append(to_py(py, &a.to_value())?)?;
+            }
+            return Ok(list);
+        }
         let rows = self.read(py, session_id, limit, false)?;
         let list = PyList::empty(py);
         for r in &rows {
@@ -837,6 +866,94 @@ impl Store {
         let home = self.home.clone();
         py.detach(move || store.with_store(|s| clear_in(s, &home, &session)))
             .map_err(|failed| failed.into_err(py))
+    }
+
+    /// Bring archived rows back into the session, at their seqs, in one
+    /// transaction: `uids` (each its newest archived copy), or every row
+    /// archived for `reason` (`"pop"`, `"clear"`, `"compaction"`,
+    /// `"rewind"`, `"prune"`), at or after `since` (seconds since the
+    /// epoch) when given. A uid active again is skipped. Returns
+    /// `{"restored": [{"uid", "seq"}], "skipped_active", "not_archived"}`.
+    #[pyo3(signature = (session_id, *, uids = None, reason = None, since = None))]
+    fn restore<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: &str,
+        uids: Option<Vec<String>>,
+        reason: Option<&str>,
+        since: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let session = parse_session(py, session_id)?;
+        let selector = match (uids, reason) {
+            (Some(u), None) => turnsafe_host::history::Selector::Uids(u),
+            (None, Some(r)) => {
+                let reason = turnsafe_host::history::Reason::from_label(r)
+                    .ok_or_else(|| PyValueError::new_err(format!("unknown reason {r:?}")))?;
+                let since_ms = since.map(|s| (s * 1000.0) as i64);
+                turnsafe_host::history::Selector::Reason { reason, since_ms }
+            }
+            _ => return Err(PyValueError::new_err("give uids=[...] or reason=..., not both")),
+        };
+        let store = self.shared(py)?;
+        match py.detach(move || store.with_store(|s| s.restore(&session, &selector))) {
+            Ok(report) => to_py(py, &report.to_value()),
+            Err(e) => Err(Failed::of_edit(&e).into_err(py)),
+        }
+    }
+
+    /// Copy the session's messages up to and including `at_seq` into
+    /// `new_session`, in one transaction, keeping the lineage. A retried
+    /// fork stores nothing twice. Returns `{"source", "at_seq", "session",
+    /// "copied", "already"}`; raises `Refused` when `new_session` exists
+    /// and is not that fork.
+    fn fork<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: &str,
+        at_seq: i64,
+        new_session: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let session = parse_session(py, session_id)?;
+        let new = parse_session(py, new_session)?;
+        let store = self.shared(py)?;
+        match py.detach(move || store.with_store(|s| s.fork(&session, at_seq, &new))) {
+            Ok(Ok(report)) => to_py(py, &report.to_value()),
+            Ok(Err(refused)) => Err(raise(py, &REFUSED, "Refused", refused.to_string(), None)),
+            Err(e) => Err(Failed::of_edit(&e).into_err(py)),
+        }
+    }
+
+    /// Replace the session's messages from `start_seq` on with `items`, in
+    /// one transaction; what was replaced goes to the archive (reason
+    /// `compaction`), and with `prune_before` the messages before that seq
+    /// too. With `expected_uids`, nothing changes and `False` is returned
+    /// unless the stored suffix is exactly those uids. Raises `Error` when
+    /// storage fails; nothing is then changed.
+    #[pyo3(signature = (session_id, start_seq, items, *, expected_uids = None, prune_before = None))]
+    fn replace_suffix(
+        &self,
+        py: Python<'_>,
+        session_id: &str,
+        start_seq: i64,
+        items: &Bound<'_, PyAny>,
+        expected_uids: Option<Vec<String>>,
+        prune_before: Option<i64>,
+    ) -> PyResult<bool> {
+        let session = parse_session(py, session_id)?;
+        let batch = batch(py, items, None)?;
+        let store = self.shared(py)?;
+        py.detach(move || {
+            store.with_store(|s| s.replace_suffix(&session, start_seq, &batch, expected_uids.as_deref(), prune_before))
+        })
+        .map_err(|e| Failed::of_edit(&e).into_err(py))
+    }
+
+    /// The session's lineage when it is a fork: `{"session", "seq"}`, else `None`.
+    fn lineage<'py>(&self, py: Python<'py>, session_id: &str) -> PyResult<Bound<'py, PyAny>> {
+        let session = parse_session(py, session_id)?;
+        let store = self.shared(py)?;
+        let found = py.detach(move || store.with_store(|s| s.lineage(session.as_str())));
+        to_py(py, &found.map_or(Value::Null, |l| l.to_value()))
     }
 
     /// `show`, `pop` and `clear` without waiting (for an event loop): run

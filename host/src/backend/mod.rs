@@ -24,6 +24,7 @@ use turnsafe_policy::Evidence;
 use turnsafe_policy::machine::{Failure, WritePlan};
 
 use crate::capture::{Capture, CaptureError};
+use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 use crate::store::{EditError, SessionId};
@@ -167,8 +168,36 @@ pub trait Backend {
     /// Remove and return the newest message of `session` (`None` when it
     /// has none). A write: it follows the policy, as replay does.
     fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError>;
-    /// Remove every stored message of `session`; returns how many.
+    /// Move every stored message of `session` to the archive; returns how many.
     fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError>;
+    /// [`Backend::clear_session`], returning what it archived (the rows,
+    /// and the pending divert lines archived with them; settle those with
+    /// [`crate::replay::clear_pending`] afterwards).
+    fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError>;
+    /// The archived rows of `session`, newest archived first.
+    fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError>;
+    /// Bring archived rows back (see [`crate::history`]).
+    fn restore(&mut self, session: &SessionId, selector: &Selector) -> Result<RestoreReport, EditError>;
+    /// Copy `session`'s rows up to and including `at_seq` into `new_session`.
+    fn fork(
+        &mut self,
+        session: &SessionId,
+        at_seq: i64,
+        new_session: &SessionId,
+    ) -> Result<Result<ForkReport, ForkRefused>, EditError>;
+    /// Replace the suffix from `start_seq` on with `items`, archiving what
+    /// it replaced (and, with `prune_below`, the rows before that seq), in
+    /// one transaction; `Ok(false)` when `expected` is not the stored suffix.
+    fn replace_suffix(
+        &mut self,
+        session: &SessionId,
+        start_seq: i64,
+        items: &[Message],
+        expected: Option<&[String]>,
+        prune_below: Option<i64>,
+    ) -> Result<bool, EditError>;
+    /// A session's lineage, when it is a fork.
+    fn lineage(&mut self, session: &str) -> Option<Lineage>;
     /// Full-text search over the committed messages; never misses one.
     fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError>;
     /// The identity of the database the handle writes to.

@@ -14,6 +14,7 @@ mod demo;
 mod doctor;
 mod evaluate;
 mod explain;
+mod history;
 mod recover;
 mod replay;
 mod search;
@@ -45,6 +46,10 @@ enum Command {
     Append(append::Args),
     Capture(capture::Args),
     Show(show::Args),
+    Pop(history::PopArgs),
+    Clear(history::ClearArgs),
+    Restore(history::RestoreArgs),
+    Fork(history::ForkArgs),
     Search(search::Args),
     Replay(replay::Args),
     Recover(recover::Args),
@@ -72,6 +77,10 @@ pub fn main() -> i32 {
         Command::Append(a) => append::run(a),
         Command::Capture(a) => capture::run(a),
         Command::Show(a) => show::run(a),
+        Command::Pop(a) => history::pop(a),
+        Command::Clear(a) => history::clear(a),
+        Command::Restore(a) => history::restore(a),
+        Command::Fork(a) => history::fork(a),
         Command::Search(a) => search::run(a),
         Command::Replay(a) => replay::run(a),
         Command::Recover(a) => recover::run(a),

@@ -22,6 +22,12 @@ use crate::exit;
 /// Without, one line per message: seq, role (or `type`), and the text of
 /// its content (or the object).
 /// With `--db URL` (or `TURNSAFE_DB`) the transcript is read from PostgreSQL.
+///
+/// A fork's lineage is printed: in the end line as `"forked_from":
+/// {"session", "seq"}` (null otherwise), and without `--json` as a first
+/// line. With `--archived`, the session's archived rows instead, newest
+/// archived first: `{"type":"archived","data":{"uid", "seq", "message",
+/// "archived_at", "reason"}}` per row, then `{"type":"end","data":{"archived"}}`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The turnsafe home holding `state.db` (not needed with `--db`).
@@ -36,6 +42,10 @@ pub struct Args {
     /// JSON Lines output in the `{"type","data"}` envelope.
     #[arg(long)]
     json: bool,
+    /// List the archived rows (what pop, clear, compaction, rewind and
+    /// prune took out), newest archived first.
+    #[arg(long)]
+    archived: bool,
 }
 
 pub fn run(args: Args) -> i32 {
@@ -43,8 +53,18 @@ pub fn run(args: Args) -> i32 {
         Ok(crate::backend::DbChoice::Sqlite(path)) => path,
         Ok(crate::backend::DbChoice::Postgres(url)) => {
             let mut pg = crate::pg::Postgres::new(*url, crate::pg::PgOptions::default());
+            if args.archived {
+                return match pg.archived(&args.session, None) {
+                    Ok(rows) => print_archived(&rows, args.json),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        exit::FAILURE
+                    }
+                };
+            }
+            let lineage = pg.lineage(&args.session);
             return match pg.transcript(&args.session) {
-                Ok(messages) => print(messages, &[], &args.session, args.json),
+                Ok(messages) => print(messages, &[], &args.session, lineage.as_ref(), args.json),
                 Err(e) => {
                     eprintln!("error: {e}");
                     exit::FAILURE
@@ -71,6 +91,16 @@ pub fn run(args: Args) -> i32 {
                 return exit::FAILURE;
             }
         };
+    if args.archived {
+        return match crate::store::history::archived(&conn, &args.session, None) {
+            Ok(rows) => print_archived(&rows, args.json),
+            Err(e) => {
+                eprintln!("error: reading {}: {e}", db.display());
+                exit::FAILURE
+            }
+        };
+    }
+    let lineage = crate::store::history::lineage(&conn, &args.session).ok().flatten();
     let messages = match crate::store::transcript(&conn, &args.session) {
         Ok(m) => m,
         Err(e) => {
@@ -82,13 +112,54 @@ pub fn run(args: Args) -> i32 {
         Ok(h) => h,
         Err(code) => return code,
     };
-    print(messages, &holds, &args.session, args.json)
+    print(messages, &holds, &args.session, lineage.as_ref(), args.json)
+}
+
+/// Archived rows, newest archived first, then how many.
+fn print_archived(rows: &[crate::history::Archived], json: bool) -> i32 {
+    for a in rows {
+        let line = if json {
+            super::envelope("archived", a.to_value())
+        } else {
+            let text = a
+                .message
+                .get("content")
+                .and_then(crate::message::text_of)
+                .unwrap_or_else(|| Value::Object(a.message.clone()).to_string());
+            format!(
+                "{:>6}  {:<10} {}  {}  {}",
+                a.seq,
+                a.reason,
+                crate::history::rfc3339(a.archived_ms),
+                a.uid,
+                text
+            )
+        };
+        if !super::emit(&line) {
+            return exit::OK;
+        }
+    }
+    if json {
+        super::emit(&super::envelope("end", serde_json::json!({ "archived": rows.len() })));
+    }
+    exit::OK
 }
 
 /// Each message is `{"uid", "seq", "message"}` (see [`crate::transcript`]),
 /// then the end of the transcript: complete, or which captures hold rows
 /// it lacks.
-fn print(messages: Vec<Value>, holds: &[crate::captures::Hold], session: &str, json: bool) -> i32 {
+fn print(
+    messages: Vec<Value>,
+    holds: &[crate::captures::Hold],
+    session: &str,
+    lineage: Option<&crate::history::Lineage>,
+    json: bool,
+) -> i32 {
+    if let (Some(l), false) = (lineage, json)
+        && !super::emit(&format!("(forked from {} at seq {})", l.session, l.seq))
+    {
+        return exit::OK;
+    }
     for m in messages {
         let line = if json {
             super::envelope("message", m)
@@ -110,7 +181,12 @@ fn print(messages: Vec<Value>, holds: &[crate::captures::Hold], session: &str, j
     }
     if json {
         let pending: Vec<Value> = holds.iter().map(|h| h.to_value(Some(session))).collect();
-        let end = serde_json::json!({ "complete": holds.is_empty(), "pending_captures": pending });
+        let forked_from = lineage.map_or(Value::Null, crate::history::Lineage::to_value);
+        let end = serde_json::json!({
+            "complete": holds.is_empty(),
+            "pending_captures": pending,
+            "forked_from": forked_from,
+        });
         if !super::emit(&super::envelope("end", end)) {
             return exit::OK;
         }

@@ -44,6 +44,41 @@ pub fn tls_config(url: &DbUrl) -> Result<rustls::ClientConfig, UrlError> {
     Ok(config)
 }
 
+/// Why a connection failed its TLS handshake, when it is one of the two
+/// reasons the copy names: the server answered `sslmode=require` with no
+/// TLS (the client's own "server does not support TLS"), or rustls did not
+/// accept its certificate (unknown issuer, wrong host name, expired, ...).
+/// Any other handshake failure (a protocol or cipher mismatch, a reset) is
+/// `None`, and its copy stays the `disk` one.
+pub fn tls_failure(e: &postgres::Error) -> Option<turnsafe_policy::TlsFailure> {
+    use std::error::Error;
+    use turnsafe_policy::TlsFailure;
+    if !e.to_string().starts_with(TLS_HANDSHAKE) {
+        return None;
+    }
+    let mut source = e.source();
+    while let Some(s) = source {
+        if s.to_string() == "server does not support TLS" {
+            return Some(TlsFailure::NotOffered);
+        }
+        // tokio-rustls hands rustls's error over inside an io::Error, whose
+        // `source` skips it: `get_ref` reaches it.
+        let rustls_error = s.downcast_ref::<rustls::Error>().or_else(|| {
+            s.downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(r) = rustls_error {
+            return matches!(r, rustls::Error::InvalidCertificate(_)).then_some(TlsFailure::Certificate);
+        }
+        source = s.source();
+    }
+    None
+}
+
+/// How the client's error for a failed TLS handshake begins.
+pub(crate) const TLS_HANDSHAKE: &str = "error performing TLS handshake";
+
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {

@@ -4,9 +4,10 @@
 //! other writer holds its live turn lease, edits, and commits; a failure is
 //! the policy's to decide, as for SQLite (`crate::store::edit`): `locked`
 //! is retried on its plan, anything else fails the edit with its cause and
-//! changes nothing.
+//! changes nothing. History rewrites archive what they take out (see
+//! [`crate::history`]).
 
-use postgres::Transaction;
+use postgres::{Client, GenericClient, Transaction};
 use turnsafe_policy::machine::Failure;
 use turnsafe_policy::{Cause, Operation};
 
@@ -14,8 +15,32 @@ use super::PgStore;
 use super::translate::{self, Fault};
 use super::write::Stop;
 use crate::backend::ReadError;
+use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, Reason, RestoreReport, Selector, fork_uid};
+use crate::message::Message;
 use crate::store::{EditError, SessionId, now_ms};
 use crate::transcript::StoredMessage;
+
+impl super::Postgres {
+    /// The archived rows of `session`, newest archived first.
+    pub fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
+        let target = self.url.display().to_string();
+        let limit = limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
+        let client = self.reader().map_err(|e| ReadError {
+            message: e.to_string(),
+            cause: Some(Cause::Unavailable),
+        })?;
+        archived(client, session, limit).map_err(|e| ReadError {
+            message: format!("reading {target}: {e}"),
+            cause: Some(cause_of(&translate::failure(&Fault::Client(&e), 0))),
+        })
+    }
+
+    /// A session's lineage, when it is a fork.
+    pub fn lineage(&mut self, session: &str) -> Option<Lineage> {
+        let client = self.reader().ok()?;
+        lineage(client, session).ok().flatten()
+    }
+}
 
 impl PgStore {
     /// The newest `limit` messages of `session` (all with `None`), in `seq` order.
@@ -52,25 +77,151 @@ impl PgStore {
             .collect())
     }
 
-    /// Remove and return the newest message of `session`.
+    /// Move the newest message of `session` to the archive and return it.
     pub(super) fn pop(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError> {
+        let stamp = self.stamp(Reason::Pop);
         self.edit("pop", session, |tx, session| {
-            Ok(tx
-                .query_opt(
-                    "DELETE FROM messages WHERE id = \
-                     (SELECT id FROM messages WHERE session_id = $1 ORDER BY seq DESC, id DESC LIMIT 1) \
-                     RETURNING uid, seq, item",
-                    &[&session],
-                )?
-                .map(|r| stored(r.get(0), r.get(1), &r.get::<_, String>(2))))
+            let last = tx.query_opt(
+                "SELECT uid, seq, item FROM messages WHERE session_id = $1 ORDER BY seq DESC, id DESC LIMIT 1",
+                &[&session],
+            )?;
+            let Some(last) = last.map(|r| stored(r.get(0), r.get(1), &r.get::<_, String>(2))) else {
+                return Ok(None);
+            };
+            archive_rows(tx, session, Some(&last.uid), None, None, &stamp)?;
+            Ok(Some(last))
         })
     }
 
-    /// Remove every stored message of `session`; returns how many.
-    pub(super) fn clear(&mut self, session: &SessionId) -> Result<u64, EditError> {
+    /// Move every stored message of `session` (and its pending divert
+    /// lines) to the archive.
+    pub(super) fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError> {
+        let stamp = self.stamp(Reason::Clear);
+        let lines = crate::replay::pending_lines(self.home.as_path(), session.as_str()).unwrap_or_default();
         self.edit("clear", session, |tx, session| {
-            tx.execute("DELETE FROM messages WHERE session_id = $1", &[&session])
+            let rows: Vec<StoredMessage> = tx
+                .query(
+                    "SELECT uid, seq, item FROM messages WHERE session_id = $1 ORDER BY seq, id",
+                    &[&session],
+                )?
+                .into_iter()
+                .map(|r| stored(r.get(0), r.get(1), &r.get::<_, String>(2)))
+                .collect();
+            archive_rows(tx, session, None, None, None, &stamp)?;
+            let mut pending = Vec::new();
+            for (uid, seq, m) in &lines {
+                tx.execute(
+                    "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, \
+                     reason, holder, edit) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10)",
+                    &[
+                        &session,
+                        uid,
+                        &seq.unwrap_or(0),
+                        &m.role(),
+                        &m.content_text(),
+                        &m.item_text(),
+                        &stamp.at_ms,
+                        &stamp.reason.label(),
+                        &stamp.holder,
+                        &stamp.edit,
+                    ],
+                )?;
+                pending.push(StoredMessage {
+                    uid: uid.clone(),
+                    seq: seq.unwrap_or(0),
+                    message: m.item().clone(),
+                });
+            }
+            Ok(Cleared { rows, pending })
         })
+    }
+
+    /// The archived rows of `session`, newest archived first.
+    pub fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
+        self.pg.archived(session, limit)
+    }
+
+    /// Bring archived rows back, at their seqs (see [`crate::history`]).
+    pub fn restore(&mut self, session: &SessionId, selector: &Selector) -> Result<RestoreReport, EditError> {
+        self.edit("restore", session, |tx, session| restore_in(tx, session, selector))
+    }
+
+    /// Copy `session`'s prefix up to `at_seq` into `new_session`.
+    pub fn fork(
+        &mut self,
+        session: &SessionId,
+        at_seq: i64,
+        new_session: &SessionId,
+    ) -> Result<Result<ForkReport, ForkRefused>, EditError> {
+        if session == new_session {
+            return Ok(Err(ForkRefused::Same));
+        }
+        self.edit("fork", new_session, |tx, new| {
+            fork_in(tx, session.as_str(), at_seq, new)
+        })
+    }
+
+    /// Replace the suffix from `start_seq` on (see
+    /// [`crate::store::SessionStore::replace_suffix`]).
+    pub fn replace_suffix(
+        &mut self,
+        session: &SessionId,
+        start_seq: i64,
+        items: &[Message],
+        expected: Option<&[String]>,
+        prune_below: Option<i64>,
+    ) -> Result<bool, EditError> {
+        let stamp = self.stamp(Reason::Compaction);
+        let (uids, _) = crate::message::uids_minting(items);
+        self.edit("replace", session, |tx, session| {
+            let suffix: Vec<String> = tx
+                .query(
+                    "SELECT uid FROM messages WHERE session_id = $1 AND seq >= $2 ORDER BY seq, id",
+                    &[&session, &start_seq],
+                )?
+                .into_iter()
+                .map(|r| r.get(0))
+                .collect();
+            if expected.is_some_and(|e| e != suffix.as_slice()) {
+                return Ok(false);
+            }
+            archive_rows(tx, session, None, Some(start_seq), None, &stamp)?;
+            if let Some(below) = prune_below {
+                archive_rows(tx, session, None, None, Some(below), &stamp)?;
+            }
+            ensure_session(tx, session)?;
+            let now = now_ms();
+            for (k, (m, uid)) in items.iter().zip(&uids).enumerate() {
+                tx.execute(
+                    "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    &[
+                        &session,
+                        uid,
+                        &(start_seq + k as i64),
+                        &m.role(),
+                        &m.content_text(),
+                        &m.item_text(),
+                        &now,
+                    ],
+                )?;
+            }
+            Ok(true)
+        })
+    }
+
+    /// A session's lineage, when it is a fork.
+    pub fn lineage(&mut self, session: &str) -> Option<Lineage> {
+        self.pg.lineage(session)
+    }
+
+    fn stamp(&self, reason: Reason) -> Stamp {
+        Stamp {
+            reason,
+            holder: self.lease.holder.clone(),
+            edit: crate::store::mint_id(),
+            at_ms: now_ms(),
+        }
     }
 
     // A `Failure` is the policy's own input, handed to it as it is; a
@@ -147,4 +298,205 @@ fn cause_of(f: &Failure) -> Cause {
         ..turnsafe_policy::Observation::new(Operation::Replay)
     };
     turnsafe_policy::decide(&obs).classification.cause
+}
+
+/// Who edits, and which edit: stamped on every archived row.
+struct Stamp {
+    reason: Reason,
+    holder: String,
+    edit: String,
+    at_ms: i64,
+}
+
+/// Move `session`'s rows (one uid, `seq >= from`, `seq < below`, or all)
+/// to the archive. The search entries go with the rows (`ON DELETE CASCADE`).
+fn archive_rows(
+    tx: &mut Transaction<'_>,
+    session: &str,
+    uid: Option<&str>,
+    from: Option<i64>,
+    below: Option<i64>,
+    stamp: &Stamp,
+) -> Result<u64, postgres::Error> {
+    let filter = "session_id = $1 AND ($2::text IS NULL OR uid = $2) AND ($3::int8 IS NULL OR seq >= $3) \
+                  AND ($4::int8 IS NULL OR seq < $4)";
+    tx.execute(
+        &format!(
+            "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, reason, \
+             holder, edit) SELECT session_id, uid, seq, role, content, item, created_ms, $5, $6, $7, $8 \
+             FROM messages WHERE {filter} ORDER BY seq, id"
+        ),
+        &[
+            &session,
+            &uid,
+            &from,
+            &below,
+            &stamp.at_ms,
+            &stamp.reason.label(),
+            &stamp.holder,
+            &stamp.edit,
+        ],
+    )?;
+    tx.execute(
+        &format!("DELETE FROM messages WHERE {filter}"),
+        &[&session, &uid, &from, &below],
+    )
+}
+
+fn ensure_session(tx: &mut Transaction<'_>, session: &str) -> Result<(), postgres::Error> {
+    tx.execute(
+        "INSERT INTO sessions(id, created_ms) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+        &[&session, &now_ms()],
+    )?;
+    Ok(())
+}
+
+fn archived(client: &mut Client, session: &str, limit: Option<i64>) -> Result<Vec<Archived>, postgres::Error> {
+    Ok(client
+        .query(
+            "SELECT uid, seq, item, archived_ms, reason, holder, edit FROM archive \
+             WHERE session_id = $1 ORDER BY archived_ms DESC, id DESC LIMIT $2",
+            &[&session, &limit],
+        )?
+        .into_iter()
+        .map(|r| Archived {
+            uid: r.get(0),
+            seq: r.get(1),
+            message: serde_json::from_str(&r.get::<_, String>(2)).unwrap_or_default(),
+            archived_ms: r.get(3),
+            reason: r.get(4),
+            holder: r.get(5),
+            edit: r.get(6),
+        })
+        .collect())
+}
+
+fn lineage(client: &mut impl GenericClient, session: &str) -> Result<Option<Lineage>, postgres::Error> {
+    Ok(client
+        .query_opt(
+            "SELECT forked_from, forked_at_seq FROM sessions WHERE id = $1",
+            &[&session],
+        )?
+        .and_then(|r| {
+            Some(Lineage {
+                session: r.get::<_, Option<String>>(0)?,
+                seq: r.get::<_, Option<i64>>(1)?,
+            })
+        }))
+}
+
+type ArchivedRow = (i64, String, i64, Option<String>, Option<String>, String, i64);
+
+fn restore_in(tx: &mut Transaction<'_>, session: &str, selector: &Selector) -> Result<RestoreReport, postgres::Error> {
+    let cols = "id, uid, seq, role, content, item, created_ms";
+    let row =
+        |r: &postgres::Row| -> ArchivedRow { (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)) };
+    let mut report = RestoreReport::default();
+    let mut chosen: Vec<ArchivedRow> = Vec::new();
+    match selector {
+        Selector::Uids(uids) => {
+            for uid in uids {
+                match tx.query_opt(
+                    &format!("SELECT {cols} FROM archive WHERE session_id = $1 AND uid = $2 ORDER BY id DESC LIMIT 1"),
+                    &[&session, uid],
+                )? {
+                    Some(r) => chosen.push(row(&r)),
+                    None => report.not_archived.push(uid.clone()),
+                }
+            }
+        }
+        Selector::Reason { reason, since_ms } => {
+            let mut seen = std::collections::HashSet::new();
+            for r in tx.query(
+                &format!(
+                    "SELECT {cols} FROM archive WHERE session_id = $1 AND reason = $2 \
+                     AND ($3::int8 IS NULL OR archived_ms >= $3) ORDER BY id DESC"
+                ),
+                &[&session, &reason.label(), since_ms],
+            )? {
+                let r = row(&r);
+                if seen.insert(r.1.clone()) {
+                    chosen.push(r);
+                }
+            }
+        }
+    }
+    chosen.sort_by_key(|r| (r.2, r.0));
+    ensure_session(tx, session)?;
+    for (id, uid, seq, role, content, item, created) in chosen {
+        let inserted = tx.execute(
+            "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (session_id, uid) DO NOTHING",
+            &[&session, &uid, &seq, &role, &content, &item, &created],
+        )?;
+        if inserted == 0 {
+            report.skipped_active.push(uid);
+            continue;
+        }
+        tx.execute("DELETE FROM archive WHERE id = $1", &[&id])?;
+        report.restored.push((uid, seq));
+    }
+    Ok(report)
+}
+
+fn fork_in(
+    tx: &mut Transaction<'_>,
+    source: &str,
+    at_seq: i64,
+    new: &str,
+) -> Result<Result<ForkReport, ForkRefused>, postgres::Error> {
+    let existing = tx
+        .query_opt("SELECT forked_from, forked_at_seq FROM sessions WHERE id = $1", &[&new])?
+        .map(|r| (r.get::<_, Option<String>>(0), r.get::<_, Option<i64>>(1)));
+    let rows = tx.query(
+        "SELECT uid, seq, role, content, item, created_ms FROM messages \
+         WHERE session_id = $1 AND seq <= $2 ORDER BY seq, id",
+        &[&source, &at_seq],
+    )?;
+    match existing {
+        Some((Some(from), Some(at))) if from == source && at == at_seq => {}
+        Some(_) => {
+            return Ok(Err(ForkRefused::Exists {
+                session: new.to_string(),
+                source_session: source.to_string(),
+                at_seq,
+            }));
+        }
+        None if rows.is_empty() => return Ok(Err(ForkRefused::NothingToFork(source.to_string(), at_seq))),
+        None => {
+            tx.execute(
+                "INSERT INTO sessions(id, created_ms, forked_from, forked_at_seq) VALUES ($1, $2, $3, $4)",
+                &[&new, &now_ms(), &source, &at_seq],
+            )?;
+        }
+    }
+    let (mut copied, mut already) = (0, 0);
+    for r in rows {
+        let uid: String = r.get(0);
+        let n = tx.execute(
+            "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (session_id, uid) DO NOTHING",
+            &[
+                &new,
+                &fork_uid(new, &uid),
+                &r.get::<_, i64>(1),
+                &r.get::<_, Option<String>>(2),
+                &r.get::<_, Option<String>>(3),
+                &r.get::<_, String>(4),
+                &r.get::<_, i64>(5),
+            ],
+        )?;
+        if n == 1 {
+            copied += 1;
+        } else {
+            already += 1;
+        }
+    }
+    Ok(Ok(ForkReport {
+        source: source.to_string(),
+        at_seq,
+        session: new.to_string(),
+        copied,
+        already,
+    }))
 }

@@ -31,6 +31,7 @@ use crate::backend::{
     Backend, BackendError, Flush, GroupWrite, Hit, Identity, Lease, LeaseOptions, Ledger, ReadError, SearchReport,
 };
 use crate::capture::{Capture, CaptureError};
+use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::outcome::FlushOutcome;
 use crate::store::{Counters, EditError, SessionId};
 use crate::transcript::StoredMessage;
@@ -511,6 +512,8 @@ pub fn open_store(url: DbUrl, home: &std::path::Path, opts: LeaseOptions) -> PgS
 /// folder `<home>/sessions/`) and the lease this handle takes.
 pub struct PgStore {
     pg: Postgres,
+    /// The home the divert folder is under.
+    home: std::path::PathBuf,
     ledger: Ledger,
     lease: Lease,
     /// Why the open at construction failed; the first batch observes it
@@ -524,6 +527,7 @@ impl PgStore {
     pub fn new(pg: Postgres, home: &std::path::Path, opts: LeaseOptions) -> PgStore {
         let mut store = PgStore {
             pg,
+            home: home.to_path_buf(),
             ledger: Ledger::new(home),
             lease: opts.lease(),
             open_failure: None,
@@ -555,6 +559,11 @@ impl PgStore {
     /// Give back every lease this handle holds.
     pub fn release_all_leases(&mut self) {
         Backend::release_all_leases(self)
+    }
+
+    /// The home the divert folder is under.
+    pub fn home(&self) -> &std::path::Path {
+        &self.home
     }
 
     /// The connection, for reads and tests.
@@ -703,7 +712,43 @@ impl Backend for PgStore {
     }
 
     fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
-        self.clear(session)
+        Ok(self.clear_archiving(session)?.rows.len() as u64)
+    }
+
+    fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError> {
+        PgStore::clear_archiving(self, session)
+    }
+
+    fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
+        PgStore::archived(self, session, limit)
+    }
+
+    fn restore(&mut self, session: &SessionId, selector: &Selector) -> Result<RestoreReport, EditError> {
+        PgStore::restore(self, session, selector)
+    }
+
+    fn fork(
+        &mut self,
+        session: &SessionId,
+        at_seq: i64,
+        new_session: &SessionId,
+    ) -> Result<Result<ForkReport, ForkRefused>, EditError> {
+        PgStore::fork(self, session, at_seq, new_session)
+    }
+
+    fn replace_suffix(
+        &mut self,
+        session: &SessionId,
+        start_seq: i64,
+        items: &[crate::message::Message],
+        expected: Option<&[String]>,
+        prune_below: Option<i64>,
+    ) -> Result<bool, EditError> {
+        PgStore::replace_suffix(self, session, start_seq, items, expected, prune_below)
+    }
+
+    fn lineage(&mut self, session: &str) -> Option<Lineage> {
+        PgStore::lineage(self, session)
     }
 
     fn release_all_leases(&mut self) {

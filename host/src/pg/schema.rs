@@ -10,11 +10,15 @@
 //! Version 2 stores messages of any shape, as SQLite's version 3 does:
 //! `item` is the object exactly as written; `role` and `content` (the text
 //! projection search indexes) are kept when present and may be NULL.
+//!
+//! Version 3 keeps what edits replace, as SQLite's version 4 does: the
+//! `archive` table, and each session's lineage (`forked_from`,
+//! `forked_at_seq`).
 
 use postgres::{Client, Transaction};
 
 /// Current schema version (`state_meta.schema_version`).
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 3;
 
 /// The advisory lock key migrations take ("turnsafe" in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x7475_726e_7361_6665;
@@ -49,6 +53,27 @@ CREATE TABLE IF NOT EXISTS messages_search(
     tsv        tsvector NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_search_tsv ON messages_search USING gin(tsv);
+";
+
+/// Version 3: the archive, and each session's lineage.
+const V3: &str = "
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS forked_from text;
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS forked_at_seq bigint;
+CREATE TABLE IF NOT EXISTS archive(
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_id   text NOT NULL,
+    uid          text NOT NULL,
+    seq          bigint NOT NULL,
+    role         text,
+    content      text,
+    item         text NOT NULL,
+    created_ms   bigint NOT NULL,
+    archived_ms  bigint NOT NULL,
+    reason       text NOT NULL,
+    holder       text,
+    edit         text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS archive_by_session ON archive(session_id, archived_ms);
 ";
 
 /// What [`migrate`] found or made.
@@ -86,6 +111,7 @@ pub fn migrate(client: &mut Client) -> Result<Migrated, postgres::Error> {
     if found < VERSION {
         tx.batch_execute(V1)?;
         to_items(&mut tx)?;
+        tx.batch_execute(V3)?;
         let generation = crate::store::mint_id();
         tx.execute(
             "INSERT INTO state_meta(key, value) VALUES ('generation', $1), ('schema_version', $2) \

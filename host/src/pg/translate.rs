@@ -7,10 +7,15 @@
 //! a PostgreSQL failure stands for. A failure that never reached the
 //! server has no SQLSTATE from it, so this module gives the one libpq
 //! gives: 08001 for a connection never made (or not ready within the
-//! connect timeout), 08006 for one lost, 08003 when none is held; a failed TLS handshake (configuration) gets none and
-//! stays `disk`. A failed COMMIT carries the evidence `commit_sent`.
-//! Every message carries the SQLSTATE, e.g.
-//! `postgres SQLSTATE 55P03: canceling statement due to lock timeout`.
+//! connect timeout), 08006 for one lost, 08003 when none is held; a failed
+//! TLS handshake (configuration) gets none and stays `disk`. A failed
+//! COMMIT carries the evidence `commit_sent`. Every message carries the
+//! SQLSTATE, e.g.
+//! `postgres SQLSTATE 55P03: canceling statement due to lock timeout`;
+//! a handshake that failed for a reason the copy names has it first, e.g.
+//! `postgres SQLSTATE none: the server does not offer TLS: error performing
+//! TLS handshake: server does not support TLS` (see
+//! [`turnsafe_policy::TlsFailure`]).
 
 use turnsafe_policy::codes;
 use turnsafe_policy::machine::Failure;
@@ -87,14 +92,16 @@ pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
             // without TLS under `require`) is configuration, not a server
             // away for a while: no SQLSTATE, so it is not waited for.
             let lost = match fault {
-                _ if e.to_string().starts_with("error performing TLS handshake") => None,
+                _ if e.to_string().starts_with(super::connect::TLS_HANDSHAKE) => None,
                 Fault::Connect(_) => Some("08001"),
                 _ => Some("08006"),
             };
             let sqlstate = e.code().map(|c| c.code()).or(lost).map(String::from);
-            let text = match e.as_db_error() {
-                Some(db) => db.message().to_string(),
-                None => chain_text(e),
+            let text = match (e.as_db_error(), super::connect::tls_failure(e)) {
+                (Some(db), _) => db.message().to_string(),
+                // The reason the copy names, before the client's own text.
+                (None, Some(tls)) => format!("{}: {}", tls.text(), chain_text(e)),
+                (None, None) => chain_text(e),
             };
             (sqlstate, text, io_errno(e))
         }
@@ -157,7 +164,7 @@ pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
 
 /// The error and its causes, joined: the client's own text is terse
 /// ("error connecting to server") and the cause says why.
-fn chain_text(e: &postgres::Error) -> String {
+pub fn chain_text(e: &postgres::Error) -> String {
     use std::error::Error;
     let mut text = e.to_string();
     let mut source = e.source();

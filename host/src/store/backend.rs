@@ -13,6 +13,7 @@ use turnsafe_policy::Evidence;
 use super::{EditError, SessionId, SessionStore, failure_of};
 use crate::backend::{Backend, BackendError, Flush, GroupWrite, Identity, Ledger, ReadError, SearchReport};
 use crate::capture::{Capture, CaptureError};
+use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::transcript::StoredMessage;
 
 impl SessionStore {
@@ -142,6 +143,42 @@ impl Backend for SessionStore {
 
     fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
         SessionStore::clear_session(self, session)
+    }
+
+    fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError> {
+        SessionStore::clear_archiving(self, session)
+    }
+
+    fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
+        SessionStore::archived(self, session, limit)
+    }
+
+    fn restore(&mut self, session: &SessionId, selector: &Selector) -> Result<RestoreReport, EditError> {
+        SessionStore::restore(self, session, selector)
+    }
+
+    fn fork(
+        &mut self,
+        session: &SessionId,
+        at_seq: i64,
+        new_session: &SessionId,
+    ) -> Result<Result<ForkReport, ForkRefused>, EditError> {
+        SessionStore::fork(self, session, at_seq, new_session)
+    }
+
+    fn replace_suffix(
+        &mut self,
+        session: &SessionId,
+        start_seq: i64,
+        items: &[crate::message::Message],
+        expected: Option<&[String]>,
+        prune_below: Option<i64>,
+    ) -> Result<bool, EditError> {
+        SessionStore::replace_suffix(self, session, start_seq, items, expected, prune_below)
+    }
+
+    fn lineage(&mut self, session: &str) -> Option<Lineage> {
+        SessionStore::lineage(self, session)
     }
 
     fn release_all_leases(&mut self) {

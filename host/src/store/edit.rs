@@ -1,5 +1,5 @@
-//! Edits of a stored transcript outside the flush: removing the newest
-//! message of a session (`pop`) and every message of it (`clear`).
+//! Edits of a stored transcript outside the flush (`pop`, `clear`,
+//! `restore`, `fork`, a compaction's replace: [`super::history`]).
 //!
 //! They are writes, so they follow the policy: each attempt is one
 //! `BEGIN IMMEDIATE` transaction that first checks the generation guard
@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension};
 use turnsafe_policy::machine::Failure;
 use turnsafe_policy::machine::background::{self, Next};
 use turnsafe_policy::{ActionKind, Cause, Evidence, Operation};
@@ -20,7 +20,6 @@ use turnsafe_policy::{ActionKind, Cause, Evidence, Operation};
 use super::{SessionId, SessionStore, now_ms, random_u64, schema};
 use crate::guard::Verdict;
 use crate::observe;
-use crate::transcript::{self, StoredMessage};
 
 /// An edit that did not happen: nothing was removed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -126,26 +125,10 @@ pub(crate) fn run_edit<T>(
 }
 
 impl SessionStore {
-    /// Remove and return the newest message of `session` (`None` when it has none).
-    pub fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError> {
-        self.edit("pop", session, |conn, session| {
-            let Some(last) = transcript::stored_messages(conn, session, Some(1))?.pop() else {
-                return Ok(None);
-            };
-            delete_rows(conn, session, Some(&last.uid))?;
-            Ok(Some(last))
-        })
-    }
-
-    /// Remove every stored message of `session`; returns how many.
-    pub fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
-        self.edit("clear", session, |conn, session| delete_rows(conn, session, None))
-    }
-
     // A `Failure` is the policy's own input, handed to it as it is; a
     // failed edit is rare, so its size on the error path costs nothing.
     #[allow(clippy::result_large_err)]
-    fn edit<T>(
+    pub(super) fn edit<T>(
         &mut self,
         edit: &'static str,
         session: &SessionId,
@@ -242,15 +225,4 @@ impl SessionStore {
         }
         result
     }
-}
-
-/// Delete one message (by uid) or all of a session's. The schema's
-/// `messages_fts_unindex` trigger takes indexed rows out of the full-text
-/// index and keeps its watermark true. Returns how many rows went.
-fn delete_rows(conn: &Connection, session: &str, uid: Option<&str>) -> rusqlite::Result<u64> {
-    let n = conn.execute(
-        "DELETE FROM messages WHERE session_id = ?1 AND (?2 IS NULL OR uid = ?2)",
-        params![session, uid],
-    )?;
-    Ok(n as u64)
 }

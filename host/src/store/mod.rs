@@ -17,6 +17,7 @@
 
 mod backend;
 mod edit;
+pub mod history;
 pub mod index;
 mod lockwait;
 pub(crate) mod rows;

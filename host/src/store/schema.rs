@@ -26,6 +26,14 @@
 //! `content`, which is what the index holds) are kept when present and may
 //! be NULL. Versions 1 and 2 kept `role`, `content` (text, or JSON text
 //! with `content_json`) and the other fields in `extra`.
+//!
+//! **Version 4** keeps what edits replace. `archive` holds every row a
+//! `pop`, `clear`, compaction, rewind or prune took out of the transcript,
+//! with its uid, seq and object as they were, when (`archived_ms`), why
+//! (`reason`), who held the session's lease (`holder`) and which edit it
+//! was (`edit`, one id per edit). A uid is active at most once (the
+//! `messages` key) and may sit in the archive any number of times.
+//! `sessions` gains its lineage: `forked_from` and `forked_at_seq`.
 
 use std::path::Path;
 
@@ -34,7 +42,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::rows;
 
 /// Current schema version.
-pub const VERSION: i64 = 3;
+pub const VERSION: i64 = 4;
 
 const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS state_meta(
@@ -46,7 +54,9 @@ CREATE TABLE IF NOT EXISTS sessions(
     created_ms       INTEGER NOT NULL,
     lease_token      TEXT,
     lease_holder     TEXT,
-    lease_expires_ms INTEGER
+    lease_expires_ms INTEGER,
+    forked_from      TEXT,
+    forked_at_seq    INTEGER
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS messages(
     id           INTEGER PRIMARY KEY,
@@ -63,6 +73,25 @@ CREATE INDEX IF NOT EXISTS messages_by_seq ON messages(session_id, seq);
 CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
     content, content='messages', content_rowid='id'
 );
+";
+
+/// Version 4's archive: what edits took out of a transcript.
+const ARCHIVE: &str = "
+CREATE TABLE IF NOT EXISTS archive(
+    id           INTEGER PRIMARY KEY,
+    session_id   TEXT NOT NULL,
+    uid          TEXT NOT NULL,
+    seq          INTEGER NOT NULL,
+    role         TEXT,
+    content      TEXT,
+    item         TEXT NOT NULL,
+    created_ms   INTEGER NOT NULL,
+    archived_ms  INTEGER NOT NULL,
+    reason       TEXT NOT NULL,
+    holder       TEXT,
+    edit         TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS archive_by_session ON archive(session_id, archived_ms);
 ";
 
 /// Version 2's triggers: nothing runs on insert; a delete or a content
@@ -227,7 +256,10 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
             if version < 2 {
                 v1_to_v2(conn)?;
             }
-            v2_to_v3(conn)?;
+            if version < 3 {
+                v2_to_v3(conn)?;
+            }
+            v3_to_v4(conn)?;
         }
         conn.execute(
             "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('schema_version', ?1)",
@@ -253,6 +285,7 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
 /// A new database, straight at the current version.
 fn create(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
     conn.execute_batch(TABLES)?;
+    conn.execute_batch(ARCHIVE)?;
     conn.execute_batch(V2_TRIGGERS)?;
     // The generation also lives in the header (application_id, bytes
     // 68-71), written before the switch to WAL so the main file has it.
@@ -353,4 +386,14 @@ fn v2_to_v3(conn: &Connection) -> rusqlite::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// Version 3 -> 4: the archive, and each session's lineage. Nothing that
+/// is stored moves.
+fn v3_to_v4(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "ALTER TABLE sessions ADD COLUMN forked_from TEXT;
+         ALTER TABLE sessions ADD COLUMN forked_at_seq INTEGER;",
+    )?;
+    conn.execute_batch(ARCHIVE)
 }

@@ -1,0 +1,432 @@
+//! History rewrites on SQLite (see [`crate::history`] for the rules): each
+//! is one edit ([`SessionStore::edit`]): one `BEGIN IMMEDIATE`
+//! transaction that checks the generation guard and the session's turn
+//! lease first, and whose failure the policy decides. An edit that fails
+//! changes nothing.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{EditError, SessionId, SessionStore, mint_id, now_ms};
+use crate::backend::ReadError;
+use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, Reason, RestoreReport, Selector, fork_uid};
+use crate::message::Message;
+use crate::transcript::{self, StoredMessage};
+
+/// Who edits, and which edit: stamped on every archived row.
+struct Stamp<'a> {
+    reason: Reason,
+    holder: &'a str,
+    edit: &'a str,
+    at_ms: i64,
+}
+
+/// Move `session`'s rows (one uid, every row with `seq >= from_seq`, or
+/// all) to the archive. Returns how many moved.
+fn archive_rows(conn: &Connection, session: &str, which: Which<'_>, stamp: &Stamp<'_>) -> rusqlite::Result<u64> {
+    let (uid, from_seq, below_seq) = match which {
+        Which::Uid(u) => (Some(u), None, None),
+        Which::From(s) => (None, Some(s), None),
+        Which::Below(s) => (None, None, Some(s)),
+        Which::All => (None, None, None),
+    };
+    let filter = "session_id = ?1 AND (?2 IS NULL OR uid = ?2) AND (?3 IS NULL OR seq >= ?3) \
+                  AND (?4 IS NULL OR seq < ?4)";
+    conn.prepare_cached(&format!(
+        "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, reason, holder, edit) \
+         SELECT session_id, uid, seq, role, content, item, created_ms, ?5, ?6, ?7, ?8 FROM messages \
+         WHERE {filter} ORDER BY seq, id"
+    ))?
+    .execute(params![
+        session,
+        uid,
+        from_seq,
+        below_seq,
+        stamp.at_ms,
+        stamp.reason.label(),
+        stamp.holder,
+        stamp.edit
+    ])?;
+    // The schema's `messages_fts_unindex` trigger takes indexed rows out
+    // of the full-text index and keeps its watermark true.
+    let n = conn
+        .prepare_cached(&format!("DELETE FROM messages WHERE {filter}"))?
+        .execute(params![session, uid, from_seq, below_seq])?;
+    Ok(n as u64)
+}
+
+#[derive(Clone, Copy)]
+enum Which<'a> {
+    Uid(&'a str),
+    From(i64),
+    Below(i64),
+    All,
+}
+
+/// Archive a message that never reached the database (a pending divert line).
+fn archive_line(
+    conn: &Connection,
+    session: &str,
+    uid: &str,
+    seq: Option<i64>,
+    m: &Message,
+    stamp: &Stamp<'_>,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, reason, holder, edit) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9, ?10)",
+    )?
+    .execute(params![
+        session,
+        uid,
+        seq.unwrap_or(0),
+        m.role(),
+        m.content_text(),
+        m.item_text(),
+        stamp.at_ms,
+        stamp.reason.label(),
+        stamp.holder,
+        stamp.edit
+    ])?;
+    Ok(())
+}
+
+fn has_archive(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'archive')",
+        [],
+        |r| r.get(0),
+    )
+}
+
+/// The archived rows of `session`, newest archived first (at most `limit`).
+pub fn archived(conn: &Connection, session: &str, limit: Option<u64>) -> rusqlite::Result<Vec<Archived>> {
+    if !has_archive(conn)? {
+        // A database of an earlier version (read without migrating) has none.
+        return Ok(Vec::new());
+    }
+    let limit = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+    let mut stmt = conn.prepare_cached(
+        "SELECT uid, seq, item, archived_ms, reason, holder, edit FROM archive \
+         WHERE session_id = ?1 ORDER BY archived_ms DESC, id DESC LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![session, limit], |r| {
+        Ok(Archived {
+            uid: r.get(0)?,
+            seq: r.get(1)?,
+            message: serde_json::from_str(&r.get::<_, String>(2)?).unwrap_or_default(),
+            archived_ms: r.get(3)?,
+            reason: r.get(4)?,
+            holder: r.get(5)?,
+            edit: r.get(6)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// A session's lineage, when it is a fork.
+pub fn lineage(conn: &Connection, session: &str) -> rusqlite::Result<Option<Lineage>> {
+    let has: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('sessions') WHERE name = 'forked_from')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has {
+        return Ok(None);
+    }
+    Ok(conn
+        .query_row(
+            "SELECT forked_from, forked_at_seq FROM sessions WHERE id = ?1",
+            [session],
+            |r| Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<i64>>(1)?)),
+        )
+        .optional()?
+        .and_then(|(s, q)| Some(Lineage { session: s?, seq: q? })))
+}
+
+fn ensure_session(conn: &Connection, session: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached("INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)")?
+        .execute(params![session, now_ms()])?;
+    Ok(())
+}
+
+impl SessionStore {
+    fn stamp_holder(&self) -> String {
+        self.opts.holder.clone()
+    }
+
+    /// Move the newest message of `session` to the archive and return it
+    /// (`None` when it has none).
+    pub fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError> {
+        let holder = self.stamp_holder();
+        let edit_id = mint_id();
+        self.edit("pop", session, |conn, session| {
+            let Some(last) = transcript::stored_messages(conn, session, Some(1))?.pop() else {
+                return Ok(None);
+            };
+            let stamp = Stamp {
+                reason: Reason::Pop,
+                holder: &holder,
+                edit: &edit_id,
+                at_ms: now_ms(),
+            };
+            archive_rows(conn, session, Which::Uid(&last.uid), &stamp)?;
+            Ok(Some(last))
+        })
+    }
+
+    /// Move every stored message of `session` to the archive, and with them
+    /// its pending divert lines (settle those as `cleared` afterwards, with
+    /// [`crate::replay::clear_pending`]). Returns the rows archived from the
+    /// database.
+    pub fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
+        Ok(self.clear_archiving(session)?.rows.len() as u64)
+    }
+
+    /// [`Self::clear_session`], returning what it archived.
+    pub fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError> {
+        let holder = self.stamp_holder();
+        let edit_id = mint_id();
+        let lines = crate::replay::pending_lines(&self.home, session.as_str()).unwrap_or_default();
+        self.edit("clear", session, |conn, session| {
+            let rows = transcript::stored_messages(conn, session, None)?;
+            let stamp = Stamp {
+                reason: Reason::Clear,
+                holder: &holder,
+                edit: &edit_id,
+                at_ms: now_ms(),
+            };
+            archive_rows(conn, session, Which::All, &stamp)?;
+            let mut pending = Vec::new();
+            for (uid, seq, m) in &lines {
+                archive_line(conn, session, uid, *seq, m, &stamp)?;
+                pending.push(StoredMessage {
+                    uid: uid.clone(),
+                    seq: seq.unwrap_or(0),
+                    message: m.item().clone(),
+                });
+            }
+            Ok(Cleared { rows, pending })
+        })
+    }
+
+    /// The archived rows of `session`, newest archived first.
+    pub fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
+        let db = self.db_path.clone();
+        let read = match self.conn.as_ref() {
+            Some(conn) => archived(conn, session, limit),
+            None => super::open_read_only(&db).and_then(|conn| archived(&conn, session, limit)),
+        };
+        read.map_err(|e| ReadError {
+            message: format!("reading {}: {e}", db.display()),
+            cause: Some(crate::observe::cause_of(turnsafe_policy::Operation::Replay, &e)),
+        })
+    }
+
+    /// Bring archived rows of `session` back, at their seqs, in one
+    /// transaction: each uid's newest archived copy; a uid active again is
+    /// skipped and reported.
+    pub fn restore(&mut self, session: &SessionId, selector: &Selector) -> Result<RestoreReport, EditError> {
+        self.edit("restore", session, |conn, session| restore_in(conn, session, selector))
+    }
+
+    /// Copy `session`'s rows up to and including `at_seq` into
+    /// `new_session`, in one transaction, with the lineage.
+    pub fn fork(
+        &mut self,
+        session: &SessionId,
+        at_seq: i64,
+        new_session: &SessionId,
+    ) -> Result<Result<ForkReport, ForkRefused>, EditError> {
+        if session == new_session {
+            return Ok(Err(ForkRefused::Same));
+        }
+        self.edit("fork", new_session, |conn, new| {
+            fork_in(conn, session.as_str(), at_seq, new)
+        })
+    }
+
+    /// Replace the suffix of `session` from `start_seq` on with `items`, in
+    /// one transaction: the replaced rows go to the archive (reason
+    /// `compaction`), and with `prune_below` the rows before that seq too.
+    /// With `expected`, nothing happens (`Ok(false)`) unless the stored
+    /// suffix is exactly those uids, in order: the history changed since
+    /// it was read.
+    pub fn replace_suffix(
+        &mut self,
+        session: &SessionId,
+        start_seq: i64,
+        items: &[Message],
+        expected: Option<&[String]>,
+        prune_below: Option<i64>,
+    ) -> Result<bool, EditError> {
+        let holder = self.stamp_holder();
+        let edit_id = mint_id();
+        let (uids, _) = crate::message::uids_minting(items);
+        self.edit("replace", session, |conn, session| {
+            let suffix: Vec<String> = conn
+                .prepare_cached("SELECT uid FROM messages WHERE session_id = ?1 AND seq >= ?2 ORDER BY seq, id")?
+                .query_map(params![session, start_seq], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            if expected.is_some_and(|e| e != suffix.as_slice()) {
+                return Ok(false);
+            }
+            let stamp = Stamp {
+                reason: Reason::Compaction,
+                holder: &holder,
+                edit: &edit_id,
+                at_ms: now_ms(),
+            };
+            archive_rows(conn, session, Which::From(start_seq), &stamp)?;
+            if let Some(below) = prune_below {
+                archive_rows(conn, session, Which::Below(below), &stamp)?;
+            }
+            ensure_session(conn, session)?;
+            let mut insert = conn.prepare_cached(
+                "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?;
+            let now = now_ms();
+            for (k, (m, uid)) in items.iter().zip(&uids).enumerate() {
+                insert.execute(params![
+                    session,
+                    uid,
+                    start_seq + k as i64,
+                    m.role(),
+                    m.content_text(),
+                    m.item_text(),
+                    now
+                ])?;
+            }
+            Ok(true)
+        })
+    }
+
+    /// A session's lineage, when it is a fork.
+    pub fn lineage(&mut self, session: &str) -> Option<Lineage> {
+        let conn = self.conn.as_ref()?;
+        lineage(conn, session).ok().flatten()
+    }
+}
+
+fn restore_in(conn: &Connection, session: &str, selector: &Selector) -> rusqlite::Result<RestoreReport> {
+    type Row = (i64, String, i64, Option<String>, Option<String>, String, i64);
+    let read = |r: &rusqlite::Row<'_>| -> rusqlite::Result<Row> {
+        Ok((
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+            r.get(6)?,
+        ))
+    };
+    let cols = "id, uid, seq, role, content, item, created_ms";
+    let mut report = RestoreReport::default();
+    let mut chosen: Vec<Row> = Vec::new();
+    match selector {
+        Selector::Uids(uids) => {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {cols} FROM archive WHERE session_id = ?1 AND uid = ?2 ORDER BY id DESC LIMIT 1"
+            ))?;
+            for uid in uids {
+                match stmt.query_row(params![session, uid], read).optional()? {
+                    Some(row) => chosen.push(row),
+                    None => report.not_archived.push(uid.clone()),
+                }
+            }
+        }
+        Selector::Reason { reason, since_ms } => {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {cols} FROM archive WHERE session_id = ?1 AND reason = ?2 \
+                 AND (?3 IS NULL OR archived_ms >= ?3) ORDER BY id DESC"
+            ))?;
+            let mut seen = std::collections::HashSet::new();
+            for row in stmt.query_map(params![session, reason.label(), since_ms], read)? {
+                let row = row?;
+                if seen.insert(row.1.clone()) {
+                    chosen.push(row);
+                }
+            }
+        }
+    }
+    chosen.sort_by_key(|r| (r.2, r.0));
+    ensure_session(conn, session)?;
+    let mut active = conn.prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")?;
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let mut unarchive = conn.prepare_cached("DELETE FROM archive WHERE id = ?1")?;
+    for (id, uid, seq, role, content, item, created) in chosen {
+        if active.exists(params![session, uid])? {
+            report.skipped_active.push(uid);
+            continue;
+        }
+        insert.execute(params![session, uid, seq, role, content, item, created])?;
+        unarchive.execute([id])?;
+        report.restored.push((uid, seq));
+    }
+    Ok(report)
+}
+
+fn fork_in(
+    conn: &Connection,
+    source: &str,
+    at_seq: i64,
+    new: &str,
+) -> rusqlite::Result<Result<ForkReport, ForkRefused>> {
+    let refused_exists = || ForkRefused::Exists {
+        session: new.to_string(),
+        source_session: source.to_string(),
+        at_seq,
+    };
+    let existing = conn
+        .query_row(
+            "SELECT forked_from, forked_at_seq FROM sessions WHERE id = ?1",
+            [new],
+            |r| Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<i64>>(1)?)),
+        )
+        .optional()?;
+    type Source = (String, i64, Option<String>, Option<String>, String, i64);
+    let rows: Vec<Source> = conn
+        .prepare_cached(
+            "SELECT uid, seq, role, content, item, created_ms FROM messages \
+             WHERE session_id = ?1 AND seq <= ?2 ORDER BY seq, id",
+        )?
+        .query_map(params![source, at_seq], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    match existing {
+        Some((Some(from), Some(at))) if from == source && at == at_seq => {}
+        Some(_) => return Ok(Err(refused_exists())),
+        None if rows.is_empty() => return Ok(Err(ForkRefused::NothingToFork(source.to_string(), at_seq))),
+        None => {
+            conn.execute(
+                "INSERT INTO sessions(id, created_ms, forked_from, forked_at_seq) VALUES (?1, ?2, ?3, ?4)",
+                params![new, now_ms(), source, at_seq],
+            )?;
+        }
+    }
+    let mut insert = conn.prepare_cached(
+        "INSERT OR IGNORE INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let (mut copied, mut already) = (0, 0);
+    for (uid, seq, role, content, item, created) in rows {
+        let n = insert.execute(params![new, fork_uid(new, &uid), seq, role, content, item, created])?;
+        if n == 1 {
+            copied += 1;
+        } else {
+            already += 1;
+        }
+    }
+    Ok(Ok(ForkReport {
+        source: source.to_string(),
+        at_seq,
+        session: new.to_string(),
+        copied,
+        already,
+    }))
+}
