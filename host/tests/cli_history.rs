@@ -1,0 +1,158 @@
+//! `turnsafe pop`, `clear`, `restore`, `fork` and `show --archived` from
+//! the command line: what each prints (`--json` records and human lines),
+//! that nothing an edit takes out is lost, and the refusals (a fork into a
+//! session that exists, a lease another writer holds).
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+fn turnsafe(home: &Path, args: &[&str], stdin: &str) -> (i32, Vec<Value>, String) {
+    let out = assert_cmd::Command::cargo_bin("turnsafe")
+        .unwrap()
+        .args(args)
+        .arg("--home")
+        .arg(home)
+        .env_remove("TURNSAFE_DB")
+        .write_stdin(stdin.to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let records = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    (
+        out.status.code().unwrap_or(-1),
+        records,
+        stdout + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+fn append(home: &Path, session: &str, tag: &str, n: usize) {
+    let msgs: Vec<Value> = (0..n)
+        .map(|i| json!({"role": "user", "content": format!("{tag} {i}"), "uid": format!("{tag}-{i}")}))
+        .collect();
+    let (code, _, text) = turnsafe(home, &["append", "--session", session], &format!("{}\n", Value::Array(msgs)));
+    assert_eq!(code, 0, "{text}");
+}
+
+fn shown(home: &Path, session: &str) -> Vec<Value> {
+    let (code, records, text) = turnsafe(home, &["show", "--session", session, "--json"], "");
+    assert_eq!(code, 0, "{text}");
+    records
+}
+
+#[test]
+fn pop_clear_restore_and_show_archived() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    append(&home, "s1", "a", 3);
+
+    let (code, popped, text) = turnsafe(&home, &["pop", "--session", "s1", "--json"], "");
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(popped[0]["type"], "popped");
+    assert_eq!(popped[0]["data"]["uid"], "a-2");
+    assert_eq!(popped[0]["data"]["message"]["content"], "a 2");
+    let (code, _, human) = turnsafe(&home, &["pop", "--session", "s1"], "");
+    assert_eq!(code, 0);
+    assert!(human.contains("a 1"), "{human}");
+
+    let (code, archived, _) = turnsafe(&home, &["show", "--session", "s1", "--archived", "--json"], "");
+    assert_eq!(code, 0);
+    let rows: Vec<&Value> = archived.iter().filter(|r| r["type"] == "archived").collect();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["data"]["uid"], "a-1", "newest archived first");
+    for key in ["uid", "seq", "message", "archived_at", "reason"] {
+        assert!(rows[0]["data"].get(key).is_some(), "{key} in {}", rows[0]);
+    }
+    assert_eq!(rows[0]["data"]["reason"], "pop");
+    assert_eq!(archived.last().unwrap()["type"], "end", "the summary line goes last");
+
+    let (code, cleared, text) = turnsafe(&home, &["clear", "--session", "s1", "--json"], "");
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(cleared[0]["type"], "archived");
+    assert_eq!(cleared[0]["data"]["uid"], "a-0");
+    assert_eq!(cleared.last().unwrap()["data"]["rows"], 1);
+    assert_eq!(shown(&home, "s1").len(), 1, "only the end line is left");
+
+    let (code, restored, text) = turnsafe(
+        &home,
+        &["restore", "--session", "s1", "--reason", "pop", "--json"],
+        "",
+    );
+    assert_eq!(code, 0, "{text}");
+    let uids: Vec<&str> = restored
+        .iter()
+        .filter(|r| r["type"] == "restored")
+        .map(|r| r["data"]["uid"].as_str().unwrap())
+        .collect();
+    assert_eq!(uids, ["a-1", "a-2"], "in seq order");
+    let (code, _, text) = turnsafe(&home, &["restore", "--session", "s1", "--uid", "a-0"], "");
+    assert_eq!(code, 0, "{text}");
+    let seqs: Vec<i64> = shown(&home, "s1")
+        .iter()
+        .filter(|r| r["type"] == "message")
+        .map(|r| r["data"]["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, [1, 2, 3], "every message back at its seq");
+
+    // Usage errors.
+    let (code, _, _) = turnsafe(&home, &["restore", "--session", "s1"], "");
+    assert_eq!(code, 2, "--uid or --reason is required");
+    let (code, _, _) = turnsafe(&home, &["restore", "--session", "s1", "--reason", "pop", "--since", "soon"], "");
+    assert_eq!(code, 2);
+}
+
+#[test]
+fn fork_copies_and_show_prints_the_lineage() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    append(&home, "s1", "a", 4);
+    let (code, forked, text) = turnsafe(
+        &home,
+        &["fork", "--session", "s1", "--at", "2", "--to", "s2", "--json"],
+        "",
+    );
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(
+        forked[0]["data"],
+        json!({"source": "s1", "at_seq": 2, "session": "s2", "copied": 2, "already": 0})
+    );
+    let records = shown(&home, "s2");
+    assert_eq!(records.len(), 3);
+    assert_eq!(records[2]["type"], "end");
+    assert_eq!(records[2]["data"]["forked_from"], json!({"session": "s1", "seq": 2}));
+    assert_eq!(shown(&home, "s1").last().unwrap()["data"]["forked_from"], Value::Null);
+    let (_, _, human) = turnsafe(&home, &["show", "--session", "s2"], "");
+    assert!(human.starts_with("(forked from s1 at seq 2)"), "{human}");
+
+    // A retry stores nothing twice; another fork into it is refused (exit 5).
+    let (code, again, _) = turnsafe(&home, &["fork", "--session", "s1", "--at", "2", "--to", "s2", "--json"], "");
+    assert_eq!(code, 0);
+    assert_eq!(again[0]["data"]["already"], 2);
+    let (code, _, text) = turnsafe(&home, &["fork", "--session", "s1", "--at", "3", "--to", "s2"], "");
+    assert_eq!(code, 5, "{text}");
+    assert!(text.contains("already exists"), "{text}");
+}
+
+#[test]
+fn an_edit_of_a_session_another_writer_holds_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    append(&home, "s1", "a", 2);
+    // Another writer holds the session's live lease.
+    let conn = rusqlite::Connection::open(home.join("state.db")).unwrap();
+    conn.execute(
+        "UPDATE sessions SET lease_token = 'theirs', lease_holder = 'other', lease_expires_ms = ?1 WHERE id = 's1'",
+        [i64::MAX / 2],
+    )
+    .unwrap();
+    let (code, records, text) = turnsafe(&home, &["pop", "--session", "s1", "--json"], "");
+    assert_eq!(code, 5, "{text}");
+    assert_eq!(records[0]["type"], "error");
+    assert_eq!(records[0]["data"]["cause"], "turn_lease");
+    let (code, _, _) = turnsafe(&home, &["clear", "--session", "s1"], "");
+    assert_eq!(code, 5);
+    assert_eq!(shown(&home, "s1").len(), 3, "nothing was taken out");
+}
