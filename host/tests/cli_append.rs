@@ -78,7 +78,7 @@ fn first_try_commits_print_nulls_and_exit_zero() {
     assert_eq!(msgs.len(), 4);
     assert_eq!(
         msgs[3],
-        serde_json::json!({"type": "end", "data": {"complete": true, "pending_captures": []}})
+        serde_json::json!({"type": "end", "data": {"complete": true, "pending_captures": [], "forked_from": null}})
     );
     let msgs = &msgs[..3];
     assert!(msgs.iter().all(|m| m["type"] == "message"));
