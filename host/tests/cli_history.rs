@@ -33,7 +33,11 @@ fn append(home: &Path, session: &str, tag: &str, n: usize) {
     let msgs: Vec<Value> = (0..n)
         .map(|i| json!({"role": "user", "content": format!("{tag} {i}"), "uid": format!("{tag}-{i}")}))
         .collect();
-    let (code, _, text) = turnsafe(home, &["append", "--session", session], &format!("{}\n", Value::Array(msgs)));
+    let (code, _, text) = turnsafe(
+        home,
+        &["append", "--session", session],
+        &format!("{}\n", Value::Array(msgs)),
+    );
     assert_eq!(code, 0, "{text}");
 }
 
@@ -76,11 +80,7 @@ fn pop_clear_restore_and_show_archived() {
     assert_eq!(cleared.last().unwrap()["data"]["rows"], 1);
     assert_eq!(shown(&home, "s1").len(), 1, "only the end line is left");
 
-    let (code, restored, text) = turnsafe(
-        &home,
-        &["restore", "--session", "s1", "--reason", "pop", "--json"],
-        "",
-    );
+    let (code, restored, text) = turnsafe(&home, &["restore", "--session", "s1", "--reason", "pop", "--json"], "");
     assert_eq!(code, 0, "{text}");
     let uids: Vec<&str> = restored
         .iter()
@@ -100,7 +100,11 @@ fn pop_clear_restore_and_show_archived() {
     // Usage errors.
     let (code, _, _) = turnsafe(&home, &["restore", "--session", "s1"], "");
     assert_eq!(code, 2, "--uid or --reason is required");
-    let (code, _, _) = turnsafe(&home, &["restore", "--session", "s1", "--reason", "pop", "--since", "soon"], "");
+    let (code, _, _) = turnsafe(
+        &home,
+        &["restore", "--session", "s1", "--reason", "pop", "--since", "soon"],
+        "",
+    );
     assert_eq!(code, 2);
 }
 
@@ -128,7 +132,11 @@ fn fork_copies_and_show_prints_the_lineage() {
     assert!(human.starts_with("(forked from s1 at seq 2)"), "{human}");
 
     // A retry stores nothing twice; another fork into it is refused (exit 5).
-    let (code, again, _) = turnsafe(&home, &["fork", "--session", "s1", "--at", "2", "--to", "s2", "--json"], "");
+    let (code, again, _) = turnsafe(
+        &home,
+        &["fork", "--session", "s1", "--at", "2", "--to", "s2", "--json"],
+        "",
+    );
     assert_eq!(code, 0);
     assert_eq!(again[0]["data"]["already"], 2);
     let (code, _, text) = turnsafe(&home, &["fork", "--session", "s1", "--at", "3", "--to", "s2"], "");
