@@ -246,7 +246,8 @@ export class Host {
     // A connection whose generation is retired is never closed (see close()).
     this.retired = false;
     this.stmts = null;
-    this.counters = { opens: 0, writes: 0, diverts: 0, flushMs: 0, componentMs: 0 };
+    this.counters = { opens: 0, writes: 0, groups: 0, flushes: 0, diverts: 0, flushMs: 0, componentMs: 0 };
+    this.holdsNow = [];
   }
 
   cursor(session) {
@@ -386,6 +387,9 @@ export class Host {
     const db = this.db;
     this.stmts = {
       begin: db.prepare('BEGIN IMMEDIATE'),
+      savepoint: db.prepare('SAVEPOINT batch'),
+      release: db.prepare('RELEASE batch'),
+      rollbackTo: db.prepare('ROLLBACK TO batch'),
       beginRead: db.prepare('BEGIN'),
       commit: db.prepare('COMMIT'),
       rollback: db.prepare('ROLLBACK'),
@@ -396,7 +400,7 @@ export class Host {
       newSession: db.prepare('INSERT INTO sessions(id, created_ms, lease_token, lease_holder, lease_expires_ms) VALUES (?, ?, ?, ?, ?)'),
       insert: db.prepare('INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)'),
       stored: db.prepare('SELECT item FROM messages WHERE session_id = ? AND uid = ?'),
-      release: db.prepare('UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL WHERE id = ? AND lease_token = ?'),
+      releaseLease: db.prepare('UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL WHERE id = ? AND lease_token = ?'),
       degrade: db.prepare("UPDATE state_meta SET value = '0' WHERE key = 'fts_enabled'"),
     };
   }
@@ -409,9 +413,15 @@ export class Host {
    * `{outcome, text}`: the component's outcome object and its exact JSON.
    */
   append(session, items, uids = null) {
+    const [r] = this.appendGroup([{ session, items, uids }]);
+    if (r.error) throw r.error;
+    return r;
+  }
+
+  /** A flush machine started for one batch on the handle's state `base`. */
+  member(req, base) {
+    const { session, items, uids } = req;
     if (!validSession(session)) throw new Refusal(`invalid session id: ${JSON.stringify(session)}`, { code: 'invalid_session_id' });
-    const t0 = performance.now();
-    const before = this.componentMs();
     const minted = [];
     const all = items.map((_, i) => {
       const u = uids?.[i];
@@ -422,28 +432,90 @@ export class Host {
     });
     const start = { session, uids: all, minted_uids: minted, seed: seed() };
     if (this.synchronous === 'NORMAL') start.durability = 'unsynced';
-    const hold = holds(this.home).find((h) => holdsSession(h, session));
+    const hold = this.holdsNow.find((h) => holdsSession(h, session));
     if (hold) start.pending_capture = { path: hold.path, cause: hold.cause };
-    const batch = { session, items, uids: all };
-    const startedMs = performance.now();
-    let answer = flushStep({ state: this.state, start });
+    const m = { batch: { session, items, uids: all }, startedMs: performance.now(), t0: performance.now() };
+    m.answer = flushStep({ state: base, start });
+    m.reply = JSON.parse(m.answer);
+    if (m.reply.error) throw new Error(`the flush machine refused a step: ${m.reply.error}`);
+    return m;
+  }
+
+  /**
+   * Flush several batches at once, each under its own flush machine and
+   * with its own outcome, in order. When every machine asks to write first
+   * (the store is open, nothing sticky, no two batches of one session),
+   * the batches are committed together in one transaction with one sync,
+   * each in its own savepoint: a failure of one batch alone (a uid
+   * conflict, a lost lease) fails only it; a failure that ends the
+   * transaction is every batch's, and each machine then decides on its
+   * own. Otherwise they are flushed one after the other.
+   */
+  appendGroup(reqs) {
+    const before = this.componentMs();
+    const t0 = performance.now();
+    this.holdsNow = holds(this.home);
+    const base = this.state;
+    // A batch refused before its flush began (an invalid session id) gets
+    // its error; nothing of it was done.
+    let members = reqs.map((r) => {
+      try {
+        return this.member(r, base);
+      } catch (error) {
+        return { error };
+      }
+    });
+    const sessions = new Set(reqs.map((r) => r.session));
+    const together = members.length > 1 && this.db && sessions.size === members.length
+      && members.every((m) => !m.error && m.reply.step?.type === 'write');
+    let results;
+    if (together) {
+      const events = this.writeGroup(members.map((m) => ({ batch: m.batch, plan: m.reply.step.plan ?? {} })), t0);
+      this.counters.groups += 1;
+      results = members.map((m, i) => {
+        m.answer = flushStep({ state: m.reply.state, event: events[i] });
+        m.reply = JSON.parse(m.answer);
+        return this.drive(m);
+      });
+    } else {
+      // One after the other, each machine started on the state the one
+      // before it left (the first one's start is already made).
+      results = members.map((m, i) => {
+        if (m.error) return m;
+        try {
+          const started = i === 0 ? m : this.member(reqs[i], this.state);
+          return this.drive(started);
+        } catch (error) {
+          // A refusal met on the way (a newer schema at the open) is this
+          // batch's answer; the batches before it stand.
+          return { error };
+        }
+      });
+    }
+    members = null;
+    this.counters.flushes += reqs.length;
+    this.counters.flushMs += performance.now() - t0;
+    this.counters.componentMs += this.componentMs() - before;
+    return results;
+  }
+
+  /** Perform the steps one machine asks for until it is done; the handle keeps its state. */
+  drive(m) {
+    const { batch, startedMs } = m;
     for (;;) {
-      const reply = JSON.parse(answer);
+      const reply = m.reply;
       if (reply.error) throw new Error(`the flush machine refused a step: ${reply.error}`);
       this.state = reply.state;
       const step = reply.step;
       let event;
       switch (step.type) {
-        case 'done': {
-          this.counters.flushMs += performance.now() - t0;
-          this.counters.componentMs += this.componentMs() - before;
-          return { outcome: step.outcome, text: outcomeText(answer) };
-        }
+        case 'done':
+          return { outcome: step.outcome, text: outcomeText(m.answer) };
         case 'open':
           event = this.openStore(startedMs) ?? { type: 'opened' };
           break;
         case 'write':
-          event = this.write(batch, step.plan ?? {}, startedMs);
+          event = this.writeGroup([{ batch, plan: step.plan ?? {} }], startedMs)[0];
           break;
         case 'wait':
           sleep(step.ms);
@@ -461,7 +533,8 @@ export class Host {
         default:
           throw new Error(`unknown step ${step.type}`);
       }
-      answer = flushStep({ state: this.state, event });
+      m.answer = flushStep({ state: this.state, event });
+      m.reply = JSON.parse(m.answer);
     }
   }
 
@@ -469,19 +542,23 @@ export class Host {
     return spent.ms;
   }
 
-  /** One attempt: a single BEGIN IMMEDIATE transaction; the guard checked under the write lock. */
-  write(batch, plan, startedMs) {
+  /**
+   * One attempt for `entries` (`{batch, plan}`, distinct sessions): a single
+   * BEGIN IMMEDIATE transaction, the guard checked under the write lock,
+   * each batch in a savepoint when there are several, one COMMIT. Returns
+   * one event per entry (`committed` or `failed`).
+   */
+  writeGroup(entries, startedMs) {
     const db = this.db;
     const st = this.stmts;
-    if (!db) return failedEvent(new Error('the store is not open'), startedMs, { openCode: true });
+    if (!db) return entries.map(() => failedEvent(new Error('the store is not open'), startedMs, { openCode: true }));
     this.counters.writes += 1;
-    const { session, items, uids } = batch;
-    const cur = this.cursor(session);
-    // A writer about to take the lease learns which seqs diverted lines
-    // already hold, so it never commits over them.
-    const promised = cur.lease ? null : divertMaxSeq(this.home, session);
-    let pendingLease = null;
-    let nextSeq = null;
+    const several = entries.length > 1;
+    const own = entries.map(() => null);
+    // What each session will know once COMMIT succeeds.
+    const pending = entries.map(() => null);
+    let group = null;
+    const sqlite = (e) => e instanceof Database.SqliteError || (typeof e?.code === 'string' && e.code.startsWith('SQLITE_'));
     try {
       st.begin.run();
       try {
@@ -494,47 +571,81 @@ export class Host {
           }
           if (verdict) throw Object.assign(new Error(`turnsafe guard: ${verdict.detail}`), { evidence: [verdict.evidence] });
         }
-        let seq = st.maxSeq.get(session).s;
-        const known = cur.nextSeq === null ? promised === null ? null : promised + 1
-          : promised === null ? cur.nextSeq : Math.max(cur.nextSeq, promised + 1);
-        if (known !== null && known > seq) seq = known;
-        if (cur.nextSeq === null) cur.nextSeq = seq;
-        if (plan.degrade_fts) st.degrade.run();
-        pendingLease = this.takeLease(session, cur, plan.recreate_session === true);
-        const created = Date.now();
-        items.forEach((m, i) => {
+        entries.forEach(({ batch, plan }, k) => {
+          if (several) st.savepoint.run();
+          const cur = this.cursor(batch.session);
           try {
-            st.insert.run(session, uids[i], seq, typeof m.role === 'string' ? m.role : null, textOf(m.content),
-              JSON.stringify(m), created);
-            seq += 1;
+            pending[k] = this.writeBatch(batch, plan, cur);
+            if (several) st.release.run();
           } catch (e) {
-            // Idempotent resend: an identical stored row counts as
-            // committed; different content is a conflict.
-            if (e.code === 'SQLITE_CONSTRAINT_UNIQUE' && /messages\.session_id, messages\.uid/.test(e.message)) {
-              const row = st.stored.get(session, uids[i]);
-              if (row && sameJson(JSON.parse(row.item), m)) return;
+            // A batch that fails alone while the transaction lives on.
+            if (several && db.inTransaction && (e.leaseLost || (sqlite(e) && !endsTransaction(e)))) {
+              st.rollbackTo.run();
+              st.release.run();
+              own[k] = e;
+              if (e.leaseLost) cur.nextSeq = null;
+              return;
             }
             throw e;
           }
         });
-        nextSeq = seq;
         st.commit.run();
       } catch (e) {
         if (db.inTransaction) st.rollback.run();
         throw e;
       }
     } catch (e) {
+      if (!e.leaseLost && !e.evidence && !sqlite(e)) throw e;
+      group = e;
+    }
+    return entries.map(({ batch }, k) => {
+      const e = own[k] ?? group;
+      if (!e) {
+        const cur = this.cursor(batch.session);
+        cur.lease = pending[k].lease;
+        cur.nextSeq = pending[k].nextSeq;
+        return { type: 'committed' };
+      }
       if (e.leaseLost) {
-        cur.nextSeq = null;
+        this.cursor(batch.session).nextSeq = null;
         return failedEvent(e, startedMs, { evidence: ['turn_lease_lost'] });
       }
       if (e.evidence) return failedEvent(e, startedMs, { evidence: e.evidence });
-      if (!(e instanceof Database.SqliteError) && !(typeof e?.code === 'string' && e.code.startsWith('SQLITE_'))) throw e;
       return failedEvent(e, startedMs, { errno: e.probeErrno ? Math.abs(e.probeErrno) : null });
-    }
-    cur.lease = pendingLease;
-    cur.nextSeq = nextSeq;
-    return { type: 'committed' };
+    });
+  }
+
+  /** One batch's statements inside the transaction: its seqs, the session's lease, its rows. */
+  writeBatch(batch, plan, cur) {
+    const st = this.stmts;
+    const { session, items, uids } = batch;
+    // A writer about to take the lease learns which seqs diverted lines
+    // already hold, so it never commits over them.
+    const promised = cur.lease ? null : divertMaxSeq(this.home, session);
+    let seq = st.maxSeq.get(session).s;
+    if (cur.nextSeq !== null && cur.nextSeq > seq) seq = cur.nextSeq;
+    if (promised !== null && promised + 1 > seq) seq = promised + 1;
+    // Where a divert of this batch would put its lines, should it fail.
+    if (cur.nextSeq === null) cur.nextSeq = seq;
+    if (plan.degrade_fts) st.degrade.run();
+    const lease = this.takeLease(session, cur, plan.recreate_session === true);
+    const created = Date.now();
+    items.forEach((m, i) => {
+      try {
+        st.insert.run(session, uids[i], seq, typeof m.role === 'string' ? m.role : null, textOf(m.content),
+          JSON.stringify(m), created);
+        seq += 1;
+      } catch (e) {
+        // Idempotent resend: an identical stored row counts as committed;
+        // different content is a conflict.
+        if (e.code === 'SQLITE_CONSTRAINT_UNIQUE' && /messages\.session_id, messages\.uid/.test(e.message)) {
+          const row = st.stored.get(session, uids[i]);
+          if (row && sameJson(JSON.parse(row.item), m)) return;
+        }
+        throw e;
+      }
+    });
+    return { lease, nextSeq: seq };
   }
 
   takeLease(session, cur, recreate) {
@@ -898,7 +1009,7 @@ export class Host {
     const cur = this.cursors.get(session);
     if (!cur?.lease || !this.db || this.stickyCause()) return;
     try {
-      this.stmts.release.run(session, cur.lease);
+      this.stmts.releaseLease.run(session, cur.lease);
     } catch {
       // the lease then expires on its own
     }
@@ -983,6 +1094,18 @@ function pendingLines(home, session) {
       return [];
     }
   });
+}
+
+/**
+ * Whether a failed statement ends the whole transaction rather than one
+ * batch's savepoint: an error of a class (busy, full, I/O, corruption,
+ * ...) after which nothing more should be written in it.
+ */
+function endsTransaction(e) {
+  const ext = codesOf(e).extended_code;
+  if (ext === null) return true;
+  // BUSY, LOCKED, NOMEM, READONLY, INTERRUPT, IOERR, CORRUPT, FULL, CANTOPEN, PROTOCOL, NOTADB
+  return [5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 26].includes(ext & 0xff);
 }
 
 function userError(message) {

@@ -1,22 +1,68 @@
 // The store's worker thread: better-sqlite3 blocks, so every effect of a
 // flush (the SQLite calls, the fsyncs, the waits of a retry plan) runs
-// here, off the event loop of the agent. One Host per worker, requests
-// answered one at a time in the order they came.
+// here, off the event loop of the agent. One Host per worker; requests are
+// answered in the order they came. Batches that wait together (appends
+// that arrived while the worker was busy) are committed together: one
+// transaction, one sync (Host.appendGroup), at most 64 at a time and never
+// two of one session in one group.
 import { parentPort, workerData } from 'node:worker_threads';
 
 import { flatten } from './errors.js';
 import { makeOps } from './ops.js';
 
 const ops = makeOps(workerData.home, workerData.options);
+const GROUP_MAX = 64;
+const queue = [];
+let scheduled = false;
 
-parentPort.on('message', ({ id, op, args }) => {
-  let reply;
+function answer(id, f) {
   try {
-    const f = ops[op];
-    if (!f) throw new Error(`unknown store operation ${op}`);
-    reply = { id, ok: true, value: f(args ?? {}) };
+    parentPort.postMessage({ id, ok: true, value: f() });
   } catch (e) {
-    reply = { id, ok: false, error: flatten(e) };
+    parentPort.postMessage({ id, ok: false, error: flatten(e) });
   }
-  parentPort.postMessage(reply);
+}
+
+function drain() {
+  scheduled = false;
+  while (queue.length > 0) {
+    const first = queue.shift();
+    if (first.op !== 'append') {
+      answer(first.id, () => {
+        const f = ops[first.op];
+        if (!f) throw new Error(`unknown store operation ${first.op}`);
+        return f(first.args ?? {});
+      });
+      continue;
+    }
+    const group = [first];
+    const sessions = new Set([first.args.session]);
+    while (group.length < GROUP_MAX && queue[0]?.op === 'append' && !sessions.has(queue[0].args.session)) {
+      const next = queue.shift();
+      sessions.add(next.args.session);
+      group.push(next);
+    }
+    let results;
+    try {
+      results = ops.host.appendGroup(group.map((r) => r.args));
+    } catch (e) {
+      // Only a fault of the host itself gets here; no batch is answered twice.
+      for (const r of group) parentPort.postMessage({ id: r.id, ok: false, error: flatten(e) });
+      continue;
+    }
+    group.forEach((r, i) => {
+      const res = results[i];
+      if (res.error) parentPort.postMessage({ id: r.id, ok: false, error: flatten(res.error) });
+      else parentPort.postMessage({ id: r.id, ok: true, value: res });
+    });
+  }
+}
+
+parentPort.on('message', (request) => {
+  queue.push(request);
+  if (!scheduled) {
+    scheduled = true;
+    // Every message that has arrived is queued before the drain runs.
+    setImmediate(drain);
+  }
 });

@@ -131,3 +131,37 @@ test('sessions on one home share one store and one worker', async () => {
   await b.close();
   assert.equal(a.store.closed, true);
 });
+
+test('batches that wait together are committed together; one that fails alone fails only itself', async () => {
+  const home = tmp();
+  const sessions = Array.from({ length: 16 }, (_, i) => new TurnsafeSession(`g${i}`, home));
+  await sessions[0].getItems();
+  await sessions[0].store.call('resetStats');
+  for (let round = 0; round < 3; round++) {
+    await Promise.all(sessions.map((s, i) => s.addItems([user(`${i}/${round}/a`), user(`${i}/${round}/b`)])));
+  }
+  const stats = await sessions[0].store.call('stats');
+  assert.equal(stats.flushes, 48);
+  assert.ok(stats.groups >= 1 && stats.writes < stats.flushes, JSON.stringify(stats));
+  for (const [i, s] of sessions.entries()) {
+    assert.deepEqual((await s.getItems()).map((x) => x.content),
+      [0, 1, 2].flatMap((r) => [`${i}/${r}/a`, `${i}/${r}/b`]));
+  }
+  // In one group: a batch whose uid is stored with other content is a
+  // conflict, handed back alone; the batches beside it are committed.
+  const store = sessions[0].store;
+  const { outcome: first } = await store.call('append', { session: 'g0', items: [user('kept')], uids: ['fixed'] });
+  assert.equal(first.persisted, true);
+  await store.call('resetStats');
+  const answers = await Promise.all([
+    store.call('append', { session: 'g0', items: [user('other')], uids: ['fixed'] }),
+    store.call('append', { session: 'g1', items: [user('fine')] }),
+    store.call('append', { session: 'g2', items: [user('fine too')] }),
+  ]);
+  assert.equal((await store.call('stats')).groups, 1);
+  assert.deepEqual(answers.map((a) => a.outcome.persisted), [false, true, true]);
+  assert.equal(answers[0].outcome.cause, 'uid_conflict');
+  assert.equal(answers[0].outcome.handed_back, 1);
+  assert.equal((await sessions[1].getItems()).at(-1).content, 'fine');
+  for (const s of sessions) await s.close();
+});
