@@ -6,6 +6,9 @@
     session = TurnsafeSession("user-42", "~/.myagent")
     result = await Runner.run(agent, "Hello", session=session)
 
+    # PostgreSQL; the divert folder stays under the home:
+    session = TurnsafeSession("user-42", "~/.myagent", db=os.environ["MY_DB_URL"])
+
 It implements the SDK's ``Session`` protocol and nothing more. Every batch
 ``add_items`` writes ends committed, in a durable divert copy with a
 receipt, or handed back; when it is not committed, ``add_items`` raises
@@ -31,7 +34,9 @@ import os
 import re
 import threading
 from collections import defaultdict, deque
-from typing import Any, Deque, Dict, List, Optional, Union
+from typing import Any, Deque, Dict, List, Optional, Tuple, Union
+
+from ._compaction import AtomicCompaction
 
 try:
     from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
@@ -65,17 +70,21 @@ def safe_session_id(session_id: str) -> str:
     return f"{prefix}-h{digest}" if prefix else f"h{digest}"
 
 
-_stores: Dict[str, Store] = {}
+_stores: Dict[Tuple[str, Optional[str]], Store] = {}
 _stores_lock = threading.Lock()
 
-def _store_for(home: Union[str, "os.PathLike[str]"]) -> Store:
-    """One store per home in a process, shared by every session on it: one
-    connection, one turn-lease holder."""
-    key = os.path.realpath(os.path.expanduser(os.fspath(home)))
+
+def _store_for(home: Union[str, "os.PathLike[str]"], db: Optional[str] = None) -> Store:
+    """One store per home and database in a process, shared by every
+    session on them: one connection, one turn-lease holder. With ``db``
+    None, ``TURNSAFE_DB`` (read now) picks the database, as ``Store`` does."""
+    path = os.path.realpath(os.path.expanduser(os.fspath(home)))
+    target = db if db is not None else (os.environ.get("TURNSAFE_DB") or None)
+    key = (path, target)
     with _stores_lock:
         store = _stores.get(key)
         if store is None or store.closed:
-            store = _stores[key] = Store(key)
+            store = _stores[key] = Store(path) if target is None else Store(path, db=target)
         return store
 
 
@@ -86,13 +95,20 @@ def _fingerprint(item: Any) -> Optional[str]:
         return None
 
 
-class TurnsafeSession:
+class TurnsafeSession(AtomicCompaction):
     """The SDK's ``Session`` protocol on a turnsafe home.
 
     ``session_id`` is the SDK's id as given (any string, kept for display);
     ``turnsafe_id`` is the id it is stored under (see :func:`safe_session_id`).
-    Sessions on one home share one :class:`turnsafe_store.Store` unless
-    ``store`` is given.
+    Sessions on one home (and one ``db``) share one
+    :class:`turnsafe_store.Store` unless ``store`` is given.
+
+    ``db`` is a PostgreSQL URL (``postgres://user@host:port/db?sslmode=require``;
+    several ``host:port`` with ``target_session_attrs=read-write`` for
+    failover): the items go to that server, and the divert folder stays
+    under ``home`` (``home/sessions/``), so a server that cannot be reached
+    costs no turn. With ``db`` None, ``TURNSAFE_DB`` is used when set and
+    not empty, else SQLite at ``home/state.db``.
     """
 
     session_settings: Optional[SessionSettings] = None
@@ -102,15 +118,18 @@ class TurnsafeSession:
         session_id: str,
         home: Union[str, "os.PathLike[str]"],
         *,
+        db: Optional[str] = None,
         session_settings: Optional[Union[SessionSettings, Dict[str, Any]]] = None,
         store: Optional[Store] = None,
     ) -> None:
+        if store is not None and db is not None:
+            raise ValueError("give `db` or `store`, not both: a given store already has its database")
         self.session_id = session_id
         self.turnsafe_id = safe_session_id(session_id)
         self.session_settings = (
             coerce_session_settings(session_settings) if session_settings is not None else SessionSettings()
         )
-        self.store = store if store is not None else _store_for(home)
+        self.store = store if store is not None else _store_for(home, db)
         # Uids of items whose batch was not persisted, by content, oldest first.
         self._unsettled: Dict[str, Deque[str]] = defaultdict(deque)
         self._lock = threading.Lock()
