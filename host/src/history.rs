@@ -147,6 +147,61 @@ impl ForkReport {
     }
 }
 
+/// Which rows a prune takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Rows older than this many milliseconds (active rows by when they
+    /// were stored, archived rows by when they were archived).
+    NewerThanMs(i64),
+    /// The newest N active rows of each session (by seq), and the newest N
+    /// archived rows of each session (by when they were archived).
+    Last(u64),
+}
+
+/// What a prune does, and to which sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PruneOptions {
+    pub keep: Keep,
+    /// Only delete archived rows; the transcripts are left alone.
+    pub archived_only: bool,
+    pub session: Option<String>,
+    pub dry_run: bool,
+}
+
+/// What a prune did to one session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PrunedSession {
+    pub session: String,
+    /// Active rows moved to the archive (reason `prune`).
+    pub archived: u64,
+    /// Archived rows deleted for good.
+    pub deleted: u64,
+}
+
+/// What a prune did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PruneReport {
+    pub sessions: Vec<PrunedSession>,
+    /// Sessions left alone because another writer holds their live lease.
+    pub skipped: Vec<String>,
+    /// Bytes the file gave back to the file system (SQLite), when measured.
+    pub reclaimed_bytes: Option<u64>,
+    /// How the freed space was handled: `reclaimed` (SQLite, incremental
+    /// vacuum), `reusable` (PostgreSQL's VACUUM: reused by later rows, not
+    /// given back), `not_reclaimed` (with why), or `none` (nothing freed).
+    pub space: String,
+    pub dry_run: bool,
+}
+
+impl PruneReport {
+    pub fn archived(&self) -> u64 {
+        self.sessions.iter().map(|s| s.archived).sum()
+    }
+    pub fn deleted(&self) -> u64 {
+        self.sessions.iter().map(|s| s.deleted).sum()
+    }
+}
+
 /// A session's lineage, when it was forked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lineage {

@@ -198,6 +198,10 @@ pub trait Backend {
     ) -> Result<bool, EditError>;
     /// A session's lineage, when it is a fork.
     fn lineage(&mut self, session: &str) -> Option<Lineage>;
+    /// Retention (see `turnsafe prune --help`).
+    fn prune(&mut self, opts: &crate::history::PruneOptions) -> Result<crate::history::PruneReport, EditError>;
+    /// Delete a session for good: rows, archive, lineage. Returns `(rows, archived rows)`.
+    fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError>;
     /// Full-text search over the committed messages; never misses one.
     fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError>;
     /// The identity of the database the handle writes to.

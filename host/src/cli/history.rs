@@ -340,3 +340,135 @@ pub fn fork(args: ForkArgs) -> i32 {
         Err(e) => failed(&e, args.target.json),
     }
 }
+
+/// Retention: keep what is recent, archive the rest, and delete what has
+/// sat in the archive long enough.
+///
+/// For each session (or `--session ID`): the active messages that
+/// `--older-than` (stored more than DURATION ago) or `--keep-last` (all but
+/// the newest N) selects move to the archive (reason `prune`), still
+/// restorable; and the archived rows it selects (archived more than
+/// DURATION ago; all but the newest N archived) are deleted for good. With
+/// `--archived-only`, only the archive is pruned. To delete at once: prune,
+/// then `prune --archived-only --older-than 0s`.
+///
+/// A session whose live turn lease another writer holds is skipped and
+/// named, and the exit code is then 5. The search index stays consistent.
+/// SQLite gives the freed pages back to the file system (a `state.db` made
+/// before incremental vacuum gets one full `VACUUM` first, only when about
+/// twice its size is free); PostgreSQL's `VACUUM` makes the space reusable.
+///
+/// With `--json`: one `{"type":"session","data":{"session","archived","deleted"}}`
+/// per session, then `{"type":"end","data":{"archived","deleted","skipped",
+/// "reclaimed_bytes","space","dry_run"}}`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("keep").required(true).args(["older_than", "keep_last"])))]
+pub struct PruneArgs {
+    /// The turnsafe home.
+    #[arg(long)]
+    home: PathBuf,
+    /// Use PostgreSQL (default: `TURNSAFE_DB`).
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+    /// Prune what is older than this (`30d`, `12h`, `0s`).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    older_than: Option<Duration>,
+    /// Keep the newest N messages of each session (and N archived rows).
+    #[arg(long, value_name = "N")]
+    keep_last: Option<u64>,
+    /// Only delete archived rows; leave the transcripts alone.
+    #[arg(long)]
+    archived_only: bool,
+    /// Only this session.
+    #[arg(long)]
+    session: Option<String>,
+    /// Count what would go; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// JSON Lines output in the `{"type","data"}` envelope.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn prune(args: PruneArgs) -> i32 {
+    if let Some(s) = &args.session
+        && let Err(e) = SessionId::new(s)
+    {
+        eprintln!("error: invalid --session: {e}");
+        return exit::USAGE;
+    }
+    let keep = match (args.older_than, args.keep_last) {
+        (Some(d), None) => crate::history::Keep::NewerThanMs(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        (None, Some(n)) => crate::history::Keep::Last(n),
+        _ => {
+            eprintln!("error: give --older-than DURATION or --keep-last N");
+            return exit::USAGE;
+        }
+    };
+    let target = Target {
+        home: args.home.clone(),
+        db: args.db.clone(),
+        session: args.session.clone().unwrap_or_else(|| "prune".into()),
+        json: args.json,
+    };
+    let (mut store, _) = match open(&target) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let opts = crate::history::PruneOptions {
+        keep,
+        archived_only: args.archived_only,
+        session: args.session.clone(),
+        dry_run: args.dry_run,
+    };
+    let report = match store.prune(&opts) {
+        Ok(r) => r,
+        Err(e) => return failed(&e, args.json),
+    };
+    for s in &report.sessions {
+        let line = if args.json {
+            super::envelope("session", serde_json::to_value(s).unwrap_or_default())
+        } else {
+            format!(
+                "{}: {} archived, {} deleted{}",
+                s.session,
+                s.archived,
+                s.deleted,
+                if args.dry_run { " (dry run)" } else { "" }
+            )
+        };
+        if !super::emit(&line) {
+            return exit::OK;
+        }
+    }
+    for s in &report.skipped {
+        eprintln!("turnsafe prune: skipped {s}: another writer holds its live turn lease");
+    }
+    let end = json!({
+        "archived": report.archived(),
+        "deleted": report.deleted(),
+        "skipped": report.skipped,
+        "reclaimed_bytes": report.reclaimed_bytes,
+        "space": report.space,
+        "dry_run": report.dry_run,
+    });
+    let line = if args.json {
+        super::envelope("end", end)
+    } else {
+        format!(
+            "{} archived, {} deleted; space: {}{}",
+            report.archived(),
+            report.deleted(),
+            report.space,
+            report
+                .reclaimed_bytes
+                .map_or(String::new(), |b| format!(" ({b} bytes)"))
+        )
+    };
+    super::emit(&line);
+    if report.skipped.is_empty() {
+        exit::OK
+    } else {
+        exit::REFUSED
+    }
+}

@@ -500,3 +500,154 @@ fn fork_in(
         already,
     }))
 }
+
+const ACTIVE_FILTER: &str =
+    "session_id = $1 AND ($2::int8 IS NULL OR seq < $2) AND ($3::int8 IS NULL OR created_ms < $3)";
+const ARCHIVED_FILTER: &str = "session_id = $1 AND (($2::int8 IS NOT NULL AND archived_ms < $2) OR ($3::int8 IS NOT NULL \
+     AND id NOT IN (SELECT id FROM archive WHERE session_id = $1 ORDER BY archived_ms DESC, id DESC LIMIT $3)))";
+
+impl PgStore {
+    /// Retention on PostgreSQL, as [`crate::store::SessionStore::prune`]
+    /// does on SQLite; the freed space is made reusable (`VACUUM`), not
+    /// given back to the file system.
+    pub fn prune(&mut self, opts: &crate::history::PruneOptions) -> Result<crate::history::PruneReport, EditError> {
+        use crate::history::{Keep, PruneReport, PrunedSession};
+        let now = now_ms();
+        let cutoff_ms = match opts.keep {
+            Keep::NewerThanMs(d) => now.saturating_sub(d),
+            Keep::Last(_) => now,
+        };
+        let sessions: Vec<String> = match &opts.session {
+            Some(s) => vec![s.clone()],
+            None => match self.pg.reader() {
+                Ok(client) => client
+                    .query(
+                        "SELECT id FROM sessions UNION SELECT DISTINCT session_id FROM archive ORDER BY 1",
+                        &[],
+                    )
+                    .map(|rows| rows.into_iter().map(|r| r.get(0)).collect())
+                    .unwrap_or_default(),
+                Err(_) => Vec::new(),
+            },
+        };
+        let (before, last) = match opts.keep {
+            Keep::NewerThanMs(_) => (Some(cutoff_ms), None),
+            Keep::Last(n) => (None, Some(i64::try_from(n).unwrap_or(i64::MAX))),
+        };
+        let mut report = PruneReport {
+            dry_run: opts.dry_run,
+            ..PruneReport::default()
+        };
+        let stamp = self.stamp(Reason::Prune);
+        for id in sessions {
+            let Ok(session) = SessionId::new(&id) else { continue };
+            let (archived_only, dry, keep) = (opts.archived_only, opts.dry_run, opts.keep);
+            let done = self.edit("prune", &session, |tx, session| {
+                let count = |tx: &mut Transaction<'_>, sql: &str, p: &[&(dyn postgres::types::ToSql + Sync)]| {
+                    tx.query_one(sql, p)
+                        .map(|r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0))
+                };
+                let deleted = if dry {
+                    count(
+                        tx,
+                        &format!("SELECT count(*) FROM archive WHERE {ARCHIVED_FILTER}"),
+                        &[&session, &before, &last],
+                    )?
+                } else {
+                    tx.execute(
+                        &format!("DELETE FROM archive WHERE {ARCHIVED_FILTER}"),
+                        &[&session, &before, &last],
+                    )?
+                };
+                let mut archived = 0;
+                if !archived_only {
+                    let (below, stored_before): (Option<i64>, Option<i64>) = match keep {
+                        Keep::NewerThanMs(_) => (None, Some(cutoff_ms)),
+                        Keep::Last(0) => (None, None),
+                        Keep::Last(n) => {
+                            let cut: Option<i64> = tx
+                                .query_opt(
+                                    "SELECT seq FROM messages WHERE session_id = $1 ORDER BY seq DESC, id DESC \
+                                     LIMIT 1 OFFSET $2",
+                                    &[&session, &i64::try_from(n - 1).unwrap_or(i64::MAX)],
+                                )?
+                                .map(|r| r.get(0));
+                            match cut {
+                                Some(seq) => (Some(seq), None),
+                                None => (Some(i64::MIN), None),
+                            }
+                        }
+                    };
+                    archived = if dry {
+                        count(
+                            tx,
+                            &format!("SELECT count(*) FROM messages WHERE {ACTIVE_FILTER}"),
+                            &[&session, &below, &stored_before],
+                        )?
+                    } else {
+                        tx.execute(
+                            &format!(
+                                "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, \
+                                 archived_ms, reason, holder, edit) \
+                                 SELECT session_id, uid, seq, role, content, item, created_ms, $4, 'prune', $5, $6 \
+                                 FROM messages WHERE {ACTIVE_FILTER} ORDER BY seq, id"
+                            ),
+                            &[
+                                &session,
+                                &below,
+                                &stored_before,
+                                &stamp.at_ms,
+                                &stamp.holder,
+                                &stamp.edit,
+                            ],
+                        )?;
+                        tx.execute(
+                            &format!("DELETE FROM messages WHERE {ACTIVE_FILTER}"),
+                            &[&session, &below, &stored_before],
+                        )?
+                    };
+                }
+                Ok(PrunedSession {
+                    session: session.to_string(),
+                    archived,
+                    deleted,
+                })
+            });
+            match done {
+                Ok(p) => report.sessions.push(p),
+                Err(e) if e.cause == Cause::TurnLease => report.skipped.push(id),
+                Err(e) => return Err(e),
+            }
+        }
+        report.space = if opts.dry_run || report.deleted() == 0 {
+            "none".into()
+        } else {
+            // VACUUM cannot run inside a transaction; it makes the space of
+            // deleted rows reusable by later rows (a full VACUUM would give
+            // it back, holding an exclusive lock for as long as it takes).
+            match self
+                .pg
+                .client
+                .as_mut()
+                .map(|c| c.batch_execute("VACUUM archive, messages"))
+            {
+                Some(Ok(())) => "reusable".into(),
+                Some(Err(e)) => format!("not_reclaimed: VACUUM failed: {e}"),
+                None => "not_reclaimed: not connected".into(),
+            }
+        };
+        Ok(report)
+    }
+
+    /// Delete a session for good (see [`crate::store::SessionStore::delete_session`]).
+    pub fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError> {
+        let done = self.edit("delete", session, |tx, session| {
+            let rows = tx.execute("DELETE FROM messages WHERE session_id = $1", &[&session])?;
+            let archived = tx.execute("DELETE FROM archive WHERE session_id = $1", &[&session])?;
+            tx.execute("DELETE FROM sessions WHERE id = $1", &[&session])?;
+            Ok((rows, archived))
+        })?;
+        self.ledger.sessions.remove(session.as_str());
+        Ok(done)
+    }
+}

@@ -751,6 +751,14 @@ impl Backend for PgStore {
         PgStore::lineage(self, session)
     }
 
+    fn prune(&mut self, opts: &crate::history::PruneOptions) -> Result<crate::history::PruneReport, EditError> {
+        PgStore::prune(self, opts)
+    }
+
+    fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError> {
+        PgStore::delete_session(self, session)
+    }
+
     fn release_all_leases(&mut self) {
         let (ids, tokens): (Vec<String>, Vec<String>) = self
             .ledger

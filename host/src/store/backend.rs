@@ -181,6 +181,14 @@ impl Backend for SessionStore {
         SessionStore::lineage(self, session)
     }
 
+    fn prune(&mut self, opts: &crate::history::PruneOptions) -> Result<crate::history::PruneReport, EditError> {
+        SessionStore::prune(self, opts)
+    }
+
+    fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError> {
+        SessionStore::delete_session(self, session)
+    }
+
     fn release_all_leases(&mut self) {
         SessionStore::release_all_leases(self)
     }

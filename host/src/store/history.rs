@@ -8,7 +8,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{EditError, SessionId, SessionStore, mint_id, now_ms};
 use crate::backend::ReadError;
-use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, Reason, RestoreReport, Selector, fork_uid};
+use crate::history::{
+    Archived, Cleared, ForkRefused, ForkReport, Keep, Lineage, PruneOptions, PruneReport, PrunedSession, Reason,
+    RestoreReport, Selector, fork_uid,
+};
 use crate::message::Message;
 use crate::transcript::{self, StoredMessage};
 
@@ -429,4 +432,227 @@ fn fork_in(
         copied,
         already,
     }))
+}
+
+/// Active rows of `session` a prune takes: `(count, below_seq)` for
+/// [`Keep::Last`], or the rows stored before a time.
+fn prune_active(conn: &Connection, session: &str, keep: Keep, cutoff_ms: i64) -> rusqlite::Result<PruneActive> {
+    Ok(match keep {
+        Keep::Last(n) => {
+            let cut: Option<i64> = conn
+                .query_row(
+                    "SELECT seq FROM messages WHERE session_id = ?1 ORDER BY seq DESC, id DESC LIMIT 1 OFFSET ?2",
+                    params![session, i64::try_from(n.saturating_sub(1)).unwrap_or(i64::MAX)],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match (n, cut) {
+                (0, _) => PruneActive::All,
+                (_, Some(seq)) => PruneActive::Below(seq),
+                (_, None) => PruneActive::Nothing,
+            }
+        }
+        Keep::NewerThanMs(_) => PruneActive::StoredBefore(cutoff_ms),
+    })
+}
+
+enum PruneActive {
+    Nothing,
+    All,
+    Below(i64),
+    StoredBefore(i64),
+}
+
+impl PruneActive {
+    /// `(seq below, stored before)` filters, `None` for nothing.
+    fn filter(&self) -> Option<(Option<i64>, Option<i64>)> {
+        match self {
+            PruneActive::Nothing => None,
+            PruneActive::All => Some((None, None)),
+            PruneActive::Below(s) => Some((Some(*s), None)),
+            PruneActive::StoredBefore(t) => Some((None, Some(*t))),
+        }
+    }
+}
+
+const ACTIVE_FILTER: &str = "session_id = ?1 AND (?2 IS NULL OR seq < ?2) AND (?3 IS NULL OR created_ms < ?3)";
+const ARCHIVED_FILTER: &str = "session_id = ?1 AND ((?2 IS NOT NULL AND archived_ms < ?2) OR (?3 IS NOT NULL AND id NOT IN \
+     (SELECT id FROM archive WHERE session_id = ?1 ORDER BY archived_ms DESC, id DESC LIMIT ?3)))";
+
+/// `(before time, keep last)` for the archived rows a prune deletes.
+fn archived_filter(keep: Keep, cutoff_ms: i64) -> (Option<i64>, Option<i64>) {
+    match keep {
+        Keep::NewerThanMs(_) => (Some(cutoff_ms), None),
+        Keep::Last(n) => (None, Some(i64::try_from(n).unwrap_or(i64::MAX))),
+    }
+}
+
+/// Every session with rows or archived rows.
+fn all_sessions(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare("SELECT id FROM sessions UNION SELECT DISTINCT session_id FROM archive ORDER BY 1")?;
+    stmt.query_map([], |r| r.get(0))?.collect()
+}
+
+impl SessionStore {
+    /// Retention: per session, move the active rows `keep` does not keep to
+    /// the archive (reason `prune`) unless `archived_only`, and delete the
+    /// archived rows it does not keep, for good; then give the freed pages
+    /// back to the file system. A session another writer holds a live lease
+    /// on is skipped and named. See `turnsafe prune --help`.
+    pub fn prune(&mut self, opts: &PruneOptions) -> Result<PruneReport, EditError> {
+        let now = now_ms();
+        let cutoff_ms = match opts.keep {
+            Keep::NewerThanMs(d) => now.saturating_sub(d),
+            Keep::Last(_) => now,
+        };
+        let sessions = match &opts.session {
+            Some(s) => vec![s.clone()],
+            None => {
+                self.open_failure = None;
+                let listed = match self.ensure_open() {
+                    Ok(()) => self.conn.as_ref().map(all_sessions),
+                    Err(_) => None,
+                };
+                match listed {
+                    Some(Ok(list)) => list,
+                    // The edits below meet whatever keeps the store from
+                    // opening, and fail with its cause.
+                    _ => Vec::new(),
+                }
+            }
+        };
+        let mut report = PruneReport {
+            dry_run: opts.dry_run,
+            ..PruneReport::default()
+        };
+        let holder = self.stamp_holder();
+        for id in sessions {
+            let Ok(session) = SessionId::new(&id) else { continue };
+            let edit_id = mint_id();
+            let (archived_only, dry, keep) = (opts.archived_only, opts.dry_run, opts.keep);
+            let done = self.edit("prune", &session, |conn, session| {
+                let (before, last) = archived_filter(keep, cutoff_ms);
+                let deleted = if dry {
+                    conn.query_row(
+                        &format!("SELECT count(*) FROM archive WHERE {ARCHIVED_FILTER}"),
+                        params![session, before, last],
+                        |r| r.get::<_, i64>(0),
+                    )? as u64
+                } else {
+                    conn.execute(
+                        &format!("DELETE FROM archive WHERE {ARCHIVED_FILTER}"),
+                        params![session, before, last],
+                    )? as u64
+                };
+                let mut archived = 0;
+                if !archived_only
+                    && let Some((below, stored_before)) = prune_active(conn, session, keep, cutoff_ms)?.filter()
+                {
+                    archived = if dry {
+                        conn.query_row(
+                            &format!("SELECT count(*) FROM messages WHERE {ACTIVE_FILTER}"),
+                            params![session, below, stored_before],
+                            |r| r.get::<_, i64>(0),
+                        )? as u64
+                    } else {
+                        conn.execute(
+                            &format!(
+                                "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, \
+                                 archived_ms, reason, holder, edit) \
+                                 SELECT session_id, uid, seq, role, content, item, created_ms, ?4, 'prune', ?5, ?6 \
+                                 FROM messages WHERE {ACTIVE_FILTER} ORDER BY seq, id"
+                            ),
+                            params![session, below, stored_before, now_ms(), holder, edit_id],
+                        )?;
+                        conn.execute(
+                            &format!("DELETE FROM messages WHERE {ACTIVE_FILTER}"),
+                            params![session, below, stored_before],
+                        )? as u64
+                    };
+                }
+                Ok(PrunedSession {
+                    session: session.to_string(),
+                    archived,
+                    deleted,
+                })
+            });
+            match done {
+                Ok(p) => report.sessions.push(p),
+                Err(e) if e.cause == turnsafe_policy::Cause::TurnLease => report.skipped.push(id),
+                Err(e) => return Err(e),
+            }
+        }
+        let freed = report.deleted() + report.archived();
+        report.space = if opts.dry_run || report.deleted() == 0 {
+            if freed == 0 {
+                "none".into()
+            } else {
+                "none (rows moved to the archive only)".into()
+            }
+        } else {
+            match self.reclaim() {
+                Ok(bytes) => {
+                    report.reclaimed_bytes = Some(bytes);
+                    "reclaimed".into()
+                }
+                Err(why) => format!("not_reclaimed: {why}"),
+            }
+        };
+        Ok(report)
+    }
+
+    /// Give freed pages back to the file system. A database made before
+    /// incremental vacuum needs one full `VACUUM` first, which writes a copy
+    /// about the size of the file: it is done only when the file system has
+    /// that much free, and otherwise refused with why.
+    fn reclaim(&mut self) -> Result<u64, String> {
+        let conn = self.conn.as_ref().ok_or("the store is not open")?;
+        let pages = |conn: &Connection| -> rusqlite::Result<(i64, i64)> {
+            Ok((
+                conn.query_row("PRAGMA page_count", [], |r| r.get(0))?,
+                conn.query_row("PRAGMA page_size", [], |r| r.get(0))?,
+            ))
+        };
+        let (before, size) = pages(conn).map_err(|e| e.to_string())?;
+        let mode: i64 = conn
+            .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+            .map_err(|e| e.to_string())?;
+        if mode != 2 {
+            let need = u64::try_from(before * size).unwrap_or(u64::MAX);
+            let free = rustix::fs::statvfs(&self.home)
+                .map(|st| st.f_bavail.saturating_mul(st.f_frsize))
+                .map_err(|e| format!("cannot read the free space under {}: {e}", self.home.display()))?;
+            if free < need.saturating_mul(2) {
+                return Err(format!(
+                    "switching state.db to incremental vacuum needs one full VACUUM, which needs about {need} bytes \
+                     free (twice the file, for its copy and the WAL); {} has {free}. The freed pages are reused by \
+                     new rows meanwhile",
+                    self.home.display()
+                ));
+            }
+            conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+                .map_err(|e| format!("the one-time VACUUM failed: {e}"))?;
+        } else {
+            conn.execute_batch("PRAGMA incremental_vacuum")
+                .map_err(|e| format!("incremental vacuum failed: {e}"))?;
+        }
+        // Moves the pages out of the WAL into the file, which then shrinks.
+        let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+        let (after, _) = pages(conn).map_err(|e| e.to_string())?;
+        Ok(u64::try_from((before - after).max(0) * size).unwrap_or(0))
+    }
+
+    /// Delete a session for good: its rows, its archive, its lineage, and
+    /// its pending divert lines (settled as `cleared`). Refused while
+    /// another writer holds its live lease. Returns `(rows, archived rows)`.
+    pub fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError> {
+        let done = self.edit("delete", session, |conn, session| {
+            let rows = conn.execute("DELETE FROM messages WHERE session_id = ?1", [session])? as u64;
+            let archived = conn.execute("DELETE FROM archive WHERE session_id = ?1", [session])? as u64;
+            conn.execute("DELETE FROM sessions WHERE id = ?1", [session])?;
+            Ok((rows, archived))
+        })?;
+        self.ledger.sessions.remove(session.as_str());
+        Ok(done)
+    }
 }

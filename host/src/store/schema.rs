@@ -240,6 +240,12 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
     if version == VERSION {
         return Ok(());
     }
+    if version == 0 {
+        // Before the first table, outside any transaction (SQLite ignores
+        // it otherwise): pages freed by `turnsafe prune` can then be given
+        // back to the file system (`PRAGMA incremental_vacuum`).
+        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")?;
+    }
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
         // Re-read under the write lock: another process may have migrated.
