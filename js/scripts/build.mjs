@@ -71,6 +71,18 @@ execFileSync(process.execPath, [jcoBin, 'transpile', wasm, '-o', path.join(gen, 
   { stdio: 'inherit' });
 fs.copyFileSync(path.join(root, 'examples', 'sqlite-codes.json'), path.join(gen, 'sqlite-codes.json'));
 
+// The extension that switches off SQLite's checkpoint at close on a
+// connection to a retired generation (native/no_ckpt_on_close.c), built
+// against better-sqlite3's own SQLite headers. Without a C compiler the
+// host still runs, and keeps such a connection open instead (it says so).
+try {
+  const headers = path.join(here, 'node_modules', 'better-sqlite3', 'deps', 'sqlite3');
+  execFileSync(process.env.CC ?? 'cc', ['-shared', '-fPIC', '-O2', '-I', headers, path.join(here, 'native', 'no_ckpt_on_close.c'),
+    '-o', path.join(gen, 'no_ckpt_on_close.so')], { stdio: 'inherit' });
+} catch (e) {
+  console.error(`turnsafe-store: the no-checkpoint-at-close extension was not built (${e.message})`);
+}
+
 // The schema this binary writes: its version and every object of a home it
 // creates, so the JavaScript host writes the same one (a test compares them).
 const probe = fs.mkdtempSync(path.join(os.tmpdir(), 'turnsafe-schema-'));

@@ -10,6 +10,7 @@
 import { createHash, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 
 import Database from 'better-sqlite3';
 
@@ -77,6 +78,9 @@ CREATE TABLE IF NOT EXISTS archive(
 );
 CREATE INDEX IF NOT EXISTS archive_by_session ON archive(session_id, archived_ms);
 `;
+
+/** The extension that switches off the checkpoint at close (built into gen/ by scripts/build.mjs). */
+const NO_CKPT_EXTENSION = fileURLToPath(new URL('../gen/no_ckpt_on_close.so', import.meta.url));
 
 const tables = (version) => TABLES.replace('@LINEAGE@', version >= 4 ? ',\n    forked_from      TEXT,\n    forked_at_seq    INTEGER' : '');
 
@@ -245,6 +249,9 @@ export class Host {
     this.captured = null;
     // A connection whose generation is retired is never closed (see close()).
     this.retired = false;
+    // Whether SQLite's checkpoint at close is off (null: never asked).
+    this.ckptForbidden = null;
+    this.ckptError = null;
     this.stmts = null;
     this.counters = { opens: 0, writes: 0, groups: 0, flushes: 0, diverts: 0, flushMs: 0, componentMs: 0 };
     this.holdsNow = [];
@@ -687,8 +694,28 @@ export class Host {
     }
   }
 
+  /**
+   * Switch off SQLite's checkpoint at close on this connection, the one
+   * step that keeps a close from writing a retired generation over the file
+   * now at the path (and unlinking the WAL by its path). better-sqlite3 has
+   * no sqlite3_db_config, so a small extension does it when it is loaded
+   * (native/no_ckpt_on_close.c). If it cannot be, the handle remembers, and
+   * close() never closes the connection.
+   */
+  forbidCloseCheckpoint() {
+    if (!this.db || this.ckptForbidden !== null) return;
+    try {
+      this.db.loadExtension(NO_CKPT_EXTENSION, 'sqlite3_turnsafe_nockpt_init');
+      this.ckptForbidden = true;
+    } catch (e) {
+      this.ckptForbidden = false;
+      this.ckptError = e.message;
+    }
+  }
+
   captureStep() {
     this.retired = true;
+    this.forbidCloseCheckpoint();
     if (this.captured) {
       return this.captured.receipt ? { type: 'captured', receipt: this.captured.receipt }
         : { type: 'capture_failed', ...this.captured.error };
@@ -1032,15 +1059,24 @@ export class Host {
       verdict = { evidence: 'probe_failed', detail: 'a guard probe failed at close' };
     }
     if (verdict || this.retired || this.stickyCause()) {
+      this.forbidCloseCheckpoint();
       let captured = null;
       if (verdict && !this.captured && this.guard && verdict.evidence !== 'probe_failed') {
         this.captured = capture(this.guard, { trigger: `close: ${verdict.detail}`,
           cause: verdict.evidence === 'db_replaced' ? 'replaced' : 'deleted_wal', evidence: [verdict.evidence] }, version());
         captured = this.captured;
       }
+      const reason = verdict?.detail ?? 'the handle is sticky: its generation is retired';
+      if (this.ckptForbidden) {
+        // Closed without a checkpoint: the retired frames stay where they were.
+        this.db.close();
+        this.db = null;
+        return { closed: true, checkpoint: false, reason, capture: captured };
+      }
       Host.kept.push(this.db);
       this.db = null;
-      return { closed: false, reason: verdict?.detail ?? 'the handle is sticky: its generation is retired', capture: captured };
+      return { closed: false, reason: `${reason}; the checkpoint at close could not be switched off (${this.ckptError}), `
+        + 'so the connection stays open until the process ends', capture: captured };
     }
     this.db.close();
     this.db = null;

@@ -233,3 +233,42 @@ test('the WAL and shm deleted under a live session: deleted_wal, captured, diver
   assert.equal(turnsafe(['doctor', '--home', home, '--json']).status, 6);
   await s.close();
 });
+
+const RETIRED_EXIT = `
+import fs from 'node:fs';
+import path from 'node:path';
+import { TurnsafeSession } from 'turnsafe-store';
+const home = process.env.HOME_DIR;
+const s = new TurnsafeSession('s1', home);
+await s.addItems([{ role: 'user', content: 'one' }, { role: 'user', content: 'two' }]);
+fs.rmSync(path.join(home, 'state.db-wal'));
+fs.rmSync(path.join(home, 'state.db-shm'));
+let outcome = null;
+try { await s.addItems([{ role: 'user', content: 'three' }]); } catch (e) { outcome = e.outcome; }
+await s.close();
+process.stdout.write(JSON.stringify(outcome));
+`;
+
+test('a retired generation is never checkpointed at close: the operator settles the capture, replay brings the rest', async () => {
+  const home = tmp();
+  const r = child(RETIRED_EXIT, { env: { HOME_DIR: home } });
+  assert.equal(r.status, 0, r.stderr);
+  const out = r.json;
+  assert.equal(out.cause, 'deleted_wal');
+  assert.ok(out.capture?.path);
+  // The process ended, and its connection with it: the retired frames were
+  // not written into the state.db at the path.
+  const show = turnsafe(['show', '--home', home, '--session', 's1', '--json']);
+  assert.equal(show.status, 7);
+  assert.deepEqual(show.lines.filter((l) => l.type === 'message'), []);
+  assert.ok(!fs.existsSync(path.join(home, 'state.db-wal')) || fs.statSync(path.join(home, 'state.db-wal')).size === 0);
+  // The operator installs a database rebuilt from the capture, then replays the divert.
+  const rebuilt = path.join(tmp(), 'rebuilt.db');
+  const install = turnsafe(['recover', '--source', out.capture.path, '--output', rebuilt, '--install', '--home', home, '--json']);
+  assert.equal(install.status, 0, install.stdout + install.stderr);
+  const replay = turnsafe(['replay', '--home', home, '--json']);
+  assert.equal(replay.status, 0, replay.stdout + replay.stderr);
+  const after = turnsafe(['show', '--home', home, '--session', 's1', '--json']);
+  assert.equal(after.status, 0, after.stderr);
+  assert.deepEqual(after.lines.filter((l) => l.type === 'message').map((l) => l.data.message.content), ['one', 'two', 'three']);
+});
