@@ -73,12 +73,20 @@ class Completions:
 
 class Store:
     """One turnsafe home (``state.db`` and ``sessions/``), safe to share
-    between threads. The GIL is released around every effect."""
+    between threads. The GIL is released around every effect.
+
+    ``db`` is a PostgreSQL URL (``postgres://user@host:port/db``, with
+    ``sslmode=require`` or ``disable``; several ``host:port`` with
+    ``target_session_attrs=read-write`` for failover): messages go to that
+    server instead of ``home/state.db``, and the divert folder stays under
+    ``home`` (``home/sessions/``). With ``db`` None, ``TURNSAFE_DB`` is used
+    when set and not empty, else SQLite at ``home/state.db``."""
 
     def __init__(
         self,
         home: _Path,
         *,
+        db: Optional[str] = None,
         synchronous: Literal["full", "normal"] = "full",
         holder: Optional[str] = None,
         lease_ttl: float = 30,
@@ -131,14 +139,22 @@ class Store:
     def __exit__(self, *exc: object) -> None: ...
 
 def replay(
-    home: _Path, *, session: Optional[str] = None, force: bool = False, dry_run: bool = False
+    home: _Path,
+    *,
+    db: Optional[str] = None,
+    session: Optional[str] = None,
+    force: bool = False,
+    dry_run: bool = False,
 ) -> Dict[str, Any]:
-    """Import diverted transcripts: the report of ``turnsafe replay --json``
-    (the summary's fields, and ``file_reports``). Raises ``Refused`` while a
-    live lease is held or a capture is not settled, unless ``force``."""
+    """Import the diverted transcripts under ``home/sessions/`` into the
+    home's store (``db``, else ``TURNSAFE_DB``, else ``home/state.db``):
+    the report of ``turnsafe replay --json`` (the summary's fields, and
+    ``file_reports``). Raises ``Refused`` while a live lease is held or a
+    capture is not settled, unless ``force``."""
 
-def doctor(home: _Path) -> Dict[str, Any]:
-    """Findings about a home: ``ok``, ``findings``, ``facts``."""
+def doctor(home: _Path, *, db: Optional[str] = None) -> Dict[str, Any]:
+    """Findings about a home, or about the PostgreSQL server ``db`` (else
+    ``TURNSAFE_DB``) names: ``ok``, ``findings``, ``facts``."""
 
 def search(
     home: _Path, query: str, *, session: Optional[str] = None, limit: int = 20
