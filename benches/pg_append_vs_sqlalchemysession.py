@@ -1,41 +1,69 @@
-"""`turnsafe append --db` against the OpenAI Agents SDK's SQLAlchemySession
-(asyncpg) on the same PostgreSQL server, with 1 and 16 sessions, in one run.
+"""turnsafe on PostgreSQL against the OpenAI Agents SDK's SQLAlchemySession
+(asyncpg), in one run, on one throwaway server this script initdb's itself
+(PostgreSQL 15 from `pg_config --bindir`, fsync on, synchronous_commit on,
+a free loopback port), with 1, 16 and 64 sessions at once (env SESSIONS).
 
-Each session sends BATCHES batches of 10 messages (about 230 B each) and
-waits for each batch's answer before sending the next, as an agent turn
-does: turnsafe through one `turnsafe append` process per session (its
-outcome line is the answer), the SDK through `await session.add_items()`
-(16 sessions through asyncio.gather on one engine). Both commit every
-batch durably (the server's defaults: fsync on, synchronous_commit on).
-Prints msg/s, p50/p99 batch latency and the ratios.
+Three stores, on the same batches (10 messages of about 230 B each), each
+session sending its next batch only after its previous one is answered, as
+an agent turn does:
 
-The server is started here (initdb into a temporary folder, as the
-`postgres` account when run as root, on a free loopback port) unless
-BENCH_DB names one (`postgres://user:pw@host:port/db`; sslmode=disable is
-added for turnsafe when absent).
+- `turnsafe append --db` without `--session`: ONE process; the sessions
+  write session-tagged lines to its stdin and read their outcomes from its
+  stdout, so batches waiting together are committed together;
+- `TurnsafeSession(db=...)` (the Python package, in process): the sessions
+  share one `Store` and go through `asyncio.gather`;
+- `SQLAlchemySession` with asyncpg: ONE engine shared by every session,
+  `pool_size` equal to the number of sessions and `max_overflow=0`, through
+  `asyncio.gather`.
 
-    benches/pg-append-vs-sqlalchemysession        # builds, makes the venv, runs this
+Each store and session count gets a fresh database. Every session first
+sends one untimed batch (tables, session rows and connections made). Per
+store and count: msg/s (all messages over the wall time), p50 and p99 batch
+latency, p99 over the same store's single-session p50, batches per commit
+(the batches over the COMMIT records the server wrote to its WAL while the
+store ran, counted with `pg_waldump`: each is one durable commit, one WAL
+flush; for the command line also from its own `turnsafe::commit` log
+lines), and the ratios against SQLAlchemySession at the same count.
+
+    benches/pg-append-vs-sqlalchemysession   # builds, makes the venv, runs this
+
+Environment: TURNSAFE_BIN (required), SESSIONS (default "1,16,64"),
+BATCHES (batches per session, default 200). Not for CI: it refuses to run
+under CI=true.
 """
+
+from __future__ import annotations
 
 import asyncio
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-BATCHES = int(os.environ.get("BATCHES", "300"))
-SESSIONS = [1, 16]
+SESSIONS = [int(k) for k in os.environ.get("SESSIONS", "1,16,64").split(",")]
+BATCHES = int(os.environ.get("BATCHES", "200"))
+STORES = ("cli", "session", "sdk")
+LABELS = {
+    "cli": "turnsafe append --db (one process)",
+    "session": "TurnsafeSession(db=...)",
+    "sdk": "SQLAlchemySession (asyncpg, one engine)",
+}
 
 
 def batch(tag: str, b: int) -> list:
     return [{"role": "user" if i % 2 == 0 else "assistant",
-             "content": f"{tag} batch {b} message {i} " + "x" * 200} for i in range(10)]
+             "content": f"{tag} batch {b:>4} message {i} " + "x" * 200} for i in range(10)]
+
+
+def pct(xs: list, p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * p))] * 1000
 
 
 def free_port() -> int:
@@ -45,12 +73,12 @@ def free_port() -> int:
 
 
 class Server:
-    """A throwaway PostgreSQL 15 server on a loopback port."""
+    """A throwaway PostgreSQL server on a loopback port, fsync on; as the
+    `postgres` account when run as root (initdb refuses root)."""
 
     def __init__(self) -> None:
-        bindir = subprocess.run(["pg_config", "--bindir"], check=True, capture_output=True,
-                                text=True).stdout.strip()
-        self.bindir = bindir
+        self.bindir = subprocess.run(["pg_config", "--bindir"], check=True, capture_output=True,
+                                     text=True).stdout.strip()
         self.dir = tempfile.mkdtemp(prefix="turnsafe-pgbench-")
         os.chmod(self.dir, 0o755)
         self.prefix = []
@@ -62,115 +90,225 @@ class Server:
         self.port = free_port()
         self.run("initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C")
         with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
-            f.write("listen_addresses = '127.0.0.1'\nmax_connections = 100\n")
+            # The stores' connections (64 pooled for the SDK, the turnsafe
+            # writers) and the bench's own; durability as shipped.
+            # WAL is kept, so every run's commit records are still there
+            # for pg_waldump to count.
+            f.write("listen_addresses = '127.0.0.1'\nmax_connections = 200\n"
+                    "fsync = on\nsynchronous_commit = on\nfull_page_writes = on\nwal_keep_size = '4GB'\n")
         self.run("pg_ctl", "-D", self.data, "-o", f"-p {self.port} -k {self.dir}",
                  "-l", os.path.join(self.dir, "log"), "-w", "start")
 
-    def run(self, binary: str, *args: str) -> None:
-        subprocess.run(self.prefix + [os.path.join(self.bindir, binary), *args], check=True,
-                       capture_output=True, cwd=self.dir)
+    def run(self, binary: str, *args: str, check: bool = True) -> str:
+        return subprocess.run(self.prefix + [os.path.join(self.bindir, binary), *args], check=check,
+                              capture_output=True, text=True, cwd=self.dir).stdout
+
+    def sql(self, query: str, db: str = "postgres") -> str:
+        return subprocess.run(
+            [os.path.join(self.bindir, "psql"), "-X", "-A", "-t", "-h", "127.0.0.1", "-p", str(self.port),
+             "-U", "postgres", "-d", db, "-c", query],
+            check=True, capture_output=True, text=True).stdout.strip()
 
     def create_db(self, name: str) -> str:
-        subprocess.run(self.prefix + [os.path.join(self.bindir, "psql"), "-h", "127.0.0.1", "-p",
-                                      str(self.port), "-U", "postgres", "-c", f'CREATE DATABASE "{name}"'],
-                       check=True, capture_output=True, cwd=self.dir)
+        self.sql(f'CREATE DATABASE "{name}"')
         return f"postgres://postgres@127.0.0.1:{self.port}/{name}"
+
+    def wal_lsn(self) -> str:
+        return self.sql("SELECT pg_current_wal_insert_lsn()")
+
+    def commits_between(self, start: str, end: str) -> int:
+        """COMMIT records in the WAL from `start` to `end`: top-level
+        transactions that wrote (a savepoint's is part of its parent's,
+        a read-only transaction writes none)."""
+        out = self.run("pg_waldump", "-p", os.path.join(self.data, "pg_wal"), "-s", start, "-e", end,
+                       "-r", "Transaction", check=False)
+        return sum(1 for line in out.splitlines() if "desc: COMMIT " in line)
 
     def stop(self) -> None:
         subprocess.run(self.prefix + [os.path.join(self.bindir, "pg_ctl"), "-D", self.data, "-m", "fast",
-                                      "stop"], capture_output=True, cwd=self.dir)
+                                      "stop"], check=False, capture_output=True, cwd=self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def pct(xs: list, p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(len(xs) * p))] * 1000
+async def timed(server: Server, sessions: int, send) -> dict:
+    """Warm up (one untimed batch per session), then BATCHES per session,
+    every session through `send(session, b)`, counting the commits."""
+    await asyncio.gather(*(send(s, -1) for s in range(sessions)))
+    lat: list = []
 
-
-def run_turnsafe(url: str, n: int, home: str) -> tuple:
-    """n sessions, one `turnsafe append` process each, lockstep."""
-    url = url if "sslmode=" in url else url + ("&" if "?" in url else "?") + "sslmode=disable"
-    env = dict(os.environ, TURNSAFE_DB=url, TURNSAFE_LOG=os.environ.get("TURNSAFE_LOG", "error"))
-    latencies, errors = [], []
-
-    def one(s: int) -> None:
-        proc = subprocess.Popen([os.environ["TURNSAFE_BIN"], "append", "--home", home, "--session", f"ts-{n}-{s}"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
-        mine = []
+    async def client(s: int) -> None:
         for b in range(BATCHES):
             t = time.perf_counter()
-            proc.stdin.write(json.dumps(batch(f"s{s}", b)) + "\n")
-            proc.stdin.flush()
-            out = json.loads(proc.stdout.readline())
-            mine.append(time.perf_counter() - t)
+            await send(s, b)
+            lat.append(time.perf_counter() - t)
+
+    start = server.wal_lsn()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(s) for s in range(sessions)))
+    wall = time.perf_counter() - t0
+    commits = server.commits_between(start, server.wal_lsn())
+    return {"wall": wall, "lat": lat, "commits": commits}
+
+
+async def run_cli(server: Server, url: str, home: str, n: int) -> dict:
+    """One `turnsafe append --db` process for all n sessions (no --session)."""
+    env = dict(os.environ, TURNSAFE_DB=url, TURNSAFE_LOG="turnsafe::commit=debug")
+    proc = await asyncio.create_subprocess_exec(
+        os.environ["TURNSAFE_BIN"], "append", "--home", home,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=env, limit=1 << 24)
+    waiting: dict = {}
+    not_persisted = 0
+
+    async def reader() -> None:
+        nonlocal not_persisted
+        while True:
+            line = await proc.stdout.readline()
+            if not line:
+                return
+            out = json.loads(line)
             if not out.get("persisted"):
-                errors.append(out)
-        proc.stdin.close()
-        proc.wait()
-        latencies.extend(mine)
+                not_persisted += 1
+            fut = waiting.pop(out.get("session"), None)
+            if fut is not None:
+                fut.set_result(out)
 
-    threads = [threading.Thread(target=one, args=(s,)) for s in range(n)]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    elapsed = time.perf_counter() - t
-    assert not errors, errors[:2]
-    return n * BATCHES * 10 / elapsed, pct(latencies, 0.5), pct(latencies, 0.99)
+    stderr_task = asyncio.create_task(proc.stderr.read())
+    read_task = asyncio.create_task(reader())
+    loop = asyncio.get_running_loop()
+
+    async def send(s: int, b: int) -> None:
+        session = f"cli-{n}-{s}"
+        fut = loop.create_future()
+        waiting[session] = fut
+        proc.stdin.write((json.dumps({"session": session, "messages": batch(session, b)}) + "\n").encode())
+        await proc.stdin.drain()
+        await fut
+
+    res = await timed(server, n, send)
+    proc.stdin.close()
+    await read_task
+    err = (await stderr_task).decode(errors="replace")
+    await proc.wait()
+    logged = [int(m) for m in re.findall(r"batches=(\d+)", err)]
+    res["logged_per_commit"] = sum(logged) / len(logged) if logged else float("nan")
+    res["not_persisted"] = not_persisted
+    return res
 
 
-async def run_sdk(url: str, n: int) -> tuple:
-    from sqlalchemy.ext.asyncio import create_async_engine
+async def run_session(server: Server, url: str, home: str, n: int) -> dict:
+    """n TurnsafeSessions (one shared Store) through asyncio.gather."""
+    from turnsafe_store.agents import TurnsafeSession
+
+    sessions = [TurnsafeSession(f"py-{n}-{s}", home, db=url) for s in range(n)]
+    not_persisted = 0
+
+    async def send(s: int, b: int) -> None:
+        nonlocal not_persisted
+        from turnsafe_store import TurnNotPersisted
+
+        try:
+            await sessions[s].add_items(batch(sessions[s].session_id, b))
+        except TurnNotPersisted:
+            not_persisted += 1
+
+    res = await timed(server, n, send)
+    for s in sessions:
+        s.close()
+    sessions[0].store.close()
+    res["not_persisted"] = not_persisted
+    return res
+
+
+async def run_sdk(server: Server, url: str, n: int) -> dict:
+    """n SQLAlchemySessions on ONE engine (pool_size=n, max_overflow=0)."""
     from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession
+    from sqlalchemy.ext.asyncio import create_async_engine
 
-    engine = create_async_engine(url.replace("postgres://", "postgresql+asyncpg://"), pool_size=n + 4)
+    engine = create_async_engine(url.replace("postgres://", "postgresql+asyncpg://"),
+                                 pool_size=n, max_overflow=0)
     sessions = [SQLAlchemySession(f"sdk-{n}-{s}", engine=engine, create_tables=True) for s in range(n)]
-    await sessions[0].get_items()  # create the tables outside the timing
-    latencies = []
 
-    async def one(s: int) -> None:
-        for b in range(BATCHES):
-            t = time.perf_counter()
-            await sessions[s].add_items(batch(f"s{s}", b))
-            latencies.append(time.perf_counter() - t)
+    async def send(s: int, b: int) -> None:
+        await sessions[s].add_items(batch(sessions[s].session_id, b))
 
-    t = time.perf_counter()
-    await asyncio.gather(*(one(s) for s in range(n)))
-    elapsed = time.perf_counter() - t
+    res = await timed(server, n, send)
+    res["pool"] = f"pool_size={engine.pool.size()}, max_overflow=0"
     await engine.dispose()
-    return n * BATCHES * 10 / elapsed, pct(latencies, 0.5), pct(latencies, 0.99)
+    res["not_persisted"] = 0
+    return res
 
 
-def main() -> None:
-    server = None
-    given = os.environ.get("BENCH_DB")
+def summary(res: dict, n: int) -> dict:
+    return {"msgs": n * BATCHES * 10 / res["wall"], "p50": pct(res["lat"], 0.5), "p99": pct(res["lat"], 0.99),
+            "per_commit": n * BATCHES / res["commits"] if res["commits"] else float("nan"),
+            "logged": res.get("logged_per_commit"),
+            "not_persisted": res["not_persisted"], "pool": res.get("pool")}
+
+
+def main() -> int:
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        print("benches/pg_append_vs_sqlalchemysession.py is a benchmark, not run under CI", file=sys.stderr)
+        return 2
+    if not os.environ.get("TURNSAFE_BIN"):
+        print("TURNSAFE_BIN is required (run benches/pg-append-vs-sqlalchemysession)", file=sys.stderr)
+        return 2
+    server = Server()
+    homes = tempfile.mkdtemp(prefix="turnsafe-pgbench-home-")
+    results: dict = {}
     try:
-        if not given:
-            server = Server()
-        home = tempfile.mkdtemp(prefix="turnsafe-pgbench-home-")
-        rows = []
-        for n in SESSIONS:
-            ts_url = given or server.create_db(f"ts{n}")
-            sdk_url = given or server.create_db(f"sdk{n}")
-            ts = run_turnsafe(ts_url, n, home)
-            sdk = asyncio.run(run_sdk(sdk_url, n))
-            rows.append((n, ts, sdk))
-        print(f"PostgreSQL {'(BENCH_DB)' if given else '15, local, fsync on'}; {BATCHES} batches x 10 messages "
-              f"(~230 B) per session, one batch in flight per session")
-        print("| sessions | turnsafe append --db msg/s | p50 / p99 ms | SQLAlchemySession (asyncpg) msg/s "
-              "| p50 / p99 ms | ratio |")
-        print("|---|---|---|---|---|---|")
-        for n, ts, sdk in rows:
-            print(f"| {n} | {ts[0]:,.0f} | {ts[1]:.2f} / {ts[2]:.2f} | {sdk[0]:,.0f} | {sdk[1]:.2f} / {sdk[2]:.2f} "
-                  f"| {ts[0] / sdk[0]:.2f}x |")
-        one, many = rows[0], rows[1]
-        print(f"scaling 1 -> 16 sessions: turnsafe {many[1][0] / one[1][0]:.2f}x, "
-              f"SQLAlchemySession {many[2][0] / one[2][0]:.2f}x")
-        shutil.rmtree(home, ignore_errors=True)
+        version = server.sql("SHOW server_version")
+        settings = {k: server.sql(f"SHOW {k}") for k in ("fsync", "synchronous_commit", "wal_sync_method")}
+        for i, n in enumerate(SESSIONS):
+            results[n] = {}
+            # Rotate who goes first, so a busy machine slows all alike.
+            order = list(STORES[i % 3:] + STORES[:i % 3])
+            for name in order:
+                url = server.create_db(f"{name}{n}")
+                home = os.path.join(homes, f"{name}{n}")
+                if name == "cli":
+                    res = asyncio.run(run_cli(server, url + "?sslmode=disable", home, n))
+                elif name == "session":
+                    res = asyncio.run(run_session(server, url + "?sslmode=disable", home, n))
+                else:
+                    res = asyncio.run(run_sdk(server, url, n))
+                results[n][name] = summary(res, n)
     finally:
-        if server:
-            server.stop()
+        server.stop()
+        shutil.rmtree(homes, ignore_errors=True)
+
+    print(f"PostgreSQL {version}, one throwaway server initdb'd by this run, local loopback; "
+          + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    print(f"{BATCHES} batches x 10 messages (~230 B) per session, one batch in flight per session; "
+          f"sessions at once: {', '.join(map(str, SESSIONS))}")
+    pools = ", ".join(f"{n}: {results[n]['sdk']['pool']}" for n in SESSIONS)
+    print(f"SQLAlchemySession: one engine shared by all sessions ({pools})")
+    print()
+    print("| sessions | store | msg/s | p50 ms | p99 ms | p99 / p50 at 1 | batches/commit | vs SQLAlchemySession |")
+    print("|---|---|---|---|---|---|---|---|")
+    base = results.get(1)
+    for n in SESSIONS:
+        for name in STORES:
+            s = results[n][name]
+            ratio = s["msgs"] / results[n]["sdk"]["msgs"]
+            tail = f"{s['p99'] / base[name]['p50']:.2f}x" if base else "-"
+            per_commit = f"{s['per_commit']:.2f}"
+            if name == "cli":
+                per_commit += f" (log {s['logged']:.2f})"
+            print(f"| {n} | {LABELS[name]} | {s['msgs']:,.0f} | {s['p50']:.2f} | {s['p99']:.2f} | {tail} "
+                  f"| {per_commit} | {ratio:.2f}x |")
+    print()
+    bad = sum(s["not_persisted"] for res in results.values() for s in res.values())
+    print(f"batches not persisted: {bad}")
+    targets = {1: 1.5, 16: 3.0, 64: 4.0}
+    for n in SESSIONS:
+        if n in targets:
+            for name in ("cli", "session"):
+                r = results[n][name]["msgs"] / results[n]["sdk"]["msgs"]
+                verdict = "met" if r >= targets[n] else "NOT met"
+                print(f"{n} session(s): {LABELS[name]} / SQLAlchemySession = {r:.2f}x "
+                      f"(target >= {targets[n]:g}x: {verdict})")
+    return 0 if bad == 0 else 1
 
 
 if __name__ == "__main__":
