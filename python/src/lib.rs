@@ -948,6 +948,34 @@ impl Store {
         .map_err(|e| Failed::of_edit(&e).into_err(py))
     }
 
+    /// Delete the session for good: its messages, its archive and its
+    /// lineage; its pending divert lines are settled as `cleared`. Raises
+    /// `Error` (cause `turn_lease`) while another writer holds its lease.
+    /// Returns `{"deleted", "archived_deleted"}`.
+    fn delete_session<'py>(&self, py: Python<'py>, session_id: &str) -> PyResult<Bound<'py, PyAny>> {
+        let session = parse_session(py, session_id)?;
+        let store = self.shared(py)?;
+        let home = self.home.clone();
+        let done = py.detach(move || {
+            store.with_store(|s| s.delete_session(&session)).map(|counts| {
+                let settled = turnsafe_host::replay::clear_pending(&home, session.as_str());
+                (counts, settled)
+            })
+        });
+        match done {
+            Ok(((rows, archived), settled)) => {
+                if let Err(e) = settled {
+                    return Err(error(
+                        py,
+                        format!("the session was deleted, but settling its divert lines failed: {e}"),
+                    ));
+                }
+                to_py(py, &serde_json::json!({"deleted": rows, "archived_deleted": archived}))
+            }
+            Err(e) => Err(Failed::of_edit(&e).into_err(py)),
+        }
+    }
+
     /// The session's lineage when it is a fork: `{"session", "seq"}`, else `None`.
     fn lineage<'py>(&self, py: Python<'py>, session_id: &str) -> PyResult<Bound<'py, PyAny>> {
         let session = parse_session(py, session_id)?;
