@@ -108,9 +108,39 @@ class Store:
         field (which stays in the message), else one turnsafe mints (listed
         in ``Outcome.minted_uids``). Resend a batch that was not persisted
         with ``uids=outcome.uids``: no message is then stored twice."""
-    def show(self, session_id: str, *, limit: Optional[int] = None) -> List[Message]:
-        """The newest ``limit`` messages (all with None) in ``seq`` order,
-        each exactly as written."""
+    def show(
+        self, session_id: str, *, limit: Optional[int] = None, archived: bool = False
+    ) -> List[Message]:
+        """The newest ``limit`` messages in seq order; with ``archived=True``
+        the archived rows instead, newest archived first, each
+        ``{"uid", "seq", "message", "archived_at", "reason"}``."""
+    def restore(
+        self,
+        session_id: str,
+        *,
+        uids: Optional[List[str]] = None,
+        reason: Optional[str] = None,
+        since: Optional[float] = None,
+    ) -> Dict[str, Any]:
+        """Bring archived rows back at their seqs, in one transaction; a uid
+        active again is skipped. ``{"restored", "skipped_active", "not_archived"}``."""
+    def fork(self, session_id: str, at_seq: int, new_session: str) -> Dict[str, Any]:
+        """Copy the messages up to and including ``at_seq`` into ``new_session``,
+        keeping the lineage; idempotent. Raises ``Refused`` when it exists otherwise."""
+    def replace_suffix(
+        self,
+        session_id: str,
+        start_seq: int,
+        items: List[Message],
+        *,
+        expected_uids: Optional[List[str]] = None,
+        prune_before: Optional[int] = None,
+    ) -> bool:
+        """Replace the messages from ``start_seq`` on in one transaction,
+        archiving what was replaced; False when the suffix changed."""
+    def lineage(self, session_id: str) -> Optional[Dict[str, Any]]: ...
+    def delete_session(self, session_id: str) -> Dict[str, int]:
+        """Delete the session for good (messages, archive, lineage)."""
     def rows(self, session_id: str, *, limit: Optional[int] = None) -> List[Dict[str, Any]]:
         """Like ``show``, as ``{"uid", "seq", "message"}`` dicts."""
     def _append_then(
