@@ -166,6 +166,12 @@ pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {
                 Some(Cause::Corrupt),
             )),
         }
+        if let Ok(c) = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            && let Ok(sizes) = session_sizes(&c)
+        {
+            facts.insert("archived_share".into(), sizes.1.into());
+            facts.insert("session_sizes".into(), sizes.0);
+        }
         let degraded = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY)
             .and_then(|c| crate::store::schema::fts_enabled(&c))
             .is_ok_and(|on| !on);
@@ -490,4 +496,49 @@ fn rebuild_fts(db: &Path) -> rusqlite::Result<()> {
     let c = Connection::open(db)?;
     c.busy_timeout(std::time::Duration::from_secs(5))?;
     crate::store::schema::rebuild_fts(&c)
+}
+
+/// Per session: bytes and rows stored and archived (the messages' JSON
+/// text), and the archived share of all bytes (0 when nothing is stored).
+fn session_sizes(c: &Connection) -> rusqlite::Result<(Value, f64)> {
+    let has_archive: bool = c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'archive')",
+        [],
+        |r| r.get(0),
+    )?;
+    let archive = if has_archive {
+        "SELECT session_id, 0, 0, COALESCE(SUM(length(item)), 0), count(*) FROM archive GROUP BY session_id"
+    } else {
+        "SELECT NULL, 0, 0, 0, 0 WHERE 0"
+    };
+    let sql = format!(
+        "SELECT s, SUM(b), SUM(n), SUM(ab), SUM(an) FROM ( \
+           SELECT session_id AS s, COALESCE(SUM(length(item)), 0) AS b, count(*) AS n, 0 AS ab, 0 AS an \
+           FROM messages GROUP BY session_id UNION ALL {archive}) GROUP BY s ORDER BY SUM(b) + SUM(ab) DESC"
+    );
+    let mut stmt = c.prepare(&sql)?;
+    let mut total = (0i64, 0i64);
+    let rows: Vec<Value> = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        })?
+        .filter_map(Result::ok)
+        .map(|(s, b, n, ab, an)| {
+            total.0 += b;
+            total.1 += ab;
+            json!({"session": s, "bytes": b, "messages": n, "archived_bytes": ab, "archived_messages": an})
+        })
+        .collect();
+    let share = if total.0 + total.1 > 0 {
+        total.1 as f64 / (total.0 + total.1) as f64
+    } else {
+        0.0
+    };
+    Ok((Value::Array(rows), share))
 }

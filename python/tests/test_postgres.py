@@ -382,3 +382,22 @@ def test_doctor_names_the_server_and_never_its_password(pg, home):
         for f in down["findings"]
     ), down
     assert PASSWORD not in json.dumps(down)
+
+
+def test_close_after_an_outage_gives_the_lease_back_so_replay_runs(pg, home):
+    """The connection the server dropped is made again once at close: the
+    store's own lease does not block replay until it expires."""
+    db = pg.create_db("closelease")
+    url = pg.url(db)
+    store = Store(home, db=url)
+    assert store.append("s1", batch("before", 1)).persisted
+    pg.stop_immediate()
+    out = store.append("s1", batch("during", 2))
+    assert out.receipt is not None, out.to_dict()
+    pg.start_again()
+    store.close()  # nothing read since the restart: close reconnects
+    holders = pg.query("SELECT count(*) FROM sessions WHERE lease_holder IS NOT NULL", db)
+    assert holders == [["0"]], holders
+    report = turnsafe_store.replay(home, db=url)
+    assert report["replayed"] == 2, report
+    assert [m["content"] for m in stored(pg, db, "s1")] == [m["content"] for m in batch("before", 1) + batch("during", 2)]

@@ -769,6 +769,16 @@ impl Backend for PgStore {
         if ids.is_empty() || self.ledger.handle.sticky.is_some() {
             return;
         }
+        // A connection lost since the last batch (a server restarted) is
+        // made again once, so the leases go back now rather than blocking
+        // replay until they expire.
+        if !self.pg.is_open() && self.pg.open().is_err() {
+            tracing::warn!(
+                sessions = ids.len(),
+                "could not reconnect to give the turn leases back; they expire on their own"
+            );
+            return;
+        }
         let Some(client) = self.pg.client.as_mut().filter(|c| !c.is_closed()) else {
             return;
         };
@@ -791,6 +801,13 @@ impl Backend for PgStore {
         let (Some(token), None) = (token, self.ledger.handle.sticky) else {
             return;
         };
+        if !self.pg.is_open() && self.pg.open().is_err() {
+            tracing::warn!(
+                session = session.as_str(),
+                "could not reconnect to give the turn lease back"
+            );
+            return;
+        }
         if let Some(client) = self.pg.client.as_mut().filter(|c| !c.is_closed()) {
             let _ = client.execute(
                 "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
