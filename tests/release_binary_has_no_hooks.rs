@@ -15,7 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use turnsafe_host::failpoint::{GROUP_POINTS, IO_POINTS, POINTS};
+use turnsafe_host::failpoint::{EDIT_POINTS, GROUP_POINTS, IO_POINTS, POINTS};
 
 /// Longer than any of these runs takes without hooks; far shorter than a
 /// run that sleeps `JITTER` at its points.
@@ -193,6 +193,47 @@ fn no_crash_point_fires_in_the_release_binary() {
     points.dedup();
     for point in points {
         commits_diverts_and_replays(&bin, &[("TURNSAFE_CRASH_AT", &format!("{point}:1"))]);
+    }
+}
+
+/// A history edit (pop, clear, restore, fork, prune) with a crash point of
+/// the edits armed runs to its end.
+#[test]
+fn no_edit_crash_point_fires_in_the_release_binary() {
+    let bin = turnsafe_tests::require!(release_bin());
+    for point in EDIT_POINTS {
+        let env = [("TURNSAFE_CRASH_AT", format!("{point}:1"))];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let what = format!("{env:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().to_str().unwrap();
+        let out = run(
+            &bin,
+            &["append", "--session", "s1", "--home", home],
+            &env,
+            &format!("{}{}", batch("e1"), batch("e2")),
+        );
+        assert_eq!(out.status.code(), Some(0), "{what}");
+        for args in [
+            &["pop", "--session", "s1"][..],
+            &["restore", "--session", "s1", "--reason", "pop"],
+            &["fork", "--session", "s1", "--at", "3", "--to", "s2"],
+            &["clear", "--session", "s1"],
+            &["prune", "--keep-last", "1"],
+        ] {
+            let mut full = args.to_vec();
+            full.extend(["--home", home]);
+            let out = run(&bin, &full, &env, "");
+            not_killed(&out, &format!("{what} {args:?}"));
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{what} {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // s1 cleared; s2, forked at seq 3, keeps its last row.
+        assert_eq!(stored_uids(&dir.path().join("state.db")).len(), 1, "{what}");
     }
 }
 

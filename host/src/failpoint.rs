@@ -41,6 +41,17 @@ pub const GROUP_POINTS: &[&str] = &[
     "append.before_print",
 ];
 
+/// The crash points inside a history edit (pop, clear, restore, fork,
+/// prune), for the edit torture: after the rows were copied into the
+/// archive and before they leave the transcript (pop, clear, prune),
+/// between two rows a restore or a fork writes, before COMMIT, after it.
+pub const EDIT_POINTS: &[&str] = &[
+    "edit.after_archive",
+    "edit.between_rows",
+    "edit.before_commit",
+    "edit.after_commit",
+];
+
 /// Points where [`io_fault`] can fail an operation of turnsafe's own (not
 /// SQLite's file I/O: the fault VFS covers that).
 pub const IO_POINTS: &[&str] = &[

@@ -349,8 +349,10 @@ pub fn fork(args: ForkArgs) -> i32 {
 /// the newest N) selects move to the archive (reason `prune`), still
 /// restorable; and the archived rows it selects (archived more than
 /// DURATION ago; all but the newest N archived) are deleted for good. With
-/// `--archived-only`, only the archive is pruned. To delete at once: prune,
-/// then `prune --archived-only --older-than 0s`.
+/// `--archived-only`, only the archive is pruned. The archive is pruned
+/// first, so what a prune moves there stays restorable at least until the
+/// next prune. To delete at once: prune, then
+/// `prune --archived-only --older-than 0s`.
 ///
 /// A session whose live turn lease another writer holds is skipped and
 /// named, and the exit code is then 5. The search index stays consistent.

@@ -217,7 +217,9 @@ impl SessionStore {
                 schema::disable_fts(conn)?;
             }
             let v = f(conn, session.as_str())?;
+            crate::failpoint::hit("edit.before_commit");
             conn.execute_batch("COMMIT")?;
+            crate::failpoint::hit("edit.after_commit");
             Ok(v)
         })();
         if result.is_err() && !conn.is_autocommit() {

@@ -49,6 +49,7 @@ fn archive_rows(conn: &Connection, session: &str, which: Which<'_>, stamp: &Stam
         stamp.holder,
         stamp.edit
     ])?;
+    crate::failpoint::hit("edit.after_archive");
     // The schema's `messages_fts_unindex` trigger takes indexed rows out
     // of the full-text index and keeps its watermark true.
     let n = conn
@@ -367,6 +368,7 @@ fn restore_in(conn: &Connection, session: &str, selector: &Selector) -> rusqlite
             continue;
         }
         insert.execute(params![session, uid, seq, role, content, item, created])?;
+        crate::failpoint::hit("edit.between_rows");
         unarchive.execute([id])?;
         report.restored.push((uid, seq));
     }
@@ -419,6 +421,7 @@ fn fork_in(
     let (mut copied, mut already) = (0, 0);
     for (uid, seq, role, content, item, created) in rows {
         let n = insert.execute(params![new, fork_uid(new, &uid), seq, role, content, item, created])?;
+        crate::failpoint::hit("edit.between_rows");
         if n == 1 {
             copied += 1;
         } else {
@@ -564,6 +567,7 @@ impl SessionStore {
                             ),
                             params![session, below, stored_before, now_ms(), holder, edit_id],
                         )?;
+                        crate::failpoint::hit("edit.after_archive");
                         conn.execute(
                             &format!("DELETE FROM messages WHERE {ACTIVE_FILTER}"),
                             params![session, below, stored_before],
