@@ -65,9 +65,9 @@ fn opening_migrates_every_row_exactly() {
     assert!(store.is_open());
     let c = home.other();
     let v: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
-    assert_eq!(v, 4);
-    assert_eq!(turnsafe_host::store::SCHEMA_VERSION, 4);
-    assert_eq!(meta(&home, "schema_version"), "4");
+    assert_eq!(v, 5);
+    assert_eq!(turnsafe_host::store::SCHEMA_VERSION, 5);
+    assert_eq!(meta(&home, "schema_version"), "5");
     assert_eq!(read(&home, "s1"), before_s1);
     assert_eq!(read(&home, "s2"), before_s2);
     assert_eq!(

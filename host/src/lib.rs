@@ -30,6 +30,7 @@ pub mod guard;
 pub mod history;
 pub mod holders;
 pub mod ids;
+pub mod import_hermes;
 pub mod message;
 pub mod observe;
 pub mod outcome;

@@ -15,6 +15,7 @@ mod doctor;
 mod evaluate;
 mod explain;
 mod history;
+mod import;
 mod recover;
 mod replay;
 mod search;
@@ -53,6 +54,7 @@ enum Command {
     Prune(history::PruneArgs),
     Search(search::Args),
     Replay(replay::Args),
+    Import(import::Args),
     Recover(recover::Args),
     Doctor(doctor::Args),
     Classify(classify::Args),
@@ -85,6 +87,7 @@ pub fn main() -> i32 {
         Command::Prune(a) => history::prune(a),
         Command::Search(a) => search::run(a),
         Command::Replay(a) => replay::run(a),
+        Command::Import(a) => import::run(a),
         Command::Recover(a) => recover::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Classify(a) => classify::run(a),

@@ -18,6 +18,7 @@
 mod backend;
 mod edit;
 pub mod history;
+pub mod import;
 pub mod index;
 mod lockwait;
 pub(crate) mod rows;

@@ -34,6 +34,13 @@
 //! was (`edit`, one id per edit). A uid is active at most once (the
 //! `messages` key) and may sit in the archive any number of times.
 //! `sessions` gains its lineage: `forked_from` and `forked_at_seq`.
+//!
+//! **Version 5** keeps where an imported session came from. `session_meta`
+//! holds one row per session an import wrote (`turnsafe import hermes`):
+//! the runtime it came from (`origin`, e.g. `hermes`), its id there
+//! (`origin_id`), that runtime's session record as a JSON object (`meta`:
+//! title, source, lineage, model, token counts...) and when it was first
+//! imported (`imported_ms`). Nothing that is stored moves.
 
 use std::path::Path;
 
@@ -42,7 +49,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::rows;
 
 /// Current schema version.
-pub const VERSION: i64 = 4;
+pub const VERSION: i64 = 5;
 
 const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS state_meta(
@@ -92,6 +99,17 @@ CREATE TABLE IF NOT EXISTS archive(
     edit         TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS archive_by_session ON archive(session_id, archived_ms);
+";
+
+/// Version 5's record of imported sessions.
+const SESSION_META: &str = "
+CREATE TABLE IF NOT EXISTS session_meta(
+    session_id   TEXT PRIMARY KEY,
+    origin       TEXT NOT NULL,
+    origin_id    TEXT NOT NULL,
+    meta         TEXT NOT NULL,
+    imported_ms  INTEGER NOT NULL
+) WITHOUT ROWID;
 ";
 
 /// Version 2's triggers: nothing runs on insert; a delete or a content
@@ -265,7 +283,10 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
             if version < 3 {
                 v2_to_v3(conn)?;
             }
-            v3_to_v4(conn)?;
+            if version < 4 {
+                v3_to_v4(conn)?;
+            }
+            v4_to_v5(conn)?;
         }
         conn.execute(
             "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('schema_version', ?1)",
@@ -292,6 +313,7 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
 fn create(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
     conn.execute_batch(TABLES)?;
     conn.execute_batch(ARCHIVE)?;
+    conn.execute_batch(SESSION_META)?;
     conn.execute_batch(V2_TRIGGERS)?;
     // The generation also lives in the header (application_id, bytes
     // 68-71), written before the switch to WAL so the main file has it.
@@ -402,4 +424,10 @@ fn v3_to_v4(conn: &Connection) -> rusqlite::Result<()> {
          ALTER TABLE sessions ADD COLUMN forked_at_seq INTEGER;",
     )?;
     conn.execute_batch(ARCHIVE)
+}
+
+/// Version 4 -> 5: the record of imported sessions. Nothing that is stored
+/// moves.
+fn v4_to_v5(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(SESSION_META)
 }

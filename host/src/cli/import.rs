@@ -1,0 +1,161 @@
+//! `turnsafe import`: another runtime's history into a turnsafe home.
+
+use std::path::PathBuf;
+
+use crate::exit;
+use crate::import_hermes::{ImportError, ImportOptions, Report, import};
+
+/// Bring another agent runtime's history into a turnsafe home.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum What {
+    Hermes(HermesArgs),
+}
+
+/// Import a Hermes home (`HERMES_HOME`: `state.db` and `sessions/`) into a
+/// turnsafe home's `state.db`.
+///
+/// The Hermes home is never written to, and its `state.db` is never opened:
+/// `state.db` and its `-wal` are copied, the copy is kept only if no file
+/// changed during it, and the copy is read. While a Hermes process keeps
+/// writing, the copy is tried again a few times, then the import refuses
+/// (exit 5). Only SQLite homes (`--home`) are written: to bring Hermes
+/// history into PostgreSQL, import into a home, then move it.
+///
+/// Every Hermes session becomes a session; its Hermes record (title,
+/// source, parent, model, token counts...) is kept in `session_meta`. A
+/// Hermes id that is not a valid turnsafe session id is stored under
+/// `<safe prefix>-h<hash>`, as `TurnsafeSession` maps free-form ids, and
+/// reported. Active rows become the history in Hermes' order (uid
+/// `hermes:<message id>`); inactive rows go to the archive with reason
+/// `compaction` (compacted) or `rewind`. Each message keeps its Hermes
+/// fields, `content` and `tool_calls` decoded as Hermes decodes them.
+///
+/// Messages in `sessions/<id>.jsonl` (Hermes' diverted batches) and in the
+/// snapshot `sessions/session_<id>.json` follow the session's rows, unless
+/// they repeat a message already there: the same `role`, `content` and
+/// `tool_call_id`, each message matched once. A line that cannot be read
+/// is copied to `<home>/import-quarantine/hermes.jsonl` and counted
+/// `quarantined`; a torn last line is counted `torn`. Every row and line
+/// has a stable uid, so a second import adds nothing.
+///
+/// Output, one line per session:
+/// `<hermes id> -> <session>: <rows> rows, <lines> lines: <imported> imported, <archived> archived, <duplicate> duplicate, <quarantined> quarantined[, <torn> torn][, refused]`
+/// then a summary line. With `--json`: one `{"type":"session","data":{...}}`
+/// per session (`hermes_id`, `session`, `renamed`, `parent`, `rows`,
+/// `lines`, `imported`, `archived`, `duplicate`, `quarantined`, `torn`,
+/// `refused`, `files`), then `{"type":"end","data":{...}}` (`source`,
+/// `home`, `dry_run`, `copy_attempts`, `sessions`, the same counts summed,
+/// `renamed`: {hermes id: session}, `refused`: [session], `quarantine`:
+/// the quarantine file or null).
+///
+/// Exit 0 when every session was imported (quarantined lines included); 5
+/// when the import refused (`--home` is the Hermes home, Hermes kept
+/// writing, or another writer holds a session's live turn lease: the other
+/// sessions are imported, that one is not).
+#[derive(Debug, clap::Args)]
+pub struct HermesArgs {
+    /// The Hermes home (`HERMES_HOME`, e.g. `~/.hermes`), holding `state.db`.
+    #[arg(long, value_name = "HERMES_HOME")]
+    source: PathBuf,
+    /// The turnsafe home to import into (`<home>/state.db`; created if missing).
+    #[arg(long, value_name = "DIR")]
+    home: PathBuf,
+    /// Only this Hermes session (its Hermes id).
+    #[arg(long, value_name = "HERMES_ID")]
+    session: Option<String>,
+    /// Report what would happen; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// JSON Lines output in the `{"type","data"}` envelope.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> i32 {
+    match args.what {
+        What::Hermes(a) => hermes(a),
+    }
+}
+
+fn hermes(args: HermesArgs) -> i32 {
+    if let Some(code) = super::refuse_newer_schema(&args.home.join("state.db")) {
+        return code;
+    }
+    let opts = ImportOptions {
+        session: args.session,
+        dry_run: args.dry_run,
+        ..ImportOptions::default()
+    };
+    let report = match import(&args.source, &args.home, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("turnsafe import hermes: {e}");
+            return match e {
+                e if e.is_refusal() => exit::REFUSED,
+                ImportError::NoSource(_) | ImportError::NoSuchSession(_) | ImportError::NotHermes { .. } => exit::USAGE,
+                _ => exit::FAILURE,
+            };
+        }
+    };
+    print(&report, args.json);
+    if report.any_refused() {
+        eprintln!(
+            "turnsafe import hermes: refused session(s) whose live turn lease another writer holds: {}; \
+             import them again once that writer is done",
+            report.summary()["refused"]
+        );
+        return exit::REFUSED;
+    }
+    exit::OK
+}
+
+/// The report, in human form or as JSON Lines.
+pub(crate) fn print(report: &Report, json: bool) {
+    for s in &report.sessions {
+        let line = if json {
+            super::envelope("session", serde_json::to_value(s).unwrap_or_default())
+        } else {
+            let mut line = format!(
+                "{} -> {}: {} rows, {} lines: {} imported, {} archived, {} duplicate, {} quarantined",
+                s.hermes_id, s.session, s.rows, s.lines, s.imported, s.archived, s.duplicate, s.quarantined
+            );
+            if s.torn > 0 {
+                line.push_str(&format!(", {} torn", s.torn));
+            }
+            if s.refused {
+                line.push_str(", refused");
+            }
+            line
+        };
+        if !super::emit(&line) {
+            return;
+        }
+    }
+    let summary = report.summary();
+    if json {
+        super::emit(&super::envelope("end", summary));
+        return;
+    }
+    let n = |k: &str| summary[k].as_u64().unwrap_or_default();
+    super::emit(&format!(
+        "{}{} sessions, {} rows, {} lines: {} imported, {} archived, {} duplicate, {} quarantined, {} torn",
+        if report.dry_run { "dry run: " } else { "" },
+        n("sessions"),
+        n("rows"),
+        n("lines"),
+        n("imported"),
+        n("archived"),
+        n("duplicate"),
+        n("quarantined"),
+        n("torn"),
+    ));
+    if let Some(q) = &report.quarantine {
+        super::emit(&format!("unreadable lines copied to {q}"));
+    }
+}

@@ -1,0 +1,200 @@
+//! Writing another runtime's history into a home ([`crate::import_hermes`]):
+//! sessions with their metadata, rows with given uids and seqs, and rows
+//! that runtime had already taken out of the transcript, straight into the
+//! archive.
+//!
+//! One group of sessions is one edit ([`SessionStore::edit`]): one
+//! `BEGIN IMMEDIATE` transaction that checks the generation guard first,
+//! whose failure the policy decides. A session whose live turn lease is held
+//! by another writer is skipped inside the transaction and reported as
+//! refused; the others of the group are written.
+//!
+//! Idempotent by uid: a uid already in the session, active or archived
+//! (popped since the last import, say), is a duplicate and is never written
+//! again.
+
+use std::collections::HashSet;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{EditError, SessionId, SessionStore, now_ms};
+use crate::history::Reason;
+use crate::message::Message;
+
+/// The `edit` stamped on every archived row an import writes.
+pub const IMPORT_EDIT: &str = "import";
+
+/// One row to import.
+#[derive(Debug, Clone)]
+pub struct ImportRow {
+    pub uid: String,
+    pub seq: i64,
+    pub message: Message,
+    pub created_ms: i64,
+    /// `Some`: the source had taken it out of the transcript; it goes to the
+    /// archive with this reason.
+    pub archive: Option<Reason>,
+}
+
+/// One session's rows (all of them, or the next part of them), and its
+/// metadata.
+#[derive(Debug, Clone)]
+pub struct ImportSession {
+    pub session: SessionId,
+    pub created_ms: i64,
+    /// `(origin, origin_id, meta JSON)` for `session_meta`.
+    pub meta: Option<(String, String, String)>,
+    pub rows: Vec<ImportRow>,
+}
+
+/// What one session's import did (or, in a dry run, would do).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImportCounts {
+    /// Rows written as active history.
+    pub imported: u64,
+    /// Rows written to the archive.
+    pub archived: u64,
+    /// Rows whose uid the session already holds, active or archived.
+    pub duplicate: u64,
+    /// Another writer holds the session's live turn lease: nothing written.
+    pub refused: bool,
+}
+
+/// Whether `session`'s live turn lease is held (by anyone: an import holds
+/// none).
+fn lease_live(conn: &Connection, session: &str) -> rusqlite::Result<bool> {
+    let lease: Option<(Option<String>, Option<i64>)> = conn
+        .prepare_cached("SELECT lease_token, lease_expires_ms FROM sessions WHERE id = ?1")?
+        .query_row([session], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(matches!(lease, Some((Some(_), Some(expires))) if expires > now_ms()))
+}
+
+fn table_exists(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)")?
+        .query_row([name], |r| r.get(0))
+}
+
+/// Import `s` through `conn`, inside the caller's transaction; with `write`
+/// false nothing is written and the counts say what would be.
+pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusqlite::Result<ImportCounts> {
+    let mut counts = ImportCounts::default();
+    let session = s.session.as_str();
+    let has_sessions = table_exists(conn, "sessions")?;
+    if has_sessions && lease_live(conn, session)? {
+        counts.refused = true;
+        return Ok(counts);
+    }
+    let has_archive = table_exists(conn, "archive")?;
+    // Uids of the session already in the archive: a duplicate, whether an
+    // earlier import put them there or an edit since did.
+    let mut archived: HashSet<String> = HashSet::new();
+    if has_archive {
+        let mut stmt = conn.prepare_cached("SELECT uid FROM archive WHERE session_id = ?1")?;
+        for uid in stmt.query_map([session], |r| r.get::<_, String>(0))? {
+            archived.insert(uid?);
+        }
+    }
+    let has_messages = table_exists(conn, "messages")?;
+    if write {
+        conn.prepare_cached("INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)")?
+            .execute(params![session, s.created_ms])?;
+        if let Some((origin, origin_id, meta)) = &s.meta {
+            conn.prepare_cached(
+                "INSERT INTO session_meta(session_id, origin, origin_id, meta, imported_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT(session_id) DO UPDATE SET origin = excluded.origin, origin_id = excluded.origin_id, \
+                 meta = excluded.meta WHERE meta IS NOT excluded.meta",
+            )?
+            .execute(params![session, origin, origin_id, meta, now_ms()])?;
+        }
+    }
+    let mut active = if has_messages {
+        Some(conn.prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")?)
+    } else {
+        None
+    };
+    // Prepared only to write: a dry run may read a database of an earlier
+    // version, without the archive.
+    let (mut insert, mut to_archive) = if write {
+        (
+            Some(conn.prepare_cached(super::rows::INSERT_OR_KEEP)?),
+            Some(conn.prepare_cached(
+                "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, reason, \
+                 holder, edit) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            )?),
+        )
+    } else {
+        (None, None)
+    };
+    let at_ms = now_ms();
+    for row in &s.rows {
+        if archived.contains(&row.uid) {
+            counts.duplicate += 1;
+            continue;
+        }
+        match row.archive {
+            None if insert.is_some() => {
+                let Some(insert) = insert.as_mut() else { continue };
+                if super::rows::insert(insert, session, &row.uid, row.seq, &row.message, row.created_ms)? == 1 {
+                    counts.imported += 1;
+                } else {
+                    counts.duplicate += 1;
+                }
+            }
+            _ => {
+                let stored = match active.as_mut() {
+                    Some(stmt) => stmt.exists(params![session, row.uid])?,
+                    None => false,
+                };
+                if stored {
+                    counts.duplicate += 1;
+                    continue;
+                }
+                match row.archive {
+                    None => counts.imported += 1,
+                    Some(reason) => {
+                        if let Some(to_archive) = to_archive.as_mut() {
+                            to_archive.execute(params![
+                                session,
+                                row.uid,
+                                row.seq,
+                                row.message.role(),
+                                row.message.content_text(),
+                                row.message.item_text(),
+                                row.created_ms,
+                                at_ms,
+                                reason.label(),
+                                IMPORT_HOLDER,
+                                IMPORT_EDIT
+                            ])?;
+                        }
+                        // A source's rows have distinct uids; one archived
+                        // twice in this run is a duplicate the second time.
+                        archived.insert(row.uid.clone());
+                        counts.archived += 1;
+                    }
+                }
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// The `holder` stamped on every archived row an import writes.
+pub const IMPORT_HOLDER: &str = "turnsafe import";
+
+impl SessionStore {
+    /// Import a group of sessions in one edit (one transaction). The
+    /// edit's own lease check is for the group's first session; every
+    /// session's is checked again inside, and a session whose lease is
+    /// live is skipped and counted `refused`.
+    pub fn import_group(&mut self, group: &[ImportSession]) -> Result<Vec<ImportCounts>, EditError> {
+        let Some(first) = group.first() else {
+            return Ok(Vec::new());
+        };
+        self.edit("import", &first.session, |conn, _| {
+            group.iter().map(|s| import_session(conn, s, true)).collect()
+        })
+    }
+}
