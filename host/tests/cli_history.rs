@@ -164,3 +164,79 @@ fn an_edit_of_a_session_another_writer_holds_is_refused() {
     assert_eq!(code, 5);
     assert_eq!(shown(&home, "s1").len(), 3, "nothing was taken out");
 }
+
+/// `chattr +i` on `path`, undone on drop.
+struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    fn new(path: &Path) -> Result<Immutable, String> {
+        let out = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(path)
+            .output()
+            .map_err(|e| format!("chattr: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("chattr +i: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        Ok(Immutable(path.to_path_buf()))
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr").arg("-i").arg(&self.0).output();
+    }
+}
+
+/// A failed edit prints the policy's copy: what failed, that nothing
+/// changed, and what to do; `--json` carries the same copy. Real failures:
+/// a lease another writer holds, and a `state.db` made immutable.
+#[test]
+fn a_failed_edit_says_nothing_changed_in_the_policys_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    append(&home, "s1", "a", 3);
+    let before = shown(&home, "s1");
+
+    let conn = rusqlite::Connection::open(home.join("state.db")).unwrap();
+    conn.execute(
+        "UPDATE sessions SET lease_token = 'theirs', lease_holder = 'other', lease_expires_ms = ?1 WHERE id = 's1'",
+        [i64::MAX / 2],
+    )
+    .unwrap();
+    let (code, records, text) = turnsafe(&home, &["clear", "--session", "s1", "--json"], "");
+    assert_eq!(code, 5, "{text}");
+    let copy = &records[0]["data"]["copy"];
+    assert_eq!(copy["code"], "edit.turn_lease", "{text}");
+    assert_eq!(copy["title"], "The clear did not happen; nothing changed");
+    assert_eq!(copy["details"]["session"], "s1");
+    assert!(text.contains("Nothing was removed, archived or added"), "{text}");
+    assert!(text.contains("  - Then run the clear again."), "{text}");
+    conn.execute("UPDATE sessions SET lease_token = NULL, lease_expires_ms = NULL", [])
+        .unwrap();
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    drop(conn);
+
+    let db = home.join("state.db");
+    let _frozen = turnsafe_tests::require!(Immutable::new(&db));
+    for edit in [
+        &["pop", "--session", "s1", "--json"][..],
+        &["prune", "--keep-last", "1", "--json"],
+    ] {
+        let (code, records, text) = turnsafe(&home, edit, "");
+        assert_ne!(code, 0, "{edit:?} on an immutable state.db: {text}");
+        let error = records
+            .iter()
+            .find(|r| r["type"] == "error")
+            .unwrap_or_else(|| panic!("{text}"));
+        let copy = &error["data"]["copy"];
+        assert!(copy["code"].as_str().is_some_and(|c| c.starts_with("edit.")), "{text}");
+        assert!(
+            copy["body"].as_str().is_some_and(|b| b.contains("did not happen")),
+            "{text}"
+        );
+        assert!(text.contains(copy["title"].as_str().unwrap()), "{text}");
+    }
+    assert_eq!(shown(&home, "s1"), before, "nothing changed");
+}

@@ -131,6 +131,11 @@ fn reason(cause: Cause) -> &'static str {
     }
 }
 
+/// [`reason`] as a sentence's start.
+pub(crate) fn reason_capitalised(cause: Cause) -> String {
+    capitalise(reason(cause))
+}
+
 /// What turnsafe did that made a `persisted` outcome possible.
 // "Wrote", never "saved": whether the write is safe from a power cut is
 // the outcome's to say (see `Durability`).

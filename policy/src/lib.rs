@@ -45,6 +45,7 @@ pub mod codes;
 mod collect;
 mod copy;
 mod decide;
+mod edit_copy;
 pub mod errno;
 mod fields;
 pub mod json;
@@ -76,6 +77,7 @@ pub use decide::{
     decide, decide_with, is_producible, is_sticky, needs_capture, outcome_for, outcomes_of, possible_actions,
     producible_pairs,
 };
+pub use edit_copy::{EditCopy, explain_edit};
 pub use model::{
     ActionKind, Basis, CaptureFailure, CaptureReceipt, CapturedFile, Cause, Classification, Copy, CopyContext,
     Decision, DivertFailure, DivertResidue, Durability, Engine, Evidence, Observation, Operation, Outcome, TlsFailure,

@@ -131,12 +131,18 @@ fn open(t: &Target) -> Result<(Box<dyn Backend>, SessionId), i32> {
 
 /// A failed edit: what happened, in one line (and one JSON record).
 fn failed(e: &EditError, json: bool) -> i32 {
+    let copy = e.copy();
     if json {
         let data = json!({
             "edit": e.edit, "session": e.session, "cause": e.cause.label(),
             "action": e.action.label(), "message": e.message, "attempts": e.attempts,
+            "copy": edit_copy_value(&copy),
         });
         super::emit(&super::envelope("error", data));
+    }
+    eprintln!("{}\n{}", copy.title, copy.body);
+    for step in &copy.remediation {
+        eprintln!("  - {step}");
     }
     eprintln!("turnsafe {}: {e}", e.edit);
     if e.cause == turnsafe_policy::Cause::TurnLease {
@@ -144,6 +150,19 @@ fn failed(e: &EditError, json: bool) -> i32 {
     } else {
         exit::FAILURE
     }
+}
+
+/// An edit's copy as JSON: the fields of a flush outcome's copy, without
+/// an outcome (an edit either happened or did not).
+pub(crate) fn edit_copy_value(c: &turnsafe_policy::EditCopy) -> Value {
+    json!({
+        "code": c.code,
+        "cause": c.cause.label(),
+        "title": c.title,
+        "body": c.body,
+        "remediation": c.remediation,
+        "details": c.details.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+    })
 }
 
 fn row(m: &crate::transcript::StoredMessage, pending: bool) -> Value {

@@ -38,6 +38,14 @@ pub struct EditError {
     pub attempts: u32,
 }
 
+impl EditError {
+    /// The policy's copy: what failed, and that nothing changed (or, after
+    /// a lost COMMIT, that nobody can tell).
+    pub fn copy(&self) -> turnsafe_policy::EditCopy {
+        turnsafe_policy::explain_edit(self.edit, &self.session, self.cause, self.attempts)
+    }
+}
+
 enum Stop {
     Sqlite(rusqlite::Error, Vec<Evidence>),
     Evidence(Evidence, String),
