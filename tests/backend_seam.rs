@@ -9,6 +9,16 @@ use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 use turnsafe_host::store::{SessionStore, StoreOptions};
 
+/// The hits for `zebra`: uid, seq, and the reason of an archived one.
+fn zebra_hits<B: Backend>(b: &mut B, archived: bool) -> Value {
+    let hits = b.search("zebra", None, 10, archived).unwrap().hits;
+    serde_json::json!(
+        hits.iter()
+            .map(|h| (h.uid.clone(), h.seq, h.archived.as_ref().map(|a| a.reason.clone())))
+            .collect::<Vec<_>>()
+    )
+}
+
 /// Everything observable, with paths taken out.
 fn exercise<B: Backend>(w: &mut B) -> Vec<Value> {
     let s1 = sid("s1");
@@ -40,17 +50,25 @@ fn exercise<B: Backend>(w: &mut B) -> Vec<Value> {
     seen.push(Value::Array(b.transcript("s1").unwrap()));
     let asked: Vec<String> = ["a-0", "n-1", "j-1", "nope"].iter().map(|s| s.to_string()).collect();
     seen.push(serde_json::json!(b.stored_uids("s1", &asked).unwrap()));
-    let hits = b.search("zebra message", None, 10).unwrap();
+    let hits = b.search("zebra message", None, 10, false).unwrap();
     seen.push(serde_json::json!(
         hits.hits
             .iter()
             .map(|h| (h.session.clone(), h.uid.clone(), h.seq, h.snippet.contains("[zebra]")))
             .collect::<Vec<_>>()
     ));
-    let scoped = b.search("message", Some("s2"), 1).unwrap();
+    let scoped = b.search("message", Some("s2"), 1, false).unwrap();
     seen.push(serde_json::json!(
         scoped.hits.iter().map(|h| h.uid.clone()).collect::<Vec<_>>()
     ));
+    // What an edit took out is found with `archived` only, marked so.
+    let popped = b.pop_last(&sid("s2")).unwrap().expect("a row to pop");
+    let active = zebra_hits(b, false);
+    let all = zebra_hits(b, true);
+    assert!(!active.to_string().contains(&popped.uid), "{active}");
+    assert!(all.to_string().contains(&popped.uid), "{all}");
+    seen.push(active);
+    seen.push(all);
     let id = b.identity().unwrap();
     assert!(!id.generation.is_empty());
     assert_eq!(b.identity().unwrap(), id, "the identity is stable");

@@ -95,7 +95,12 @@ fn a_version_1_database_is_migrated_exactly() {
     assert_eq!(content.as_deref(), Some("hi giraffe"));
     // Search: the changed rows are indexed again; nothing is missed.
     let found = |b: &mut turnsafe_host::pg::Postgres, q: &str| -> Vec<String> {
-        b.search(q, None, 10).unwrap().hits.into_iter().map(|h| h.uid).collect()
+        b.search(q, None, 10, false)
+            .unwrap()
+            .hits
+            .into_iter()
+            .map(|h| h.uid)
+            .collect()
     };
     assert_eq!(found(b, "giraffe"), ["u2"]);
     assert_eq!(found(b, "annotations"), Vec::<String>::new());

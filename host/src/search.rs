@@ -37,6 +37,9 @@ pub struct SearchOptions {
     /// Open the database read-only: nothing is indexed, everything past the
     /// watermark is scanned.
     pub read_only: bool,
+    /// Search the archive too (what edits took out), after the transcripts
+    /// and within `limit`; archived rows are scanned, never indexed.
+    pub archived: bool,
 }
 
 impl Default for SearchOptions {
@@ -46,6 +49,7 @@ impl Default for SearchOptions {
             limit: 20,
             fts5: false,
             read_only: false,
+            archived: false,
         }
     }
 }
@@ -60,6 +64,28 @@ pub struct Hit {
     pub role: Option<String>,
     /// The matching text, with matches in `[` `]`.
     pub snippet: String,
+    /// Set for a row found in the archive: when it was archived and why.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub archived: Option<ArchivedHit>,
+}
+
+/// Where an archived hit came from: `"archived": true`, `archived_at`
+/// (RFC 3339) and `reason` in the hit's JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArchivedHit {
+    pub archived: bool,
+    pub archived_at: String,
+    pub reason: String,
+}
+
+impl ArchivedHit {
+    pub fn new(archived_ms: i64, reason: String) -> ArchivedHit {
+        ArchivedHit {
+            archived: true,
+            archived_at: crate::history::rfc3339(archived_ms),
+            reason,
+        }
+    }
 }
 
 /// Where the index stood when the search ran.
@@ -262,6 +288,14 @@ fn search_with(
             };
             hits.extend(more);
         }
+        if opts.archived && hits.len() < limit && has_archive(conn)? {
+            let more = if opts.fts5 {
+                scan_archive_fts5(conn, &match_expr, session, limit - hits.len()).map_err(|e| syntax_or(e, true))?
+            } else {
+                scan_archive_like(conn, &words, session, limit - hits.len())?
+            };
+            hits.extend(more);
+        }
         Ok::<_, SearchError>((hits, unindexed, index_ok))
     })();
     if !conn.is_autocommit() {
@@ -347,6 +381,7 @@ fn hit_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Hit> {
         seq: r.get(2)?,
         role: r.get(3)?,
         snippet: r.get(4)?,
+        archived: None,
     })
 }
 
@@ -375,6 +410,7 @@ fn scan_like(
             seq: r.get(2)?,
             role: r.get(3)?,
             snippet: like_snippet(&content, words),
+            archived: None,
         })
     })?;
     rows.collect()
@@ -404,6 +440,77 @@ fn scan_fts5(
         rows.collect()
     })();
     let _ = conn.execute_batch("DROP TABLE IF EXISTS temp.scan_fts");
+    result
+}
+
+/// Whether the schema has the archive (version 4 and later; a read-only
+/// search of an older database does not migrate it).
+fn has_archive(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'archive')",
+        [],
+        |r| r.get(0),
+    )
+}
+
+fn archived_hit(r: &rusqlite::Row<'_>, snippet: String) -> rusqlite::Result<Hit> {
+    Ok(Hit {
+        session: r.get(0)?,
+        uid: r.get(1)?,
+        seq: r.get(2)?,
+        role: r.get(3)?,
+        snippet,
+        archived: Some(ArchivedHit::new(r.get(5)?, r.get(6)?)),
+    })
+}
+
+/// Archived rows holding every word, most recently archived first.
+fn scan_archive_like(
+    conn: &Connection,
+    words: &[&str],
+    session: Option<&str>,
+    limit: usize,
+) -> rusqlite::Result<Vec<Hit>> {
+    let patterns: Vec<String> = words.iter().map(|w| like_escape(w)).collect();
+    let patterns = serde_json::Value::from(patterns).to_string();
+    let mut stmt = conn.prepare_cached(
+        "SELECT a.session_id, a.uid, a.seq, a.role, a.content, a.archived_ms, a.reason FROM archive a \
+         WHERE (?1 IS NULL OR a.session_id = ?1) AND a.content IS NOT NULL \
+           AND NOT EXISTS (SELECT 1 FROM json_each(?2) w \
+                           WHERE a.content NOT LIKE '%' || w.value || '%' ESCAPE '\\') \
+         ORDER BY a.archived_ms DESC, a.id DESC LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(params![session, patterns, limit as i64], |r| {
+        let content: String = r.get(4)?;
+        archived_hit(r, like_snippet(&content, words))
+    })?;
+    rows.collect()
+}
+
+/// A raw FTS5 query over the archive, through a temporary index.
+fn scan_archive_fts5(conn: &Connection, expr: &str, session: Option<&str>, limit: usize) -> rusqlite::Result<Vec<Hit>> {
+    conn.execute_batch(
+        "DROP TABLE IF EXISTS temp.scan_archive; CREATE VIRTUAL TABLE temp.scan_archive USING fts5(content);",
+    )?;
+    let result = (|| {
+        conn.execute(
+            "INSERT INTO temp.scan_archive(rowid, content) SELECT id, content FROM archive \
+             WHERE ?1 IS NULL OR session_id = ?1",
+            params![session],
+        )?;
+        let mut stmt = conn.prepare(
+            "SELECT a.session_id, a.uid, a.seq, a.role, snippet(scan_archive, 0, '[', ']', '…', 12), \
+                    a.archived_ms, a.reason \
+             FROM temp.scan_archive JOIN archive a ON a.id = scan_archive.rowid \
+             WHERE scan_archive MATCH ?1 ORDER BY a.archived_ms DESC, a.id DESC LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![expr, limit as i64], |r| {
+            let snippet: String = r.get(4)?;
+            archived_hit(r, snippet)
+        })?;
+        rows.collect()
+    })();
+    let _ = conn.execute_batch("DROP TABLE IF EXISTS temp.scan_archive");
     result
 }
 

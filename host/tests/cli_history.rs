@@ -240,3 +240,65 @@ fn a_failed_edit_says_nothing_changed_in_the_policys_copy() {
     }
     assert_eq!(shown(&home, "s1"), before, "nothing changed");
 }
+
+/// `search --archived` finds what edits took out, after the transcripts'
+/// hits and marked as archived (reason, time); without it, nothing
+/// archived is found. Plain words and raw FTS5 both reach the archive.
+#[test]
+fn search_archived_finds_what_edits_took_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    append(&home, "s1", "kiwi", 3);
+    append(&home, "s2", "kiwi", 1);
+    let (code, _, text) = turnsafe(&home, &["pop", "--session", "s1"], "");
+    assert_eq!(code, 0, "{text}");
+    let (code, _, text) = turnsafe(&home, &["clear", "--session", "s2"], "");
+    assert_eq!(code, 0, "{text}");
+
+    let hits = |args: &[&str]| {
+        let mut full = vec!["search"];
+        full.extend_from_slice(args);
+        let (code, records, text) = turnsafe(&home, &full, "");
+        assert_eq!(code, 0, "{text}");
+        assert_eq!(records.last().unwrap()["type"], "end", "{text}");
+        records
+            .into_iter()
+            .filter(|r| r["type"] == "hit")
+            .map(|r| r["data"].clone())
+            .collect::<Vec<_>>()
+    };
+    let active = hits(&["kiwi", "--json"]);
+    assert_eq!(active.len(), 2, "{active:?}");
+    assert!(active.iter().all(|h| h.get("archived").is_none()), "{active:?}");
+
+    for query in [
+        &["kiwi", "--json", "--archived"][..],
+        &["--fts5", "kiw*", "--json", "--archived"],
+    ] {
+        let all = hits(query);
+        let uids: Vec<&str> = all.iter().map(|h| h["uid"].as_str().unwrap()).collect();
+        assert_eq!(uids.len(), 4, "{query:?}: {all:?}");
+        assert!(
+            all[..2].iter().all(|h| h.get("archived").is_none()),
+            "active hits first: {all:?}"
+        );
+        let archived: Vec<(&str, &str)> = all[2..]
+            .iter()
+            .map(|h| {
+                assert_eq!(h["archived"], true, "{h}");
+                assert!(h["archived_at"].as_str().is_some_and(|t| t.ends_with('Z')), "{h}");
+                (h["uid"].as_str().unwrap(), h["reason"].as_str().unwrap())
+            })
+            .collect();
+        // Most recently archived first: the clear came after the pop.
+        assert_eq!(archived, [("kiwi-0", "clear"), ("kiwi-2", "pop")], "{query:?}");
+        assert_eq!(all[2]["session"], "s2");
+    }
+
+    let scoped = hits(&["kiwi", "--json", "--archived", "--session", "s1", "--limit", "3"]);
+    assert_eq!(scoped.len(), 3, "{scoped:?}");
+    assert_eq!(scoped[2]["reason"], "pop");
+    let (code, _, human) = turnsafe(&home, &["search", "kiwi", "--archived"], "");
+    assert_eq!(code, 0);
+    assert!(human.contains("[archived pop "), "{human}");
+}

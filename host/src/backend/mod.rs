@@ -203,7 +203,14 @@ pub trait Backend {
     /// Delete a session for good: rows, archive, lineage. Returns `(rows, archived rows)`.
     fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError>;
     /// Full-text search over the committed messages; never misses one.
-    fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError>;
+    /// With `archived`, the archive's rows too, after them.
+    fn search(
+        &mut self,
+        query: &str,
+        session: Option<&str>,
+        limit: usize,
+        archived: bool,
+    ) -> Result<SearchReport, BackendError>;
     /// The identity of the database the handle writes to.
     fn identity(&mut self) -> Result<Identity, BackendError>;
     /// Give back every lease this handle holds (end of input).

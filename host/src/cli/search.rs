@@ -25,6 +25,13 @@ use crate::search::{IndexHealth, SearchError, SearchOptions};
 /// query, an FTS5 syntax error (with SQLite's reason) or a database written
 /// by a newer turnsafe.
 ///
+/// With `--archived`, the archive (what `pop`, `clear`, compaction and
+/// `prune` took out) is searched too: its hits come after the transcripts'
+/// within `--limit`, most recently archived first, and each adds
+/// `"archived": true`, `archived_at` (RFC 3339) and `reason` to its JSON
+/// (human lines end with `[archived <reason> <archived_at>]`). Archived
+/// rows are matched without the index.
+///
 /// With `--db URL` (or `TURNSAFE_DB`) PostgreSQL is searched: its
 /// `tsvector` index is brought up to date first (off the commit path), the
 /// words are matched with `plainto_tsquery('simple', ...)` (all must
@@ -52,6 +59,9 @@ pub struct Args {
     /// The query is raw FTS5 syntax (operators, phrases, prefixes).
     #[arg(long)]
     fts5: bool,
+    /// Search the archived rows too (after the transcripts').
+    #[arg(long)]
+    archived: bool,
 }
 
 pub fn run(args: Args) -> i32 {
@@ -68,6 +78,7 @@ pub fn run(args: Args) -> i32 {
         limit: args.limit as usize,
         fts5: args.fts5,
         read_only: false,
+        archived: args.archived,
     };
     let report = match crate::search::search(&home, &args.query, &opts) {
         Ok(r) => r,
@@ -119,7 +130,7 @@ fn run_postgres(url: crate::pg::DbUrl, args: &Args) -> i32 {
         return exit::USAGE;
     }
     let mut pg = crate::pg::Postgres::new(url, crate::pg::PgOptions::default());
-    let report = match pg.search(&args.query, args.session.as_deref(), args.limit as usize) {
+    let report = match pg.search(&args.query, args.session.as_deref(), args.limit as usize, args.archived) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -150,13 +161,17 @@ fn print(
         let line = if json {
             super::envelope("hit", serde_json::to_value(hit).unwrap_or_default())
         } else {
-            format!(
+            let mut line = format!(
                 "{}  {:>6}  {:<10} {}",
                 hit.session,
                 hit.seq,
                 hit.role.as_deref().unwrap_or("-"),
                 hit.snippet
-            )
+            );
+            if let Some(a) = &hit.archived {
+                line.push_str(&format!("  [archived {} {}]", a.reason, a.archived_at));
+            }
+            line
         };
         if !super::emit(&line) {
             return exit::OK;

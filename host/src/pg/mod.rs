@@ -343,7 +343,16 @@ impl Postgres {
             .collect())
     }
 
-    pub fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError> {
+    /// With `archived`, archived rows matching too, after the transcripts'
+    /// and within `limit`, most recently archived first (matched without an
+    /// index).
+    pub fn search(
+        &mut self,
+        query: &str,
+        session: Option<&str>,
+        limit: usize,
+        archived: bool,
+    ) -> Result<SearchReport, BackendError> {
         if query.trim().is_empty() {
             return Err(BackendError::EmptyQuery);
         }
@@ -390,17 +399,42 @@ impl Postgres {
             )
             .map_err(err)?
             .get(0);
+        let mut hits: Vec<Hit> = rows
+            .into_iter()
+            .map(|r| Hit {
+                session: r.get(0),
+                uid: r.get(1),
+                seq: r.get(2),
+                role: r.get(3),
+                snippet: r.get(4),
+                archived: None,
+            })
+            .collect();
+        let left = limit - (hits.len() as i64).min(limit);
+        if archived && left > 0 {
+            let rows = client
+                .query(
+                    "WITH q AS (SELECT plainto_tsquery('simple', $1) AS q) \
+                     SELECT a.session_id, a.uid, a.seq, a.role, \
+                            ts_headline('simple', COALESCE(a.content, ''), q.q, 'StartSel=[, StopSel=], HighlightAll=false'), \
+                            a.archived_ms, a.reason \
+                     FROM archive a, q \
+                     WHERE to_tsvector('simple', COALESCE(a.content, '')) @@ q.q AND ($2::text IS NULL OR a.session_id = $2) \
+                     ORDER BY a.archived_ms DESC, a.id DESC LIMIT $3",
+                    &[&query, &session, &left],
+                )
+                .map_err(err)?;
+            hits.extend(rows.into_iter().map(|r| Hit {
+                session: r.get(0),
+                uid: r.get(1),
+                seq: r.get(2),
+                role: r.get(3),
+                snippet: r.get(4),
+                archived: Some(crate::search::ArchivedHit::new(r.get(5), r.get(6))),
+            }));
+        }
         Ok(SearchReport {
-            hits: rows
-                .into_iter()
-                .map(|r| Hit {
-                    session: r.get(0),
-                    uid: r.get(1),
-                    seq: r.get(2),
-                    role: r.get(3),
-                    snippet: r.get(4),
-                })
-                .collect(),
+            hits,
             unindexed: unindexed as u64,
         })
     }
@@ -694,8 +728,14 @@ impl Backend for PgStore {
         self.pg.transcript(session)
     }
 
-    fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError> {
-        self.pg.search(query, session, limit)
+    fn search(
+        &mut self,
+        query: &str,
+        session: Option<&str>,
+        limit: usize,
+        archived: bool,
+    ) -> Result<SearchReport, BackendError> {
+        self.pg.search(query, session, limit, archived)
     }
 
     fn identity(&mut self) -> Result<Identity, BackendError> {

@@ -219,10 +219,17 @@ impl Backend for SessionStore {
         transcript(self.live()?, session).map_err(|e| self.read_error(e))
     }
 
-    fn search(&mut self, query: &str, session: Option<&str>, limit: usize) -> Result<SearchReport, BackendError> {
+    fn search(
+        &mut self,
+        query: &str,
+        session: Option<&str>,
+        limit: usize,
+        archived: bool,
+    ) -> Result<SearchReport, BackendError> {
         let opts = crate::search::SearchOptions {
             session: session.map(String::from),
             limit,
+            archived,
             ..crate::search::SearchOptions::default()
         };
         let writable = !self.opts.read_only;
