@@ -31,14 +31,26 @@ function probeError(probe, e) {
   return Object.assign(new Error(`guard probe \`${probe}\` failed: ${e.message}`), { probe, errno: e.errno, cause: e });
 }
 
-/** The descriptors of this process whose link is `p` (or `p (deleted)`) and whose identity is `id`. */
-function findFd(p, id) {
+/**
+ * The descriptors of this process whose link is `p` (or `p (deleted)`) and
+ * whose identity is `id`, those not in `others` first: other connections
+ * of this process (another store on the same home) hold descriptors of the
+ * same files, and the guard must watch its own connection's.
+ */
+function findFd(p, id, others = new Set()) {
+  const all = fdsOf(p, id);
+  return all.find((fd) => !others.has(fd)) ?? all[0] ?? null;
+}
+
+/** Every descriptor of this process open on path `p` (with identity `id`, when given). */
+export function fdsOf(p, id = null) {
   let names;
   try {
     names = fs.readdirSync('/proc/self/fd');
   } catch (e) {
     throw probeError('scan /proc/self/fd', e);
   }
+  const out = [];
   for (const name of names) {
     const fd = Number(name);
     if (!Number.isInteger(fd)) continue;
@@ -50,13 +62,17 @@ function findFd(p, id) {
     }
     if (target.endsWith(' (deleted)')) target = target.slice(0, -' (deleted)'.length);
     if (target !== p) continue;
+    if (id === null) {
+      out.push(fd);
+      continue;
+    }
     try {
-      if (same(idOf(fs.fstatSync(fd, { bigint: true })), id)) return fd;
+      if (same(idOf(fs.fstatSync(fd, { bigint: true })), id)) out.push(fd);
     } catch {
-      // not ours any more
+      // closed meanwhile
     }
   }
-  return null;
+  return out;
 }
 
 function headerGeneration(fd) {
@@ -67,8 +83,14 @@ function headerGeneration(fd) {
 }
 
 export class Guard {
-  /** Record the files as they are now; `dbPath` is made absolute and resolved. */
-  constructor(dbPath, db) {
+  /**
+   * Record the files as they are now; `dbPath` is made absolute and
+   * resolved. `others` are descriptors of these files this process held
+   * before the connection opened (another connection's), watched only when
+   * no other descriptor holds the file.
+   */
+  constructor(dbPath, db, others = new Set()) {
+    this.others = others;
     try {
       this.dbPath = fs.realpathSync(dbPath);
     } catch (e) {
@@ -94,7 +116,31 @@ export class Guard {
 
   recordPart(i) {
     const id = statId(this.path(i));
-    if (id) this.files[i] = { id, fd: findFd(this.path(i), id) };
+    if (id) this.files[i] = { id, fd: findFd(this.path(i), id, this.others) };
+  }
+
+  /**
+   * fstat of the descriptor that holds part `i`. A descriptor that is gone
+   * (EBADF) or now holds another file was another connection's of this
+   * process, which closed it: the one that holds the recorded file is
+   * looked up again. null when no descriptor of this process holds it.
+   */
+  heldStat(i, probe) {
+    const held = this.files[i];
+    try {
+      const st = fs.fstatSync(held.fd, { bigint: true });
+      if (same(idOf(st), held.id)) return st;
+    } catch (e) {
+      if (e.code !== 'EBADF') throw probeError(probe, e);
+    }
+    const fd = findFd(this.path(i), held.id, this.others);
+    if (fd === null) return null;
+    held.fd = fd;
+    try {
+      return fs.fstatSync(fd, { bigint: true });
+    } catch (e) {
+      throw probeError(probe, e);
+    }
   }
 
   /** `null` when intact, else `{evidence, detail}`; throws an error with `probe` when a probe fails. */
@@ -107,13 +153,8 @@ export class Guard {
     if (!now) return replaced('state.db is gone from its path');
     if (!same(now, main.id)) return replaced(`state.db at the path is inode ${now.ino} not ${main.id.ino}`);
     if (main.fd != null) {
-      let st;
-      try {
-        st = fs.fstatSync(main.fd, { bigint: true });
-      } catch (e) {
-        throw probeError('fstat state.db', e);
-      }
-      if (!same(idOf(st), main.id)) return replaced(`descriptor ${main.fd} no longer holds state.db`);
+      const st = this.heldStat(0, 'fstat state.db');
+      if (!st) return replaced(`no descriptor of this process holds the state.db it opened (inode ${main.id.ino})`);
       if (st.nlink === 0n) return replaced('the held state.db has no links left');
       let g;
       try {
@@ -135,13 +176,8 @@ export class Guard {
       if (!at) return deleted(`state.db${PARTS[i]} is gone from its path (held inode ${held.id.ino})`);
       if (!same(at, held.id)) return deleted(`state.db${PARTS[i]} at the path is inode ${at.ino} not ${held.id.ino}`);
       if (held.fd != null) {
-        let st;
-        try {
-          st = fs.fstatSync(held.fd, { bigint: true });
-        } catch (e) {
-          throw probeError('fstat sidecar', e);
-        }
-        if (!same(idOf(st), held.id) || st.nlink === 0n) return deleted(`the held state.db${PARTS[i]} was unlinked`);
+        const st = this.heldStat(i, 'fstat sidecar');
+        if (!st || st.nlink === 0n) return deleted(`the held state.db${PARTS[i]} was unlinked`);
       }
     }
     return null;

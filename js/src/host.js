@@ -16,7 +16,7 @@ import Database from 'better-sqlite3';
 
 import { capture, holds, holdsSession, holdValue } from './captures.js';
 import { divert, divertMaxSeq, flockExclusive, fsyncDir, validSession } from './divert.js';
-import { Guard } from './guard.js';
+import { Guard, fdsOf } from './guard.js';
 import { codesOf, editNext, flushStep, outcomeText, refused, spent, version } from './policy.js';
 
 /**
@@ -27,8 +27,8 @@ import { codesOf, editNext, flushStep, outcomeText, refused, spent, version } fr
  */
 const NATIVE_SCHEMA = JSON.parse(fs.readFileSync(new URL('../gen/schema.json', import.meta.url), 'utf8'));
 export const SCHEMA_VERSION = NATIVE_SCHEMA.version;
-if (SCHEMA_VERSION !== 3 && SCHEMA_VERSION !== 4) {
-  throw new Error(`turnsafe-store writes schema versions 3 and 4; the turnsafe it was built with writes ${SCHEMA_VERSION}`);
+if (SCHEMA_VERSION !== 3 && SCHEMA_VERSION !== 4 && SCHEMA_VERSION !== 5) {
+  throw new Error(`turnsafe-store writes schema versions 3, 4 and 5; the turnsafe it was built with writes ${SCHEMA_VERSION}`);
 }
 
 const TABLES = `
@@ -77,6 +77,17 @@ CREATE TABLE IF NOT EXISTS archive(
     edit         TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS archive_by_session ON archive(session_id, archived_ms);
+`;
+
+/** Version 5's record of imported sessions (`turnsafe import hermes`). */
+const SESSION_META = `
+CREATE TABLE IF NOT EXISTS session_meta(
+    session_id   TEXT PRIMARY KEY,
+    origin       TEXT NOT NULL,
+    origin_id    TEXT NOT NULL,
+    meta         TEXT NOT NULL,
+    imported_ms  INTEGER NOT NULL
+) WITHOUT ROWID;
 `;
 
 /** The extension that switches off the checkpoint at close (built into gen/ by scripts/build.mjs). */
@@ -307,6 +318,15 @@ export class Host {
         // reported by the open below
       }
     }
+    // Descriptors of these files this process already holds (another
+    // store's connection on the same home): the guard watches its own.
+    let real = this.dbPath;
+    try {
+      real = fs.realpathSync(this.dbPath);
+    } catch {
+      // not there yet: nobody holds it
+    }
+    const others = new Set(['', '-wal', '-shm'].flatMap((x) => fdsOf(real + x)));
     let db;
     try {
       db = new Database(this.dbPath, { timeout: this.busyTimeoutMs });
@@ -321,7 +341,9 @@ export class Host {
     }
     try {
       this.configure(db);
-      if (this.guardOn) this.guard = new Guard(this.dbPath, db);
+      // A read opens the WAL and the shm, so the guard records them now.
+      db.prepare('SELECT count(*) FROM sqlite_master').get();
+      if (this.guardOn) this.guard = new Guard(this.dbPath, db, others);
     } catch (e) {
       try {
         db.close();
@@ -359,10 +381,14 @@ export class Host {
       // Re-read under the write lock: another process may have migrated.
       const again = db.pragma('user_version', { simple: true });
       if (again > SCHEMA_VERSION) throw newerSchema(again);
-      if (again === 3 && SCHEMA_VERSION === 4) {
-        // 3 -> 4: the archive and each session's lineage; nothing stored moves.
-        db.exec('ALTER TABLE sessions ADD COLUMN forked_from TEXT; ALTER TABLE sessions ADD COLUMN forked_at_seq INTEGER;');
-        db.exec(ARCHIVE);
+      if ((again === 3 || again === 4) && again < SCHEMA_VERSION && SCHEMA_VERSION >= 4) {
+        // 3 -> 4: the archive and each session's lineage; 4 -> 5: the record
+        // of imported sessions. Nothing stored moves.
+        if (again === 3) {
+          db.exec('ALTER TABLE sessions ADD COLUMN forked_from TEXT; ALTER TABLE sessions ADD COLUMN forked_at_seq INTEGER;');
+          db.exec(ARCHIVE);
+        }
+        if (SCHEMA_VERSION >= 5) db.exec(SESSION_META);
         db.prepare("INSERT OR REPLACE INTO state_meta(key, value) VALUES ('schema_version', ?)").run(String(SCHEMA_VERSION));
         db.pragma(`user_version = ${SCHEMA_VERSION}`);
       } else if (again !== SCHEMA_VERSION) {
@@ -375,6 +401,7 @@ export class Host {
         if (generation === 0) generation = 1;
         db.exec(tables(SCHEMA_VERSION));
         if (SCHEMA_VERSION >= 4) db.exec(ARCHIVE);
+        if (SCHEMA_VERSION >= 5) db.exec(SESSION_META);
         db.exec(V2_TRIGGERS);
         // The generation also lives in the header, written before the switch to WAL.
         db.pragma(`application_id = ${generation}`);
@@ -465,7 +492,7 @@ export class Host {
     const base = this.state;
     // A batch refused before its flush began (an invalid session id) gets
     // its error; nothing of it was done.
-    let members = reqs.map((r) => {
+    const members = reqs.map((r) => {
       try {
         return this.member(r, base);
       } catch (error) {
@@ -499,7 +526,6 @@ export class Host {
         }
       });
     }
-    members = null;
     this.counters.flushes += reqs.length;
     this.counters.flushMs += performance.now() - t0;
     this.counters.componentMs += this.componentMs() - before;
@@ -532,7 +558,7 @@ export class Host {
           event = this.resolve(batch, startedMs);
           break;
         case 'capture':
-          event = this.captureStep(step);
+          event = this.captureStep();
           break;
         case 'divert':
           event = this.divertStep(batch, step.cause);
@@ -782,8 +808,7 @@ export class Host {
       let ev = this.openStore(started);
       if (!ev) ev = this.editOnce(session, f, write, degraded, started);
       if (ev.type === 'ok') return ev.value;
-      const { type, ...obs } = ev;
-      void type;
+      const { type: _failed, ...obs } = ev;
       const next = editNext({ ...obs, attempt, seed: s }, degraded);
       if (next.wait !== undefined) sleep(next.wait);
       else if (next.degradeFts) degraded = true;

@@ -165,3 +165,22 @@ test('batches that wait together are committed together; one that fails alone fa
   assert.equal((await sessions[1].getItems()).at(-1).content, 'fine');
   for (const s of sessions) await s.close();
 });
+
+test("an edit asks the policy: another writer's live lease fences a pop, and nothing is removed", async () => {
+  const home = tmp();
+  const theirs = new TurnsafeSession('s1', home, { holder: 'theirs' });
+  await theirs.addItems([user('a'), user('b')]);
+  const ours = new TurnsafeSession('s1', home, { holder: 'ours' });
+  await assert.rejects(ours.popItem(), (e) => e.name === 'TurnsafeError' && e.cause === 'turn_lease' && e.edit === 'pop');
+  await assert.rejects(ours.clearSession(), (e) => e.name === 'TurnsafeError' && e.cause === 'turn_lease');
+  assert.deepEqual(await ours.getItems(), [user('a'), user('b')]);
+  await theirs.close();
+  assert.deepEqual(await ours.popItem(), user('b'));
+  if (SCHEMA_VERSION >= 4) {
+    const db = new Database(path.join(home, 'state.db'), { readonly: true });
+    const archived = db.prepare('SELECT item, reason, holder FROM archive WHERE session_id = ?').all('s1');
+    db.close();
+    assert.deepEqual(archived.map((r) => [JSON.parse(r.item), r.reason, r.holder]), [[user('b'), 'pop', 'ours']]);
+  }
+  await ours.close();
+});
