@@ -102,7 +102,7 @@ fn opening_migrates_to_v5_and_keeps_every_row_and_archived_row() {
         .unwrap();
     assert_eq!(
         (origin.as_str(), meta.as_str()),
-        ("hermes", r#"{"hermes":{"title":"t"}}"#)
+        ("hermes", r#"{"hermes":{"title":"t"},"seq_base":0}"#)
     );
     assert_eq!((read(&home, "s1"), read(&home, "s2"), archive(&home)), before);
 }

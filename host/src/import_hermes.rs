@@ -881,8 +881,16 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
     let bar = progress(total.max(0) as u64);
 
     let sink = if opts.dry_run {
+        // Even a read-only open of a WAL database creates its sidecars: a
+        // dry run reads a copy of the home's database too.
         Sink::Dry(if db.is_file() {
-            Some(crate::store::open_read_only(&db)?)
+            let copy = work.path().join("home");
+            std::fs::create_dir(&copy).map_err(io_err("make a work folder"))?;
+            copy_source(home, &copy, opts.copy_attempts)?;
+            Some(Connection::open_with_flags(
+                copy.join("state.db"),
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )?)
         } else {
             None
         })

@@ -397,8 +397,9 @@ struct Failed {
 
 impl Failed {
     fn of_edit(e: &turnsafe_host::store::EditError) -> Failed {
+        let copy = e.copy();
         Failed {
-            message: e.to_string(),
+            message: format!("{e}\n{}\n{}", copy.title, copy.body),
             cause: Some(e.cause.label()),
             incomplete: None,
         }
@@ -1202,6 +1203,33 @@ fn replay<'py>(
     }
 }
 
+/// Import a Hermes home (`HERMES_HOME`) into the turnsafe home `home`
+/// (SQLite, `home/state.db`): the totals of `turnsafe import hermes --json`
+/// (its `end` line) and `session_reports` (its `session` lines). The Hermes
+/// home is only read, from a verified copy; a session whose live lease
+/// another writer holds is listed in `refused` and not written.
+#[pyfunction]
+#[pyo3(signature = (source, home, *, session = None, dry_run = false))]
+fn import_hermes<'py>(
+    py: Python<'py>,
+    source: PathBuf,
+    home: PathBuf,
+    session: Option<String>,
+    dry_run: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (source, home) = (expand_home(source), expand_home(home));
+    let opts = turnsafe_host::import_hermes::ImportOptions {
+        session,
+        dry_run,
+        ..Default::default()
+    };
+    match py.detach(move || turnsafe_host::import_hermes::import(&source, &home, &opts)) {
+        Ok(report) => to_py(py, &report.to_value()),
+        Err(e) if e.is_refusal() => Err(raise(py, &REFUSED, "Refused", e.to_string(), None)),
+        Err(e) => Err(error(py, e.to_string())),
+    }
+}
+
 /// Findings about a home: `ok`, `findings` and `facts`, as `turnsafe
 /// doctor --json` prints them.
 ///
@@ -1260,6 +1288,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Outcome>()?;
     m.add_class::<Completions>()?;
     m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_function(wrap_pyfunction!(import_hermes, m)?)?;
     m.add_function(wrap_pyfunction!(doctor, m)?)?;
     m.add_function(wrap_pyfunction!(search, m)?)?;
     m.add("SCHEMA_VERSION", turnsafe_host::store::SCHEMA_VERSION)?;

@@ -12,6 +12,11 @@
 //! Idempotent by uid: a uid already in the session, active or archived
 //! (popped since the last import, say), is a duplicate and is never written
 //! again.
+//!
+//! Seqs: a row's seq is its given seq plus the session's base, recorded in
+//! its `session_meta` record (`seq_base`) at its first import: 0 for a new
+//! session, just past its rows for a session turnsafe already wrote to, so
+//! those stay first and every later import numbers the same way.
 
 use std::collections::HashSet;
 
@@ -96,10 +101,12 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
         }
     }
     let has_messages = table_exists(conn, "messages")?;
+    let base = seq_base(conn, session, has_messages)?;
     if write {
         conn.prepare_cached("INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)")?
             .execute(params![session, s.created_ms])?;
         if let Some((origin, origin_id, meta)) = &s.meta {
+            let meta = with_seq_base(meta, base);
             conn.prepare_cached(
                 "INSERT INTO session_meta(session_id, origin, origin_id, meta, imported_ms) \
                  VALUES (?1, ?2, ?3, ?4, ?5) \
@@ -136,7 +143,7 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
         match row.archive {
             None if insert.is_some() => {
                 let Some(insert) = insert.as_mut() else { continue };
-                if super::rows::insert(insert, session, &row.uid, row.seq, &row.message, row.created_ms)? == 1 {
+                if super::rows::insert(insert, session, &row.uid, base + row.seq, &row.message, row.created_ms)? == 1 {
                     counts.imported += 1;
                 } else {
                     counts.duplicate += 1;
@@ -158,7 +165,7 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
                             to_archive.execute(params![
                                 session,
                                 row.uid,
-                                row.seq,
+                                base + row.seq,
                                 row.message.role(),
                                 row.message.content_text(),
                                 row.message.item_text(),
@@ -179,6 +186,37 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
         }
     }
     Ok(counts)
+}
+
+/// Where the imported rows' seqs start: `seq_base` in the session's
+/// record once it was imported; before, just past the session's rows (a
+/// session turnsafe already wrote to keeps them first), else 0.
+fn seq_base(conn: &Connection, session: &str, has_messages: bool) -> rusqlite::Result<i64> {
+    if table_exists(conn, "session_meta")? {
+        let recorded: Option<Option<i64>> = conn
+            .prepare_cached("SELECT json_extract(meta, '$.seq_base') FROM session_meta WHERE session_id = ?1")?
+            .query_row([session], |r| r.get(0))
+            .optional()?;
+        if let Some(base) = recorded {
+            return Ok(base.unwrap_or(0));
+        }
+    }
+    if !has_messages {
+        return Ok(0);
+    }
+    conn.prepare_cached("SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE session_id = ?1")?
+        .query_row([session], |r| r.get(0))
+}
+
+/// The record `meta` (a JSON object) with `seq_base` set.
+fn with_seq_base(meta: &str, base: i64) -> String {
+    match serde_json::from_str::<serde_json::Value>(meta) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            m.insert("seq_base".into(), base.into());
+            serde_json::Value::Object(m).to_string()
+        }
+        _ => meta.to_string(),
+    }
 }
 
 /// The `holder` stamped on every archived row an import writes.

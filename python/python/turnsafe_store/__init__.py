@@ -12,7 +12,7 @@ an :class:`Outcome` that says plainly that neither happened.
 """
 
 from ._errors import Error, HistoryIncomplete, InvalidSessionId, Refused, TurnNotPersisted
-from ._native import SCHEMA_VERSION, Outcome, Store, doctor, replay, search
+from ._native import SCHEMA_VERSION, Outcome, Store, doctor, import_hermes, replay, search
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -24,6 +24,7 @@ __all__ = [
     "Store",
     "TurnNotPersisted",
     "doctor",
+    "import_hermes",
     "replay",
     "search",
 ]

@@ -182,6 +182,22 @@ def replay(
     ``file_reports``). Raises ``Refused`` while a live lease is held or a
     capture is not settled, unless ``force``."""
 
+def import_hermes(
+    source: _Path,
+    home: _Path,
+    *,
+    session: Optional[str] = None,
+    dry_run: bool = False,
+) -> Dict[str, Any]:
+    """Import the Hermes home ``source`` (``HERMES_HOME``: ``state.db`` and
+    ``sessions/``) into the turnsafe home ``home`` (``home/state.db``): the
+    report of ``turnsafe import hermes --json`` (the ``end`` line's fields:
+    ``sessions``, ``rows``, ``lines``, ``imported``, ``archived``,
+    ``duplicate``, ``quarantined``, ``torn``, ``renamed``, ``refused``,
+    ``quarantine``, ``copy_attempts``...; and ``session_reports``, one dict
+    per session). The Hermes home is never written to. Raises ``Refused``
+    when ``home`` is ``source`` or Hermes kept writing during every copy."""
+
 def doctor(home: _Path, *, db: Optional[str] = None) -> Dict[str, Any]:
     """Findings about a home, or about the PostgreSQL server ``db`` (else
     ``TURNSAFE_DB``) names: ``ok``, ``findings``, ``facts``."""
