@@ -33,8 +33,8 @@ use crate::exit;
     long_about = "turnsafe decides what to do when saving a conversation turn to state.db fails \
                   (retry, divert to a durable JSONL copy, or fail closed) and says so truthfully.\n\n\
                   Exit codes: 0 ok; 1 internal error; 2 usage; 3 a batch was not persisted; \
-                  4 verification failed; 5 refused (a live lease, a capture not yet settled, or a process holds a file it would \
-                  replace); 6 doctor found problems; 7 a history read is not complete (an unsettled capture \
+                  4 verification failed; 5 refused (a live lease, a capture not yet settled, a process holds a file it would \
+                  replace, or a source that kept changing while it was copied); 6 doctor found problems; 7 a history read is not complete (an unsettled capture \
                   holds rows of it); 65 unreadable input lines."
 )]
 pub struct Cli {
