@@ -283,3 +283,71 @@ fn threads_on_one_shared_store_share_commits() {
         assert_eq!(st.transcript("s3").unwrap().len(), 20);
     });
 }
+
+/// The statements prepared on the handle's connection.
+fn prepared_statements(store: &mut turnsafe_host::pg::PgStore) -> i64 {
+    let client = store.backend().client().expect("connected");
+    client
+        .query_one("SELECT count(*) FROM pg_prepared_statements", &[])
+        .expect("read pg_prepared_statements")
+        .get(0)
+}
+
+/// The write path prepares its statements once per connection: more
+/// groups add none. When the server ends the connection, the next
+/// connection prepares its own (a statement belongs to the connection that
+/// prepared it), and every batch is stored once.
+#[test]
+fn the_write_path_prepares_its_statements_once_per_connection() {
+    let server = pg_or_skip!();
+    let db = server.create_db("prepared");
+    let home = Home::new();
+    let mut store = pg::store(&server.url(&db), home.path());
+    let names = ["a", "b"];
+    for round in 0..3 {
+        let outs = group(&mut store, &batches(&names, &format!("r{round}"), 2));
+        assert!(outs.iter().all(|o| o.persisted), "{:?}", outs[0].failure);
+    }
+    let settled = prepared_statements(&mut store);
+    assert!(settled >= 4, "the write path's statements are prepared: {settled}");
+    for round in 3..10 {
+        let outs = group(&mut store, &batches(&names, &format!("r{round}"), 2));
+        assert!(outs.iter().all(|o| o.persisted), "{:?}", outs[0].failure);
+    }
+    assert_eq!(prepared_statements(&mut store), settled, "no statement prepared twice");
+
+    let pid: i32 = store
+        .backend()
+        .client()
+        .expect("connected")
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    server
+        .admin(&db)
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .unwrap();
+    let mut stored_after = false;
+    for attempt in 0..3 {
+        let outs = group(&mut store, &batches(&names, &format!("after{attempt}"), 2));
+        if outs.iter().all(|o| o.persisted) {
+            stored_after = true;
+            break;
+        }
+    }
+    assert!(stored_after, "writes go on over a new connection");
+    assert_eq!(
+        prepared_statements(&mut store),
+        settled,
+        "the new connection prepared its own"
+    );
+    let uids: Vec<String> = server
+        .admin(&db)
+        .query("SELECT uid FROM messages", &[])
+        .unwrap()
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect();
+    let distinct: BTreeSet<&String> = uids.iter().collect();
+    assert_eq!(distinct.len(), uids.len(), "nothing stored twice");
+}

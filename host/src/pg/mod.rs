@@ -60,6 +60,8 @@ pub struct Postgres {
     url: DbUrl,
     opts: PgOptions,
     client: Option<Client>,
+    /// The write path's statements, prepared on `client`.
+    prepared: write::Prepared,
     /// The generation of the database the first open found; a later open
     /// that finds another is a replaced store.
     generation: Option<String>,
@@ -120,6 +122,7 @@ impl Postgres {
             url,
             opts,
             client: None,
+            prepared: write::Prepared::default(),
             generation: None,
             server: None,
             last_stored: None,
@@ -202,6 +205,7 @@ impl Postgres {
                     });
                 }
             }
+            self.prepared.clear();
             self.client = Some(client);
         }
         self.client.as_mut().ok_or_else(|| BackendError::Unavailable {
@@ -288,6 +292,7 @@ impl Postgres {
         };
         tracing::debug!(target_db = self.url.display(), "postgres store opened");
         self.generation = Some(generation);
+        self.prepared.clear();
         self.client = Some(client);
         Ok(())
     }
@@ -674,11 +679,13 @@ impl Backend for PgStore {
         let Some(client) = self.pg.client.as_mut() else {
             return GroupWrite::failed(batches.len(), translate::failure(&Fault::NotConnected, 0));
         };
+        let prepared = &mut self.pg.prepared;
         let generation = self.pg.generation.clone().unwrap_or_default();
         let divert_dir = self.ledger.divert_dir.clone();
         let promised = |session: &str| crate::backend::group::divert_max_seq(&divert_dir, session).map(|m| m + 1);
         let written = write::write_group(
             client,
+            prepared,
             batches,
             &mut self.ledger.sessions,
             &self.lease,

@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use postgres::{Client, Transaction};
+use postgres::{Client, Statement, Transaction};
 use turnsafe_policy::machine::WritePlan;
 
 use crate::backend::{Cursor, Flush, Lease};
@@ -49,6 +49,28 @@ pub(super) enum Stop {
 impl From<postgres::Error> for Stop {
     fn from(e: postgres::Error) -> Self {
         Stop::Client(e)
+    }
+}
+
+/// The write path's statements, prepared once per connection: a query
+/// sent as text is prepared first, a round trip of its own every time.
+/// Cleared whenever the handle connects again (a statement belongs to the
+/// connection that prepared it).
+#[derive(Default)]
+pub(super) struct Prepared(HashMap<&'static str, Statement>);
+
+impl Prepared {
+    pub(super) fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    fn get(&mut self, tx: &mut Transaction<'_>, sql: &'static str) -> Result<Statement, postgres::Error> {
+        if let Some(s) = self.0.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = tx.prepare(sql)?;
+        self.0.insert(sql, s.clone());
+        Ok(s)
     }
 }
 
@@ -80,6 +102,7 @@ struct Row<'a> {
 /// lines leave free.
 pub(super) fn write_group(
     client: &mut Client,
+    prepared: &mut Prepared,
     batches: &[(&Flush<'_>, WritePlan)],
     cursors: &mut HashMap<String, Cursor>,
     lease: &Lease,
@@ -91,9 +114,18 @@ pub(super) fn write_group(
     let mut pending: HashMap<String, Cursor> = HashMap::new();
     let result = (|| -> Result<Option<i64>, Stop> {
         let mut tx = client.transaction()?;
-        let lsn = take_leases(&mut tx, batches, cursors, lease, generation, &mut each, &mut pending)?;
-        let rows = plan_rows(&mut tx, batches, &mut each, &mut pending, promised)?;
-        insert_rows(&mut tx, batches.len(), &rows, &mut each)?;
+        let lsn = take_leases(
+            &mut tx,
+            prepared,
+            batches,
+            cursors,
+            lease,
+            generation,
+            &mut each,
+            &mut pending,
+        )?;
+        let rows = plan_rows(&mut tx, prepared, batches, &mut each, &mut pending, promised)?;
+        insert_rows(&mut tx, prepared, batches.len(), &rows, &mut each)?;
         crate::failpoint::hit("pg.before_commit");
         tx.commit().map_err(Stop::Commit)?;
         Ok(lsn)
@@ -115,8 +147,10 @@ pub(super) fn write_group(
 /// renew each lease. Sessions whose lease another writer holds get
 /// [`Stop::LeaseLost`] in `each`; the others' cursors, with their lease
 /// token, go to `pending`. Returns the WAL position.
+#[allow(clippy::too_many_arguments)]
 fn take_leases(
     tx: &mut Transaction<'_>,
+    prepared: &mut Prepared,
     batches: &[(&Flush<'_>, WritePlan)],
     cursors: &HashMap<String, Cursor>,
     lease: &Lease,
@@ -134,13 +168,14 @@ fn take_leases(
     // The generation and the WAL position always come back (the left side
     // is one row); the sessions' rows that no other transaction holds come
     // locked, in id order, so two groups never wait on each other in a cycle.
-    let found = tx.query(
+    let lock = prepared.get(
+        tx,
         "SELECT g.value, (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, s.id, s.lease_token, s.lease_expires_ms \
          FROM (SELECT (SELECT value FROM state_meta WHERE key = 'generation') AS value) g \
          LEFT JOIN LATERAL (SELECT id, lease_token, lease_expires_ms FROM sessions \
              WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED) s ON true",
-        &[&ids],
     )?;
+    let found = tx.query(&lock, &[&ids])?;
     let found_generation: Option<String> = found.first().and_then(|r| r.get(0));
     if found_generation.as_deref() != Some(generation) {
         return Err(Stop::Replaced(found_generation.unwrap_or_default()));
@@ -180,11 +215,12 @@ fn take_leases(
     }
     if !set.is_empty() {
         let (set_ids, tokens): (Vec<String>, Vec<String>) = set.into_iter().unzip();
-        tx.execute(
+        let renew = prepared.get(
+            tx,
             "UPDATE sessions s SET lease_token = v.t, lease_holder = $3, lease_expires_ms = $4 \
              FROM unnest($1::text[], $2::text[]) AS v(id, t) WHERE s.id = v.id",
-            &[&set_ids, &tokens, &lease.holder, &expires],
         )?;
+        tx.execute(&renew, &[&set_ids, &tokens, &lease.holder, &expires])?;
     }
     if !create.is_empty() {
         let (new_ids, tokens): (Vec<String>, Vec<String>) = create.iter().cloned().unzip();
@@ -295,6 +331,7 @@ fn fail_session(batches: &[(&Flush<'_>, WritePlan)], each: &mut [Option<Stop>], 
 /// different content fails alone here, before anything is written.
 fn plan_rows<'a>(
     tx: &mut Transaction<'_>,
+    prepared: &mut Prepared,
     batches: &[(&'a Flush<'a>, WritePlan)],
     each: &mut [Option<Stop>],
     pending: &mut HashMap<String, Cursor>,
@@ -312,12 +349,13 @@ fn plan_rows<'a>(
             q_uids.push(uid);
         }
     }
+    let lookup = prepared.get(
+        tx,
+        "SELECT m.session_id, m.uid, m.item FROM messages m \
+         JOIN unnest($1::text[], $2::text[]) AS q(s, u) ON m.session_id = q.s AND m.uid = q.u",
+    )?;
     let stored: HashMap<(String, String), String> = tx
-        .query(
-            "SELECT m.session_id, m.uid, m.item FROM messages m \
-             JOIN unnest($1::text[], $2::text[]) AS q(s, u) ON m.session_id = q.s AND m.uid = q.u",
-            &[&q_sessions, &q_uids],
-        )?
+        .query(&lookup, &[&q_sessions, &q_uids])?
         .into_iter()
         .map(|r| ((r.get(0), r.get(1)), r.get(2)))
         .collect();
@@ -327,11 +365,12 @@ fn plan_rows<'a>(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
+    let tails = prepared.get(
+        tx,
+        "SELECT session_id, MAX(seq) + 1 FROM messages WHERE session_id = ANY($1) GROUP BY session_id",
+    )?;
     let mut next: HashMap<String, i64> = tx
-        .query(
-            "SELECT session_id, MAX(seq) + 1 FROM messages WHERE session_id = ANY($1) GROUP BY session_id",
-            &[&ids],
-        )?
+        .query(&tails, &[&ids])?
         .into_iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
@@ -394,19 +433,25 @@ fn plan_rows<'a>(
 
 /// Insert every row in one statement inside a savepoint; if that fails or
 /// misses a row, each batch again in its own savepoint.
-fn insert_rows(tx: &mut Transaction<'_>, n: usize, rows: &[Row<'_>], each: &mut [Option<Stop>]) -> Result<(), Stop> {
+fn insert_rows(
+    tx: &mut Transaction<'_>,
+    prepared: &mut Prepared,
+    n: usize,
+    rows: &[Row<'_>],
+    each: &mut [Option<Stop>],
+) -> Result<(), Stop> {
     if rows.is_empty() {
         return Ok(());
     }
     let batches: BTreeSet<usize> = rows.iter().map(|r| r.batch).collect();
     if n == 1 || batches.len() == 1 {
         // One batch: its failure is the transaction's.
-        let missed = insert(tx, rows)?;
+        let missed = insert(tx, prepared, rows)?;
         return if missed.is_empty() { Ok(()) } else { Err(Stop::Conflict) };
     }
     let together = (|| -> Result<bool, postgres::Error> {
         let mut sp = tx.savepoint("turnsafe_group")?;
-        match insert(&mut sp, rows) {
+        match insert(&mut sp, prepared, rows) {
             Ok(missed) if missed.is_empty() => {
                 sp.commit()?;
                 Ok(true)
@@ -429,7 +474,7 @@ fn insert_rows(tx: &mut Transaction<'_>, n: usize, rows: &[Row<'_>], each: &mut 
     for k in batches {
         let own: Vec<&Row<'_>> = rows.iter().filter(|r| r.batch == k).collect();
         let mut sp = tx.savepoint("turnsafe_batch")?;
-        match insert_refs(&mut sp, &own) {
+        match insert_refs(&mut sp, prepared, &own) {
             Ok(missed) if missed.is_empty() => sp.commit()?,
             Ok(_) => {
                 sp.rollback()?;
@@ -445,15 +490,23 @@ fn insert_rows(tx: &mut Transaction<'_>, n: usize, rows: &[Row<'_>], each: &mut 
     Ok(())
 }
 
-fn insert(tx: &mut Transaction<'_>, rows: &[Row<'_>]) -> Result<Vec<(String, String)>, postgres::Error> {
+fn insert(
+    tx: &mut Transaction<'_>,
+    prepared: &mut Prepared,
+    rows: &[Row<'_>],
+) -> Result<Vec<(String, String)>, postgres::Error> {
     let refs: Vec<&Row<'_>> = rows.iter().collect();
-    insert_refs(tx, &refs)
+    insert_refs(tx, prepared, &refs)
 }
 
 /// Insert `rows`; returns the `(session, uid)` of each row not inserted
 /// because the uid was stored meanwhile with other content. A uid stored
 /// meanwhile with the same content counts as stored.
-fn insert_refs(tx: &mut Transaction<'_>, rows: &[&Row<'_>]) -> Result<Vec<(String, String)>, postgres::Error> {
+fn insert_refs(
+    tx: &mut Transaction<'_>,
+    prepared: &mut Prepared,
+    rows: &[&Row<'_>],
+) -> Result<Vec<(String, String)>, postgres::Error> {
     let sessions: Vec<&str> = rows.iter().map(|r| r.session).collect();
     let uids: Vec<&str> = rows.iter().map(|r| r.uid).collect();
     let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
@@ -461,13 +514,17 @@ fn insert_refs(tx: &mut Transaction<'_>, rows: &[&Row<'_>]) -> Result<Vec<(Strin
     let contents: Vec<Option<&str>> = rows.iter().map(|r| r.content.as_deref()).collect();
     let items: Vec<&str> = rows.iter().map(|r| r.item.as_str()).collect();
     let created = now_ms();
+    let statement = prepared.get(
+        tx,
+        "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
+         SELECT s, u, q, r, c, i, $7 \
+         FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[]) \
+             AS t(s, u, q, r, c, i) \
+         ON CONFLICT (session_id, uid) DO NOTHING RETURNING session_id, uid",
+    )?;
     let inserted: HashSet<(String, String)> = tx
         .query(
-            "INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) \
-             SELECT s, u, q, r, c, i, $7 \
-             FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[]) \
-                 AS t(s, u, q, r, c, i) \
-             ON CONFLICT (session_id, uid) DO NOTHING RETURNING session_id, uid",
+            &statement,
             &[&sessions, &uids, &seqs, &roles, &contents, &items, &created],
         )?
         .into_iter()
