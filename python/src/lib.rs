@@ -1253,13 +1253,14 @@ fn doctor<'py>(py: Python<'py>, home: PathBuf, db: Option<&str>) -> PyResult<Bou
 /// `role` (None for a message without one) and `snippet` (matches in `[`
 /// `]`). `query` is plain words, all of which must appear.
 #[pyfunction]
-#[pyo3(signature = (home, query, *, session = None, limit = 20))]
+#[pyo3(signature = (home, query, *, session = None, limit = 20, archived = false))]
 fn search<'py>(
     py: Python<'py>,
     home: PathBuf,
     query: &str,
     session: Option<String>,
     limit: i64,
+    archived: bool,
 ) -> PyResult<Bound<'py, PyList>> {
     if let Some(s) = &session {
         parse_session(py, s)?;
@@ -1269,6 +1270,7 @@ fn search<'py>(
     let opts = turnsafe_host::search::SearchOptions {
         session,
         limit,
+        archived,
         ..Default::default()
     };
     let query = query.to_string();

@@ -2,7 +2,7 @@
 hook and the whole-history hook replace in one transaction, keep what they
 replaced in the archive, refuse a changed suffix, and on a real storage
 failure (an abort trigger installed in state.db, a write lock held past the
-patience) raise and change nothing; no reader ever sees a partial replace.
+patience, a home made read-only) raise and change nothing; no reader ever sees a partial replace.
 ``OpenAIResponsesCompactionSession`` is driven by ``Runner.run`` with a
 scripted model and a compaction client written for the test (no network)."""
 
@@ -21,6 +21,7 @@ from agents.memory.openai_responses_compaction_session import OpenAIResponsesCom
 from agents.testing import ScriptedModel, assistant_message
 
 import turnsafe_store
+from conftest import immutable
 from turnsafe_store import Store
 from turnsafe_store.agents import TurnsafeSession
 
@@ -180,6 +181,29 @@ def test_a_lock_held_past_the_patience_raises_locked_and_changes_nothing(home):
     finally:
         holder.communicate("done\n", timeout=30)
     assert [r["message"]["content"] for r in stored(home, session.turnsafe_id)] == ["a", "b"]
+
+
+def test_a_read_only_home_mid_compaction_raises_disk_and_changes_nothing(home):
+    session = TurnsafeSession("s1", home)
+
+    async def fill():
+        await session.add_items([user(f"m{i}") for i in range(4)])
+        return await session._get_compaction_snapshot(10)
+
+    snap = asyncio.run(fill())
+    before = stored(home, session.turnsafe_id)
+    # Between the snapshot and the replace, the home stops taking writes:
+    # the folder and every file of the database, even for root.
+    files = [home / n for n in ("state.db", "state.db-wal", "state.db-shm") if (home / n).exists()]
+    with immutable(home, *files):
+        with pytest.raises(turnsafe_store.Error) as e:
+            asyncio.run(snap.replace_suffix(1, [summary("m1..m3")]))
+        assert e.value.cause in ("disk", "read_only"), e.value
+        assert "did not happen; nothing changed" in str(e.value), e.value
+        with pytest.raises(turnsafe_store.Error):
+            asyncio.run(session._atomic_replace_items([summary("all")]))
+    assert stored(home, session.turnsafe_id) == before, "never half applied"
+    assert session.store.show(session.turnsafe_id, archived=True) == [], "nothing archived"
 
 
 def test_no_reader_sees_a_partial_replace(home):

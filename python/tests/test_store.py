@@ -213,6 +213,13 @@ def test_search_finds_every_committed_message(store: Store, home):
     assert [h["session"] for h in turnsafe_store.search(home, "lighthouse")] == ["s1"]
     assert store.clear("s1") == 2
     assert turnsafe_store.search(home, "lighthouse") == []
+    # What the edits took out is still found in the archive, marked so.
+    archived = turnsafe_store.search(home, "lighthouse", archived=True)
+    assert sorted((h["session"], h["reason"], h["archived"]) for h in archived) == [
+        ("s1", "clear", True),
+        ("s2", "pop", True),
+    ]
+    assert all(h["archived_at"].endswith("Z") for h in archived)
 
 
 def wal_commits(db: str) -> int:

@@ -203,8 +203,10 @@ def doctor(home: _Path, *, db: Optional[str] = None) -> Dict[str, Any]:
     ``TURNSAFE_DB``) names: ``ok``, ``findings``, ``facts``."""
 
 def search(
-    home: _Path, query: str, *, session: Optional[str] = None, limit: int = 20
+    home: _Path, query: str, *, session: Optional[str] = None, limit: int = 20, archived: bool = False
 ) -> List[Dict[str, Any]]:
     """Full-text search that never misses a committed message: hits as
     ``turnsafe search --json`` prints them (``session``, ``uid``, ``seq``,
-    ``role``, ``snippet`` with matches in ``[`` ``]``)."""
+    ``role``, ``snippet`` with matches in ``[`` ``]``). With ``archived``,
+    the archive's rows too, after them, each with ``archived: True``,
+    ``archived_at`` and ``reason``."""
