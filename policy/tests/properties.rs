@@ -245,3 +245,56 @@ proptest! {
         }
     }
 }
+
+/// An event for the edit machine: success, a failure, or a wait's end.
+fn any_edit_event() -> impl Strategy<Value = turnsafe_policy::machine::EditEvent> {
+    use turnsafe_policy::machine::EditEvent;
+    prop_oneof![
+        Just(EditEvent::Succeeded),
+        Just(EditEvent::Waited),
+        any_observation().prop_map(EditEvent::Failed),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// The edit machine answers any sequence of events without a panic;
+    /// `Done` and `Failed` are final; a wait is followed only by an
+    /// attempt; `Done` comes only from a success, and a failure only from
+    /// a failed attempt (or a sticky store, before any).
+    #[test]
+    fn the_edit_machine_is_total_and_ends_once(
+        sticky in prop_oneof![Just(None), prop::sample::select(Cause::ALL.to_vec()).prop_map(Some)],
+        events in prop::collection::vec(any_edit_event(), 0..40),
+    ) {
+        use turnsafe_policy::machine::{EditEvent, EditMachine, EditStep};
+        let mut m = EditMachine::start(sticky);
+        if let Some(cause) = sticky {
+            let refused = matches!(m.poll(), EditStep::Failed { attempts: 0, cause: c, .. } if c == cause);
+            prop_assert!(refused, "{:?}", m.poll());
+        }
+        for event in events {
+            let before = m.poll();
+            let accepted = m.handle(event.clone()).is_ok();
+            let after = m.poll();
+            match (before, &event, accepted) {
+                (EditStep::Done | EditStep::Failed { .. }, _, ok) => {
+                    prop_assert!(!ok);
+                    prop_assert_eq!(after, before);
+                }
+                (EditStep::Wait { .. }, EditEvent::Waited, true) => {
+                    let attempt = matches!(after, EditStep::Attempt { .. });
+                    prop_assert!(attempt, "{:?}", after);
+                }
+                (EditStep::Attempt { .. }, EditEvent::Succeeded, true) => prop_assert_eq!(after, EditStep::Done),
+                (EditStep::Attempt { .. }, EditEvent::Failed(_), true) => {
+                    let done = after == EditStep::Done;
+                    prop_assert!(!done, "{:?}", after);
+                }
+                (_, _, false) => prop_assert_eq!(after, before),
+                (b, e, true) => prop_assert!(false, "{:?} accepted {:?}", b, e),
+            }
+        }
+    }
+}

@@ -3,18 +3,19 @@
 //!
 //! They are writes, so they follow the policy: each attempt is one
 //! `BEGIN IMMEDIATE` transaction that first checks the generation guard
-//! and the session's turn lease; a failure becomes an observation and the
-//! policy decides. There is nothing to divert (the data stays where it
-//! is), so the policy is asked as for replay, whose fallback is to fail
-//! closed: `locked` is retried on its plan, a degraded search index is
-//! written around once, and every other cause fails the edit with that
-//! cause. A sticky handle refuses without touching the database.
+//! and the session's turn lease; a failure becomes an observation, and
+//! the policy's edit machine (`turnsafe_policy::machine::EditMachine`)
+//! says what comes next: `locked` is retried on its plan, a degraded
+//! search index is written around once, and every other cause fails the
+//! edit with that cause. A sticky handle refuses without touching the
+//! database. [`run_edit`] only performs the machine's steps, for both
+//! engines.
 
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension};
 use turnsafe_policy::machine::Failure;
-use turnsafe_policy::machine::background::{self, Next};
+use turnsafe_policy::machine::{EditEvent, EditMachine, EditStep};
 use turnsafe_policy::{ActionKind, Cause, Evidence, Operation};
 
 use super::{SessionId, SessionStore, now_ms, random_u64, schema};
@@ -57,12 +58,12 @@ impl From<rusqlite::Error> for Stop {
     }
 }
 
-/// Ask the policy about each failed attempt of an edit, as for replay,
-/// whose fallback is to fail closed: `locked` is retried on its plan, a
-/// degraded search index is written around once (`attempt` is then called
-/// with `true`), and every other cause fails the edit with that cause. A
-/// sticky handle refuses without an attempt. `attempt` gets the
-/// milliseconds since the edit began, for its failure.
+/// Run an edit as the policy's edit machine says
+/// ([`turnsafe_policy::machine::EditMachine`]): attempt its transaction,
+/// wait, write around a damaged index, or stop with the machine's cause.
+/// This loop only performs the steps. `attempt` gets whether to write
+/// around the index and the milliseconds since the edit began, for its
+/// failure.
 #[allow(clippy::result_large_err)]
 pub(crate) fn run_edit<T>(
     edit: &'static str,
@@ -72,62 +73,78 @@ pub(crate) fn run_edit<T>(
 ) -> Result<T, EditError> {
     let started = Instant::now();
     let seed = random_u64();
-    let fail = |cause: Cause, action: ActionKind, message: String, attempts: u32| EditError {
-        edit,
-        session: session.as_str().to_string(),
-        cause,
-        action,
-        message,
-        attempts,
-    };
-    if let Some(sticky) = sticky
-        && let Next::Stop { cause, action } = background::refused(sticky)
-    {
-        return Err(fail(
-            cause,
-            action,
-            "the store refuses to touch its database until an operator acts".into(),
-            0,
-        ));
-    }
-    let mut degrade_fts = false;
-    let mut attempts = 0u32;
+    let mut machine = EditMachine::start(sticky);
+    let mut done = None;
+    let mut message = String::from("the store refuses to touch its database until an operator acts");
     loop {
-        attempts += 1;
-        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let f = match attempt(degrade_fts, elapsed_ms) {
-            Ok(v) => return Ok(v),
-            Err(f) => f,
+        let event = match machine.poll() {
+            EditStep::Attempt { degrade_fts } => {
+                let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                match attempt(degrade_fts, elapsed_ms) {
+                    Ok(v) => {
+                        done = Some(v);
+                        EditEvent::Succeeded
+                    }
+                    Err(f) => {
+                        let mut evidence = f.evidence;
+                        evidence.sort();
+                        evidence.dedup();
+                        let obs = turnsafe_policy::Observation {
+                            engine: f.engine,
+                            sqlstate: f.sqlstate,
+                            code: f.code,
+                            extended_code: f.extended_code,
+                            message: f.message,
+                            errno: f.errno,
+                            evidence,
+                            elapsed_ms: f.elapsed_ms,
+                            seed,
+                            ..turnsafe_policy::Observation::new(Operation::Replay)
+                        };
+                        tracing::info!(
+                            session = session.as_str(),
+                            edit,
+                            code = ?obs.extended_code.or(obs.code),
+                            sqlstate = ?obs.sqlstate,
+                            "edit attempt failed"
+                        );
+                        message.clone_from(&obs.message);
+                        EditEvent::Failed(obs)
+                    }
+                }
+            }
+            EditStep::Wait { ms } => {
+                std::thread::sleep(Duration::from_millis(ms));
+                EditEvent::Waited
+            }
+            EditStep::Done => match done.take() {
+                Some(v) => return Ok(v),
+                None => {
+                    message = "the edit machine finished without a result".into();
+                    machine.abandon();
+                    continue;
+                }
+            },
+            EditStep::Failed {
+                cause,
+                action,
+                attempts,
+            } => {
+                return Err(EditError {
+                    edit,
+                    session: session.as_str().to_string(),
+                    cause,
+                    action,
+                    message,
+                    attempts,
+                });
+            }
         };
-        let mut evidence = f.evidence;
-        evidence.sort();
-        evidence.dedup();
-        let obs = turnsafe_policy::Observation {
-            operation: Operation::Replay,
-            engine: f.engine,
-            sqlstate: f.sqlstate,
-            code: f.code,
-            extended_code: f.extended_code,
-            message: f.message,
-            errno: f.errno,
-            evidence,
-            attempt: attempts,
-            elapsed_ms: f.elapsed_ms,
-            seed,
-        };
-        let next = background::after_failure(&obs, degrade_fts);
-        tracing::info!(
-            session = session.as_str(),
-            edit,
-            code = ?obs.extended_code.or(obs.code),
-            sqlstate = ?obs.sqlstate,
-            next = ?next,
-            "edit attempt failed"
-        );
-        match next {
-            Next::Wait { ms } => std::thread::sleep(Duration::from_millis(ms)),
-            Next::DegradeFts => degrade_fts = true,
-            Next::Stop { cause, action } => return Err(fail(cause, action, obs.message, attempts)),
+        if let Err(e) = machine.handle(event) {
+            // The loop answers exactly the step it was given: this is a
+            // bug, told as such rather than retried.
+            message = e.message();
+            machine.abandon();
         }
     }
 }

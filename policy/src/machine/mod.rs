@@ -52,10 +52,12 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 pub mod background;
+mod edit;
 mod flush;
 mod report;
 pub(crate) mod wire;
 
+pub use edit::{EditEvent, EditMachine, EditStep};
 pub use flush::{FlushMachine, FlushStart, PendingCapture};
 pub use report::{CaptureReport, DivertErrorReport, FlushReport};
 pub use wire::{STATE_FORMAT, event_from_text, event_to_text, flush_step_json, step_to_text};
