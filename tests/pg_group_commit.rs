@@ -351,3 +351,63 @@ fn the_write_path_prepares_its_statements_once_per_connection() {
     let distinct: BTreeSet<&String> = uids.iter().collect();
     assert_eq!(distinct.len(), uids.len(), "nothing stored twice");
 }
+
+/// Rows of `messages` the server read (index fetches and sequential
+/// reads), once every other connection to `db` has ended and flushed its
+/// statistics.
+fn rows_read(server: &pg::PgServer, db: &str) -> i64 {
+    let mut admin = server.admin(db);
+    for _ in 0..500 {
+        let others: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        if others == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    admin.batch_execute("SELECT pg_stat_clear_snapshot()").unwrap();
+    admin
+        .query_one(
+            "SELECT COALESCE(idx_tup_fetch, 0) + COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables \
+             WHERE relname = 'messages'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// A batch into a long session reads a few rows, not the session: the
+/// next seq comes from the index's last entry, the uids from the unique
+/// index. Ten batches into a session of 3,000 rows read far fewer rows
+/// than the session holds.
+#[test]
+fn a_batch_reads_a_few_rows_however_long_the_session() {
+    let server = pg_or_skip!();
+    let db = server.create_db("long");
+    let home = Home::new();
+    {
+        let mut store = pg::store(&server.url(&db), home.path());
+        for k in 0..3 {
+            let outs = group(&mut store, &[(sid("long"), batch(&format!("pre{k}"), 1000))]);
+            assert!(outs[0].persisted, "{:?}", outs[0].failure);
+        }
+    }
+    let before = rows_read(&server, &db);
+    {
+        let mut store = pg::store(&server.url(&db), home.path());
+        for k in 0..10 {
+            let outs = group(
+                &mut store,
+                &[(sid("long"), batch(&format!("next{k}"), 2)), (sid("short"), batch(&format!("s{k}"), 2))],
+            );
+            assert!(outs.iter().all(|o| o.persisted), "{:?}", outs[0].failure);
+        }
+    }
+    let read = rows_read(&server, &db) - before;
+    assert!(read < 1_000, "ten groups read {read} rows of messages: a scan of the session each time");
+}

@@ -365,14 +365,18 @@ fn plan_rows<'a>(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
+    // Each session's last seq from the index, one backward step each: a
+    // `MAX(seq) ... WHERE session_id = ANY($1) GROUP BY` reads every row
+    // of those sessions, so a group's cost grew with their length.
     let tails = prepared.get(
         tx,
-        "SELECT session_id, MAX(seq) + 1 FROM messages WHERE session_id = ANY($1) GROUP BY session_id",
+        "SELECT q.s, (SELECT m.seq FROM messages m WHERE m.session_id = q.s ORDER BY m.seq DESC LIMIT 1) + 1 \
+         FROM unnest($1::text[]) AS q(s)",
     )?;
     let mut next: HashMap<String, i64> = tx
         .query(&tails, &[&ids])?
         .into_iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .filter_map(|r| Some((r.get(0), r.get::<_, Option<i64>>(1)?)))
         .collect();
     for id in &ids {
         let stored_next = next.get(*id).copied().unwrap_or(1);
