@@ -403,11 +403,17 @@ fn a_batch_reads_a_few_rows_however_long_the_session() {
         for k in 0..10 {
             let outs = group(
                 &mut store,
-                &[(sid("long"), batch(&format!("next{k}"), 2)), (sid("short"), batch(&format!("s{k}"), 2))],
+                &[
+                    (sid("long"), batch(&format!("next{k}"), 2)),
+                    (sid("short"), batch(&format!("s{k}"), 2)),
+                ],
             );
             assert!(outs.iter().all(|o| o.persisted), "{:?}", outs[0].failure);
         }
     }
     let read = rows_read(&server, &db) - before;
-    assert!(read < 1_000, "ten groups read {read} rows of messages: a scan of the session each time");
+    assert!(
+        read < 1_000,
+        "ten groups read {read} rows of messages: a scan of the session each time"
+    );
 }
