@@ -293,18 +293,18 @@ pub fn decode_tool_calls(v: Value) -> Value {
 }
 
 /// A Hermes message row (column name, value) as its item.
-pub fn row_item(columns: impl IntoIterator<Item = (String, Value)>) -> Map<String, Value> {
+pub fn row_item<'a>(columns: impl IntoIterator<Item = (&'a str, Value)>) -> Map<String, Value> {
     let mut item = Map::new();
     for (name, value) in columns {
-        if value.is_null() || BOOKKEEPING.contains(&name.as_str()) {
+        if value.is_null() || BOOKKEEPING.contains(&name) {
             continue;
         }
-        let value = match name.as_str() {
+        let value = match name {
             "content" => decode_content(value),
             "tool_calls" => decode_tool_calls(value),
             _ => value,
         };
-        item.insert(name, value);
+        item.insert(name.to_string(), value);
     }
     item
 }
@@ -702,41 +702,33 @@ enum Sink {
 struct Run {
     sink: Sink,
     reports: Vec<SessionReport>,
-    /// Parts of sessions waiting for their transaction, each with its report's index.
-    group: Vec<(usize, ImportSession)>,
+    /// Parts of sessions waiting for their transaction, and each one's
+    /// report (by index).
+    parts: Vec<ImportSession>,
+    owners: Vec<usize>,
     rows: usize,
 }
 
 impl Run {
     fn push(&mut self, report: usize, part: ImportSession) -> Result<(), ImportError> {
         self.rows += part.rows.len();
-        self.group.push((report, part));
+        self.parts.push(part);
+        self.owners.push(report);
         if self.rows >= GROUP_ROWS {
             self.flush()?;
         }
         Ok(())
     }
 
-    fn count(&mut self, report: usize, c: ImportCounts) {
-        let r = &mut self.reports[report];
-        r.imported += c.imported;
-        r.archived += c.archived;
-        r.duplicate += c.duplicate;
-        r.refused |= c.refused;
-    }
-
     /// Write the waiting parts in one transaction.
     fn flush(&mut self) -> Result<(), ImportError> {
-        let mut group = std::mem::take(&mut self.group);
+        let (mut parts, mut owners) = (std::mem::take(&mut self.parts), std::mem::take(&mut self.owners));
         self.rows = 0;
-        loop {
-            if group.is_empty() {
-                return Ok(());
-            }
+        while !parts.is_empty() {
             let counts: Vec<ImportCounts> = match &mut self.sink {
-                Sink::Dry(None) => group
+                Sink::Dry(None) => parts
                     .iter()
-                    .map(|(_, s)| {
+                    .map(|s| {
                         let archived = s.rows.iter().filter(|r| r.archive.is_some()).count() as u64;
                         ImportCounts {
                             imported: s.rows.len() as u64 - archived,
@@ -745,34 +737,40 @@ impl Run {
                         }
                     })
                     .collect(),
-                Sink::Dry(Some(conn)) => group
+                Sink::Dry(Some(conn)) => parts
                     .iter()
-                    .map(|(_, s)| import_session(conn, s, false))
+                    .map(|s| import_session(conn, s, false))
                     .collect::<rusqlite::Result<_>>()?,
-                Sink::Store(store) => {
-                    let parts: Vec<ImportSession> = group.iter().map(|(_, s)| s.clone()).collect();
-                    match store.import_group(&parts) {
-                        Ok(c) => c,
-                        // The first session's lease is live: it is refused, the rest go on.
-                        Err(e) if e.cause == Cause::TurnLease => {
-                            let first = group[0].1.session.clone();
-                            let (refused, rest): (Vec<_>, Vec<_>) =
-                                group.into_iter().partition(|(_, s)| s.session == first);
-                            for (i, _) in refused {
-                                self.reports[i].refused = true;
+                Sink::Store(store) => match store.import_group(&parts) {
+                    Ok(c) => c,
+                    // The first session's lease is live: it is refused, the
+                    // rest are written.
+                    Err(e) if e.cause == Cause::TurnLease => {
+                        let first = parts[0].session.clone();
+                        let mut k = 0;
+                        while k < parts.len() {
+                            if parts[k].session == first {
+                                parts.remove(k);
+                                self.reports[owners.remove(k)].refused = true;
+                            } else {
+                                k += 1;
                             }
-                            group = rest;
-                            continue;
                         }
-                        Err(e) => return Err(e.into()),
+                        continue;
                     }
-                }
+                    Err(e) => return Err(e.into()),
+                },
             };
-            for ((i, _), c) in group.iter().zip(counts) {
-                self.count(*i, c);
+            for (i, c) in owners.iter().zip(counts) {
+                let r = &mut self.reports[*i];
+                r.imported += c.imported;
+                r.archived += c.archived;
+                r.duplicate += c.duplicate;
+                r.refused |= c.refused;
             }
-            return Ok(());
+            break;
         }
+        Ok(())
     }
 }
 
@@ -908,7 +906,8 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
     let mut run = Run {
         sink,
         reports: Vec::new(),
-        group: Vec::new(),
+        parts: Vec::new(),
+        owners: Vec::new(),
         rows: 0,
     };
     let mut quarantine = Quarantine::new(home, opts.dry_run);
@@ -1002,13 +1001,14 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
                 let created_ms = ts_at
                     .and_then(|i| r.get::<_, Option<f64>>(i).ok().flatten())
                     .map_or(started_ms, |t| (t * 1000.0) as i64);
-                let item = row_item(
-                    (0..n_cols)
-                        .map(|i| -> rusqlite::Result<(String, Value)> {
-                            Ok((message_columns[i].clone(), sql_value(r.get_ref(i)?)))
-                        })
-                        .collect::<rusqlite::Result<Vec<_>>>()?,
-                );
+                let mut fields = Vec::with_capacity(n_cols);
+                for (i, name) in message_columns.iter().enumerate() {
+                    let v = r.get_ref(i)?;
+                    if v != ValueRef::Null {
+                        fields.push((name.as_str(), sql_value(v)));
+                    }
+                }
+                let item = row_item(fields);
                 let active: i64 = r.get::<_, Option<i64>>(n_cols)?.unwrap_or(1);
                 let compacted: i64 = r.get::<_, Option<i64>>(n_cols + 1)?.unwrap_or(0);
                 if let Some(pool) = pool.as_mut() {

@@ -71,7 +71,7 @@ fn a_row_keeps_its_fields_without_hermes_bookkeeping() {
         ("compacted", json!(1)),
         ("observed", json!(0)),
     ];
-    let item = row_item(cols.into_iter().map(|(k, v)| (k.to_string(), v)));
+    let item = row_item(cols);
     assert_eq!(
         Value::Object(item),
         json!({"role": "assistant", "tool_calls": [{"id": "c1", "type": "function"}],
