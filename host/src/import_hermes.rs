@@ -29,7 +29,7 @@
 //!   snapshot `sessions/session_<id>.json` (its `messages` list) are
 //!   imported after the session's rows, divert lines first, unless they
 //!   repeat a message already there ([`Pool`]: the same `role`, `content`
-//!   and `tool_call_id`, matched once each). A line's uid is
+//!   and `tool_call_id`, each message matched once per file). A line's uid is
 //!   `hermes:jsonl:<line>:<hash>` (a snapshot's entry
 //!   `hermes:json:<index>:<hash>`), from its position and its bytes.
 //! - A line that cannot be read goes to `<home>/import-quarantine/hermes.jsonl`
@@ -469,13 +469,17 @@ pub fn repeat_key(item: &Map<String, Value>) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
-/// The messages a session already has, by [`repeat_key`], each to be
-/// matched once: a line repeats a message when an unmatched one with its
-/// key is in the pool. Lines are added to the pool only after their whole
-/// file is read, so a message said twice in one file is kept twice.
+/// The messages a session already has, by [`repeat_key`], with their
+/// counts. Each file is matched against them on its own (a divert file
+/// and a snapshot may both repeat a row): a line repeats a message when
+/// the file has not yet matched as many lines with its key as the session
+/// holds. The new lines of a file count for the files after it only, so a
+/// message said twice in one file is kept twice.
 #[derive(Debug, Default)]
 pub struct Pool {
     base: HashMap<[u8; 32], u32>,
+    /// This file's matches, by key.
+    used: HashMap<[u8; 32], u32>,
     pending: Vec<[u8; 32]>,
 }
 
@@ -484,13 +488,13 @@ impl Pool {
     pub fn add(&mut self, key: [u8; 32]) {
         *self.base.entry(key).or_default() += 1;
     }
-    /// Whether a line repeats a message already there (matching it), or
-    /// is new (kept for the next file).
+    /// Whether a line of the current file repeats a message already there
+    /// (matching it), or is new (counted for the next files).
     pub fn repeats(&mut self, key: [u8; 32]) -> bool {
-        if let Some(n) = self.base.get_mut(&key)
-            && *n > 0
-        {
-            *n -= 1;
+        let held = self.base.get(&key).copied().unwrap_or(0);
+        let used = self.used.entry(key).or_default();
+        if *used < held {
+            *used += 1;
             return true;
         }
         self.pending.push(key);
@@ -498,6 +502,7 @@ impl Pool {
     }
     /// A file is done: its new lines count for the next.
     pub fn end_file(&mut self) {
+        self.used.clear();
         for key in std::mem::take(&mut self.pending) {
             self.add(key);
         }
@@ -805,6 +810,9 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
     };
     let message_columns = columns(&conn, "messages").map_err(|e| not_hermes(&e.to_string()))?;
     let session_columns = columns(&conn, "sessions").map_err(|e| not_hermes(&e.to_string()))?;
+    if message_columns.is_empty() {
+        return Err(not_hermes("it has no `messages` table"));
+    }
     for needed in ["id", "session_id", "role"] {
         if !message_columns.iter().any(|c| c == needed) {
             return Err(not_hermes(&format!("its `messages` has no `{needed}` column")));

@@ -148,4 +148,13 @@ fn the_repeat_rule_matches_each_message_once() {
     assert!(pool.repeats(repeat_key(&yes)));
     assert!(pool.repeats(repeat_key(&tool_other)));
     assert!(!pool.repeats(repeat_key(&tool_other)));
+    pool.end_file();
+    // Every file is matched against the session on its own: a row both a
+    // divert file and a snapshot repeat is a repeat in both.
+    let mut pool = Pool::default();
+    pool.add(repeat_key(&tool));
+    assert!(pool.repeats(repeat_key(&tool)));
+    pool.end_file();
+    assert!(pool.repeats(repeat_key(&tool)));
+    assert!(!pool.repeats(repeat_key(&tool)));
 }

@@ -39,7 +39,7 @@ enum What {
 /// Messages in `sessions/<id>.jsonl` (Hermes' diverted batches) and in the
 /// snapshot `sessions/session_<id>.json` follow the session's rows, unless
 /// they repeat a message already there: the same `role`, `content` and
-/// `tool_call_id`, each message matched once. A line that cannot be read
+/// `tool_call_id`, each message matched once per file. A line that cannot be read
 /// is copied to `<home>/import-quarantine/hermes.jsonl` and counted
 /// `quarantined`; a torn last line is counted `torn`. Every row and line
 /// has a stable uid, so a second import adds nothing.
