@@ -447,3 +447,41 @@ def test_a_hermes_writer_that_stops_is_waited_out(tmp_path: Path) -> None:
     live = [json.loads(i)["content"] for sid, _, _, i in s["messages"] if sid == "live"]
     assert live == [f"message {n}" for n in range(written)]
     assert len([1 for sid, *_ in s["messages"] if sid == "big"]) == 24
+
+
+def test_hermes_ids_map_as_the_python_package_maps_them(tmp_path: Path) -> None:
+    """Every Hermes id that breaks turnsafe's session-id rules is stored
+    under the id `safe_session_id` gives it (the Rust port and the Python
+    function agree), and the report lists each mapping."""
+    need_hermes()
+    root = tmp_path / "hermes"
+    root.mkdir()
+    db = hermes_state.SessionDB(root / "state.db")
+    ids = [
+        "plain_id-1",
+        "ok:with.dots",
+        "has space",
+        "../../etc/passwd",
+        ".hidden",
+        "a..b",
+        "日本語のセッション",
+        "emoji 🚢 id",
+        "x" * 129,
+        "y" * 300 + "/z",
+        "tab\tand\nnewline",
+    ]
+    for i, sid in enumerate(ids):
+        db.create_session(sid, source="cli")
+        db.append_message(sid, "user", f"message {i}")
+    report = turnsafe_store.import_hermes(root, tmp_path / "turnsafe")
+    by_hermes = {r["hermes_id"]: r["session"] for r in report["session_reports"]}
+    assert set(by_hermes) == set(ids)
+    for sid in ids:
+        assert by_hermes[sid] == safe_session_id(sid), sid
+    assert report["renamed"] == {sid: safe_session_id(sid) for sid in ids if safe_session_id(sid) != sid}
+    assert len(report["renamed"]) == 9
+    with turnsafe_store.Store(tmp_path / "turnsafe") as store:
+        for i, sid in enumerate(ids):
+            rows = store.rows(safe_session_id(sid))
+            assert [r["message"]["content"] for r in rows] == [f"message {i}"]
+    db.close()
