@@ -98,8 +98,8 @@ pub enum ImportError {
     #[error("{path} is not a Hermes state.db: {why} (nothing was written)")]
     NotHermes { path: PathBuf, why: String },
     #[error(
-        "refusing to import: --home {0} is the Hermes home itself; give turnsafe a home of its own (nothing was \
-         written)"
+        "refusing to import: --home {0} is the Hermes home itself, or inside it; give turnsafe a home of its own \
+         (nothing was written)"
     )]
     SameHome(PathBuf),
     #[error(
@@ -779,6 +779,26 @@ impl Run {
     }
 }
 
+/// `path` with every symlink resolved, for a path that may not exist yet:
+/// its nearest existing ancestor resolved, and the rest after it.
+fn resolve(path: &Path) -> Result<PathBuf, ImportError> {
+    let abs = std::path::absolute(path).map_err(io_err(format!("resolve {}", path.display())))?;
+    let mut rest = Vec::new();
+    let mut at = abs.as_path();
+    loop {
+        if let Ok(found) = at.canonicalize() {
+            return Ok(rest.iter().rev().fold(found, |p, c| p.join(c)));
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                at = parent;
+            }
+            _ => return Ok(abs),
+        }
+    }
+}
+
 /// Import the Hermes home at `source` into the turnsafe home `home`.
 pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report, ImportError> {
     if !source.join("state.db").is_file() {
@@ -787,11 +807,9 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
     let canonical_source = source
         .canonicalize()
         .map_err(io_err(format!("resolve {}", source.display())))?;
-    let canonical_home = match home.canonicalize() {
-        Ok(h) => h,
-        Err(_) => std::path::absolute(home).map_err(io_err(format!("resolve {}", home.display())))?,
-    };
-    if canonical_home == canonical_source {
+    let canonical_home = resolve(home)?;
+    // A home inside the Hermes home would add files to it.
+    if canonical_home.starts_with(&canonical_source) {
         return Err(ImportError::SameHome(home.to_path_buf()));
     }
     let db = home.join("state.db");

@@ -332,10 +332,10 @@ def test_home_equal_to_source_is_refused(tmp_path: Path) -> None:
     before = home_bytes(source)
     link = tmp_path / "same"
     link.symlink_to(source)
-    for home in (source, link, tmp_path / "hermes" / "." ):
+    for home in (source, link, source / "turnsafe", link / "sessions" / "t"):
         r = run_import(source, home)
         assert r.returncode == 5, r.stderr
-        assert "is the Hermes home itself" in r.stderr
+        assert "is the Hermes home itself, or inside it" in r.stderr
     with pytest.raises(turnsafe_store.Refused):
         turnsafe_store.import_hermes(source, link)
     assert home_bytes(source) == before

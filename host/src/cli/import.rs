@@ -24,8 +24,8 @@ enum What {
 /// `state.db` and its `-wal` are copied, the copy is kept only if no file
 /// changed during it, and the copy is read. While a Hermes process keeps
 /// writing, the copy is tried again a few times, then the import refuses
-/// (exit 5). Only SQLite homes (`--home`) are written: to bring Hermes
-/// history into PostgreSQL, import into a home, then move it.
+/// (exit 5). `--home` may be neither the Hermes home nor inside it. Only
+/// SQLite homes (`<home>/state.db`) are written; there is no `--db`.
 ///
 /// Every Hermes session becomes a session; its Hermes record (title,
 /// source, parent, model, token counts...) is kept in `session_meta`. A
@@ -55,7 +55,7 @@ enum What {
 /// the quarantine file or null).
 ///
 /// Exit 0 when every session was imported (quarantined lines included); 5
-/// when the import refused (`--home` is the Hermes home, Hermes kept
+/// when the import refused (`--home` is or is inside the Hermes home, Hermes kept
 /// writing, or another writer holds a session's live turn lease: the other
 /// sessions are imported, that one is not).
 #[derive(Debug, clap::Args)]
