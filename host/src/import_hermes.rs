@@ -683,7 +683,11 @@ impl Quarantine {
                 .open(&self.path)
                 .map_err(io_err(format!("open {}", self.path.display())))?
         };
-        writeln!(f, "{record}")
+        // One write of the whole line: a Value written through `Display`
+        // reaches the file token by token, and a crash between two of
+        // those writes would leave half a line.
+        let line = format!("{record}\n");
+        f.write_all(line.as_bytes())
             .and_then(|()| f.sync_all())
             .map_err(io_err(format!("write {}", self.path.display())))?;
         if new {

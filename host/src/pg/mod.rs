@@ -749,7 +749,6 @@ impl Backend for PgStore {
         self.pg.identity()
     }
 
-    /// Every lease this handle holds, given back in one statement.
     fn rows(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<StoredMessage>, ReadError> {
         self.read_rows(session, limit)
     }
@@ -806,6 +805,7 @@ impl Backend for PgStore {
         PgStore::delete_session(self, session)
     }
 
+    /// Every lease this handle holds, given back in one statement.
     fn release_all_leases(&mut self) {
         let (ids, tokens): (Vec<String>, Vec<String>) = self
             .ledger

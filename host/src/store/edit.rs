@@ -26,7 +26,8 @@ use crate::observe;
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{edit} of session {session} failed: session_persistence_failed:{}: {message}", .cause.label())]
 pub struct EditError {
-    /// `pop` or `clear`.
+    /// The edit's name: `pop`, `clear`, `restore`, `fork`, `replace`,
+    /// `prune`, `delete` or `import`.
     pub edit: &'static str,
     pub session: String,
     /// The policy's cause.
