@@ -375,9 +375,10 @@ pub fn fork(args: ForkArgs) -> i32 {
 ///
 /// A session whose live turn lease another writer holds is skipped and
 /// named, and the exit code is then 5. The search index stays consistent.
-/// SQLite gives the freed pages back to the file system (a `state.db` made
-/// before incremental vacuum gets one full `VACUUM` first, only when about
-/// twice its size is free); PostgreSQL's `VACUUM` makes the space reusable.
+/// SQLite gives the freed pages back to the file system (the first prune
+/// that frees pages switches `state.db` to incremental vacuum with one full
+/// `VACUUM`, only when about twice its size is free); PostgreSQL's `VACUUM`
+/// makes the space reusable.
 ///
 /// With `--json`: one `{"type":"session","data":{"session","archived","deleted"}}`
 /// per session, then `{"type":"end","data":{"archived","deleted","skipped",
