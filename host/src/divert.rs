@@ -155,6 +155,86 @@ pub fn divert(
     cause: Cause,
     lines: &[DivertLine<'_>],
 ) -> Result<Receipt, DivertError> {
+    let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let values: Vec<Value> = lines
+        .iter()
+        .map(|l| {
+            json!({
+                "v": FORMAT_VERSION,
+                "session": session,
+                "uid": l.uid,
+                "seq": l.seq,
+                "batch": batch_id,
+                "cause": cause.label(),
+                "at": at,
+                "message": l.message.item(),
+            })
+        })
+        .collect();
+    append_lines(dir, session, &values)
+}
+
+/// Append a LangGraph batch's lines (version 3, `kind` `checkpoint` or
+/// `write`, blobs as base64) for `session` (the thread's safe id) under
+/// `dir`, fsync, and return the receipt.
+pub fn divert_graph(
+    dir: &Path,
+    session: &str,
+    batch_id: &str,
+    cause: Cause,
+    graph: &crate::graph::GraphBatch,
+) -> Result<Receipt, DivertError> {
+    let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let values: Vec<Value> = graph
+        .lines()
+        .into_iter()
+        .map(|(kind, uid, payload)| {
+            let mut line = json!({
+                "v": crate::graph::FORMAT_VERSION,
+                "kind": kind,
+                "session": session,
+                "uid": uid,
+                "batch": batch_id,
+                "cause": cause.label(),
+                "at": at,
+            });
+            line[kind] = payload;
+            line
+        })
+        .collect();
+    append_lines(dir, session, &values)
+}
+
+/// The flush machine's divert step for a LangGraph batch.
+pub(crate) fn divert_graph_step(
+    dir: &Path,
+    session: &str,
+    graph: &crate::graph::GraphBatch,
+    cause: Cause,
+) -> (turnsafe_policy::machine::Event, Option<DivertError>) {
+    use turnsafe_policy::machine::Event;
+    let batch_id = crate::ids::mint();
+    match divert_graph(dir, session, &batch_id, cause, graph) {
+        Ok(receipt) => {
+            tracing::warn!(session, batch = %batch_id, count = graph.len(), cause = cause.label(), "graph batch diverted");
+            (Event::Diverted(receipt), None)
+        }
+        Err(e) => {
+            tracing::error!(session, operation = e.operation, errno = ?e.errno, cause = cause.label(), "graph divert failed; batch handed back");
+            let event = Event::DivertFailed {
+                failure: e.to_failure(),
+                message: e.message.clone(),
+                residue: e.residue.clone(),
+            };
+            (event, Some(e))
+        }
+    }
+}
+
+/// Append one JSON line per value to `<dir>/<session>.jsonl` in one
+/// write, fsync the file and every folder entry on its path, and return
+/// the receipt; on failure, cut the file back to where the lines began.
+fn append_lines(dir: &Path, session: &str, values: &[Value]) -> Result<Receipt, DivertError> {
     validate_session_id(session).map_err(|m| DivertError {
         operation: "validate",
         errno: Some(i64::from(libc::EINVAL)),
@@ -173,8 +253,7 @@ pub fn divert(
     rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
         .map_err(|e| DivertError::io("lock", &path, &io::Error::from(e)))?;
 
-    let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
-    let mut buf = Vec::with_capacity(lines.len() * 256);
+    let mut buf = Vec::with_capacity(values.len() * 256);
     // A torn last line from an earlier crash stays detectable: start ours
     // on a fresh line.
     let size = file.metadata().map_err(|e| DivertError::io("stat", &path, &e))?.len();
@@ -183,18 +262,8 @@ pub fn divert(
     }
     let offset = size + buf.len() as u64;
     let start = buf.len();
-    for l in lines {
-        let line = json!({
-            "v": FORMAT_VERSION,
-            "session": session,
-            "uid": l.uid,
-            "seq": l.seq,
-            "batch": batch_id,
-            "cause": cause.label(),
-            "at": at,
-            "message": l.message.item(),
-        });
-        serde_json::to_writer(&mut buf, &line).map_err(|e| DivertError {
+    for line in values {
+        serde_json::to_writer(&mut buf, line).map_err(|e| DivertError {
             operation: "encode",
             errno: None,
             message: e.to_string(),
@@ -244,7 +313,7 @@ pub fn divert(
         path: abs.to_string_lossy().into_owned(),
         offset,
         length: (buf.len() - start) as u64,
-        count: lines.len() as u64,
+        count: values.len() as u64,
         sha256: sha,
     })
 }

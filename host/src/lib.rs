@@ -26,6 +26,7 @@ pub mod exit;
 pub mod failpoint;
 #[cfg(feature = "fault-vfs")]
 pub mod faultvfs;
+pub mod graph;
 pub mod guard;
 pub mod history;
 pub mod holders;

@@ -31,6 +31,7 @@ use super::{Backend, Cursor};
 use crate::capture::{Capture, CaptureError};
 use crate::captures::Hold;
 use crate::divert::{self, DivertError};
+use crate::graph::GraphBatch;
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 use crate::store::{Counters, SessionId};
@@ -74,6 +75,9 @@ impl Ledger {
     fn divert(&mut self, flush: &Flush<'_>, cause: Cause) -> (Event, Option<DivertError>) {
         let cursor = self.sessions.entry(flush.session.as_str().to_string()).or_default();
         self.counters.diverts += 1;
+        if let Some(graph) = flush.graph {
+            return divert::divert_graph_step(&self.divert_dir, flush.session.as_str(), graph, cause);
+        }
         divert::divert_step(
             &self.divert_dir,
             flush.session.as_str(),
@@ -89,6 +93,9 @@ impl Ledger {
 pub struct Flush<'a> {
     pub session: &'a SessionId,
     pub messages: &'a [Message],
+    /// A LangGraph checkpoint or writes instead of messages (`messages`
+    /// is then empty, and `uids` are the records' keys).
+    pub graph: Option<&'a GraphBatch>,
     /// The uid of every message, minted where the caller gave none.
     pub uids: Vec<String>,
     pub started: Instant,
@@ -153,10 +160,14 @@ impl<'a> Member<'a> {
         backend: &mut B,
         session: &'a SessionId,
         messages: &'a [Message],
+        graph: Option<&'a GraphBatch>,
         holds: &[Hold],
     ) -> Member<'a> {
         let started = Instant::now();
-        let (uids, minted) = crate::message::uids_minting(messages);
+        let (uids, minted) = match graph {
+            Some(g) => (g.uids(), Vec::new()),
+            None => crate::message::uids_minting(messages),
+        };
         let pending_capture =
             holds
                 .iter()
@@ -177,6 +188,7 @@ impl<'a> Member<'a> {
             flush: Flush {
                 session,
                 messages,
+                graph,
                 uids,
                 started,
             },
@@ -238,13 +250,36 @@ struct Round {
 /// transaction is every batch's failure, and each then settles as the
 /// policy says. No batch is ever half committed.
 pub fn append_group<B: Backend + ?Sized>(backend: &mut B, batches: &[(&SessionId, &[Message])]) -> Vec<FlushOutcome> {
+    let items: Vec<Item<'_>> = batches.iter().map(|&(s, m)| (s, m, None)).collect();
+    flush_group(backend, &items)
+}
+
+/// One batch of a group: its session, its messages, or a graph batch.
+pub type Item<'a> = (&'a SessionId, &'a [Message], Option<&'a GraphBatch>);
+
+/// [`append_group`] for batches of messages and graph batches alike.
+pub fn flush_group<B: Backend + ?Sized>(backend: &mut B, batches: &[Item<'_>]) -> Vec<FlushOutcome> {
     let holds = backend.pending_holds();
     let mut members: Vec<Member<'_>> = batches
         .iter()
-        .map(|&(session, messages)| Member::new(backend, session, messages, &holds))
+        .map(|&(session, messages, graph)| Member::new(backend, session, messages, graph, &holds))
         .collect();
     run(backend, &mut members);
     members.into_iter().map(Member::finish).collect()
+}
+
+/// Flush one LangGraph checkpoint or one task's writes: committed,
+/// diverted with a receipt, or handed back, as for a turn's messages.
+pub fn put_graph<B: Backend + ?Sized>(backend: &mut B, graph: &GraphBatch) -> FlushOutcome {
+    let session = SessionId::graph(graph.thread_id());
+    let mut out = flush_group(backend, &[(&session, &[], Some(graph))]);
+    match out.pop() {
+        Some(outcome) => outcome,
+        None => {
+            let holds = backend.pending_holds();
+            Member::new(backend, &session, &[], Some(graph), &holds).finish()
+        }
+    }
 }
 
 /// Flush one batch over `backend`: the one executor, with a group of one.
@@ -259,7 +294,7 @@ pub fn append_one<B: Backend + ?Sized>(backend: &mut B, session: &SessionId, mes
 /// `unknown`.
 pub fn handed_back<B: Backend + ?Sized>(backend: &mut B, session: &SessionId, messages: &[Message]) -> FlushOutcome {
     let holds = backend.pending_holds();
-    Member::new(backend, session, messages, &holds).finish()
+    Member::new(backend, session, messages, None, &holds).finish()
 }
 
 /// Drive every member's machine to its outcome.
@@ -428,7 +463,11 @@ fn write_for<B: Backend + ?Sized>(
 /// After a COMMIT whose answer was lost: which of the batch's uids does
 /// the store hold, on the connection just opened?
 fn resolve<B: Backend + ?Sized>(backend: &mut B, flush: &Flush<'_>) -> Event {
-    match backend.resolve(flush.session.as_str(), &flush.uids) {
+    let found = match flush.graph {
+        Some(graph) => backend.resolve_graph(graph),
+        None => backend.resolve(flush.session.as_str(), &flush.uids),
+    };
+    match found {
         Ok(all_stored) => {
             tracing::warn!(
                 session = flush.session.as_str(),

@@ -25,6 +25,7 @@ use turnsafe_policy::machine::{Failure, WritePlan};
 
 use crate::capture::{Capture, CaptureError};
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
+use crate::graph::{GraphBatch, GraphEdit, GraphEdited, GraphQuery, StoredCheckpoint};
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 use crate::store::{EditError, SessionId};
@@ -153,6 +154,15 @@ pub trait Backend {
     /// whether every one of `uids` is stored for `session`. A failure is
     /// the policy's to classify, like a failed write.
     fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure>;
+    /// [`Backend::resolve`] for a LangGraph batch: whether every one of its
+    /// records is stored.
+    fn resolve_graph(&mut self, graph: &GraphBatch) -> Result<bool, Failure>;
+    /// The live LangGraph checkpoints `query` asks for, newest first, with
+    /// their writes. A sticky handle refuses.
+    fn graph_read(&mut self, query: &GraphQuery) -> Result<Vec<StoredCheckpoint>, ReadError>;
+    /// A LangGraph delete, prune or copy, in one transaction, as the
+    /// policy's edit machine says.
+    fn graph_edit(&mut self, edit: &GraphEdit) -> Result<GraphEdited, EditError>;
     /// Capture the retired generation this handle still holds, once, for
     /// the operator (SQLite's WAL through the held descriptor). `trigger`
     /// and `evidence` are the failure that asked for it. A server keeps no
@@ -225,6 +235,15 @@ pub trait Backend {
         Self: Sized,
     {
         group::append_group(self, batches)
+    }
+
+    /// Flush one LangGraph checkpoint or one task's writes: committed,
+    /// diverted with a receipt, or handed back.
+    fn put_graph(&mut self, graph: &GraphBatch) -> FlushOutcome
+    where
+        Self: Sized,
+    {
+        group::put_graph(self, graph)
     }
 
     /// Flush one turn's batch. Every message ends committed, diverted with

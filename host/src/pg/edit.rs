@@ -227,7 +227,7 @@ impl PgStore {
     // A `Failure` is the policy's own input, handed to it as it is; a
     // failed edit is rare, so its size on the error path costs nothing.
     #[allow(clippy::result_large_err)]
-    fn edit<T>(
+    pub(super) fn edit<T>(
         &mut self,
         edit: &'static str,
         session: &SessionId,
@@ -286,7 +286,7 @@ fn stored(uid: String, seq: i64, item: &str) -> StoredMessage {
 }
 
 /// The policy's cause of a failure outside a flush.
-fn cause_of(f: &Failure) -> Cause {
+pub(super) fn cause_of(f: &Failure) -> Cause {
     let obs = turnsafe_policy::Observation {
         engine: f.engine,
         sqlstate: f.sqlstate.clone(),

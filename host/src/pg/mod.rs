@@ -14,6 +14,7 @@
 
 pub mod connect;
 mod edit;
+mod graph;
 pub mod replay;
 pub mod schema;
 pub mod translate;
@@ -643,6 +644,55 @@ impl Drop for PgStore {
     }
 }
 
+impl PgStore {
+    /// A group with LangGraph batches: those are written in a transaction
+    /// of their own (no lease, no seq), the messages in theirs; a failure
+    /// that ends either transaction is each of its batches' failure.
+    fn write_mixed(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
+        let n = batches.len();
+        let (graphs, messages): (Vec<usize>, Vec<usize>) = (0..n).partition(|&k| batches[k].0.graph.is_some());
+        let mut out = GroupWrite {
+            group: None,
+            each: vec![None; n],
+        };
+        if !messages.is_empty() {
+            let subset: Vec<(&Flush<'_>, WritePlan)> = messages.iter().map(|&k| batches[k]).collect();
+            let written = self.write_group(&subset);
+            for (j, &k) in messages.iter().enumerate() {
+                out.each[k] = written.each.get(j).cloned().flatten().or_else(|| written.group.clone());
+            }
+        }
+        let flushes: Vec<&Flush<'_>> = graphs.iter().map(|&k| batches[k].0).collect();
+        let written = match self.pg.client.as_mut() {
+            None => graph::GraphWritten {
+                group: Some(write::Stop::Failed(Box::new(translate::failure(&Fault::NotConnected, 0)))),
+                each: flushes.iter().map(|_| None).collect(),
+            },
+            Some(client) => {
+                let generation = self.pg.generation.clone().unwrap_or_default();
+                graph::write_group(client, &flushes, &generation)
+            }
+        };
+        let group = written.group.map(|stop| self.failure_of(stop));
+        for (j, stop) in written.each.into_iter().enumerate() {
+            let own = stop.map(|stop| self.failure_of(stop));
+            out.each[graphs[j]] = own.or_else(|| group.clone());
+        }
+        if messages.is_empty() {
+            // One transaction only: its failure is the group's.
+            if let Some(g) = group {
+                out.each = out
+                    .each
+                    .into_iter()
+                    .map(|e| e.filter(|f| *f != g))
+                    .collect();
+                out.group = Some(g);
+            }
+        }
+        out
+    }
+}
+
 impl Backend for PgStore {
     fn location(&self) -> String {
         self.pg.location()
@@ -676,6 +726,9 @@ impl Backend for PgStore {
     }
 
     fn write_group(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
+        if batches.iter().any(|(f, _)| f.graph.is_some()) {
+            return self.write_mixed(batches);
+        }
         let Some(client) = self.pg.client.as_mut() else {
             return GroupWrite::failed(batches.len(), translate::failure(&Fault::NotConnected, 0));
         };
@@ -713,6 +766,43 @@ impl Backend for PgStore {
 
     fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
         self.pg.resolve(session, uids)
+    }
+
+    fn resolve_graph(&mut self, batch: &crate::graph::GraphBatch) -> Result<bool, Failure> {
+        let Some(client) = self.pg.client.as_mut() else {
+            return Err(translate::failure(&Fault::NotConnected, 0));
+        };
+        graph::resolve(client, batch).map_err(|e| self.pg.client_failure(&e, Fault::Client(&e)))
+    }
+
+    fn graph_read(
+        &mut self,
+        query: &crate::graph::GraphQuery,
+    ) -> Result<Vec<crate::graph::StoredCheckpoint>, ReadError> {
+        if let Some(cause) = self.ledger.handle.sticky {
+            return Err(ReadError {
+                message: format!(
+                    "reading {}: the store refuses to touch its database until an operator acts",
+                    self.pg.url.display()
+                ),
+                cause: Some(cause),
+            });
+        }
+        let target = self.pg.url.display().to_string();
+        let client = self.pg.reader().map_err(|e| ReadError {
+            message: e.to_string(),
+            cause: Some(turnsafe_policy::Cause::Unavailable),
+        })?;
+        graph::read(client, query).map_err(|e| ReadError {
+            message: format!("reading {target}: {e}"),
+            cause: Some(edit::cause_of(&translate::failure(&Fault::Client(&e), 0))),
+        })
+    }
+
+    fn graph_edit(&mut self, edit: &crate::graph::GraphEdit) -> Result<crate::graph::GraphEdited, EditError> {
+        let session = SessionId::graph(&edit.session());
+        let now = crate::store::now_ms();
+        self.edit(edit.name(), &session, |tx, _| graph::edit(tx, edit, now))
     }
 
     fn capture(&mut self, _trigger: &str, _evidence: &[Evidence]) -> Result<Capture, CaptureError> {

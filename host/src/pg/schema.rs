@@ -14,11 +14,14 @@
 //! Version 3 keeps what edits replace, as SQLite's version 4 does: the
 //! `archive` table, and each session's lineage (`forked_from`,
 //! `forked_at_seq`).
+//!
+//! Version 4 keeps LangGraph's state, as SQLite's version 6 does:
+//! `checkpoints` and `checkpoint_writes` (`super::graph`).
 
 use postgres::{Client, Transaction};
 
 /// Current schema version (`state_meta.schema_version`).
-pub const VERSION: i64 = 3;
+pub const VERSION: i64 = 4;
 
 /// The advisory lock key migrations take ("turnsafe" in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x7475_726e_7361_6665;
@@ -112,6 +115,7 @@ pub fn migrate(client: &mut Client) -> Result<Migrated, postgres::Error> {
         tx.batch_execute(V1)?;
         to_items(&mut tx)?;
         tx.batch_execute(V3)?;
+        tx.batch_execute(super::graph::TABLES)?;
         let generation = crate::store::mint_id();
         tx.execute(
             "INSERT INTO state_meta(key, value) VALUES ('generation', $1), ('schema_version', $2) \

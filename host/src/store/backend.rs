@@ -94,6 +94,49 @@ impl Backend for SessionStore {
         all_stored(conn, session, uids).map_err(|e| failure_of(&e, None, Vec::new(), 0))
     }
 
+    fn resolve_graph(&mut self, graph: &crate::graph::GraphBatch) -> Result<bool, Failure> {
+        let Some(conn) = self.conn.as_ref() else {
+            return Err(failure_of(&rusqlite::Error::InvalidQuery, None, Vec::new(), 0));
+        };
+        super::graph::resolve(conn, graph).map_err(|e| failure_of(&e, None, Vec::new(), 0))
+    }
+
+    fn graph_read(
+        &mut self,
+        query: &crate::graph::GraphQuery,
+    ) -> Result<Vec<crate::graph::StoredCheckpoint>, ReadError> {
+        let db = self.db_path.clone();
+        if let Some(cause) = self.ledger.handle.sticky {
+            return Err(ReadError {
+                message: format!(
+                    "reading {}: the store refuses to touch its database until an operator acts",
+                    db.display()
+                ),
+                cause: Some(cause),
+            });
+        }
+        if self.conn.is_none() {
+            // Opening migrates: a home written before version 6 gains the
+            // tables. A file that cannot be opened is held, as by a flush.
+            if let Err(f) = self.ensure_open() {
+                self.quarantined = f.conn;
+            }
+        }
+        match self.conn.as_ref() {
+            Some(conn) => super::graph::read(conn, query),
+            None => super::open_read_only(&db).and_then(|conn| super::graph::read(&conn, query)),
+        }
+        .map_err(|e| ReadError {
+            message: format!("reading {}: {e}", db.display()),
+            cause: Some(crate::observe::cause_of(turnsafe_policy::Operation::Replay, &e)),
+        })
+    }
+
+    fn graph_edit(&mut self, edit: &crate::graph::GraphEdit) -> Result<crate::graph::GraphEdited, EditError> {
+        let session = SessionId::graph(&edit.session());
+        self.edit(edit.name(), &session, |conn, _| super::graph::edit(conn, edit, super::now_ms()))
+    }
+
     /// Once per handle: a later ask gets the first capture's result.
     fn capture(&mut self, trigger: &str, evidence: &[Evidence]) -> Result<Capture, CaptureError> {
         match self.retire_generation(trigger, evidence) {

@@ -17,6 +17,7 @@
 
 mod backend;
 mod edit;
+pub mod graph;
 pub mod history;
 pub mod import;
 pub mod index;
@@ -133,6 +134,10 @@ impl SessionId {
     }
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+    /// A LangGraph thread's session: its safe id, always valid.
+    pub fn graph(thread_id: &str) -> SessionId {
+        SessionId(crate::graph::thread_session(thread_id))
     }
 }
 

@@ -41,6 +41,14 @@
 //! (`origin_id`), that runtime's session record as a JSON object (`meta`:
 //! title, source, lineage, model, token counts...) and when it was first
 //! imported (`imported_ms`). Nothing that is stored moves.
+//!
+//! **Version 6** keeps LangGraph's state (`turnsafe_store.langgraph`):
+//! `checkpoints` (one row per `(thread_id, checkpoint_ns, checkpoint_id)`:
+//! the serializer's type tag and blob, the metadata as JSON text, its
+//! `run_id`) and `checkpoint_writes` (one row per `(thread_id,
+//! checkpoint_ns, checkpoint_id, task_id, idx)`), each with `created_ms`
+//! and `deleted_ms` (a LangGraph delete or prune marks; `turnsafe prune`
+//! removes). Nothing that is stored moves.
 
 use std::path::Path;
 
@@ -49,7 +57,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::rows;
 
 /// Current schema version.
-pub const VERSION: i64 = 5;
+pub const VERSION: i64 = 6;
 
 const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS state_meta(
@@ -284,7 +292,10 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
             if version < 4 {
                 v3_to_v4(conn)?;
             }
-            v4_to_v5(conn)?;
+            if version < 5 {
+                v4_to_v5(conn)?;
+            }
+            v5_to_v6(conn)?;
         }
         conn.execute(
             "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('schema_version', ?1)",
@@ -312,6 +323,7 @@ fn create(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
     conn.execute_batch(TABLES)?;
     conn.execute_batch(ARCHIVE)?;
     conn.execute_batch(SESSION_META)?;
+    conn.execute_batch(super::graph::TABLES)?;
     conn.execute_batch(V2_TRIGGERS)?;
     // The generation also lives in the header (application_id, bytes
     // 68-71), written before the switch to WAL so the main file has it.
@@ -428,4 +440,10 @@ fn v3_to_v4(conn: &Connection) -> rusqlite::Result<()> {
 /// moves.
 fn v4_to_v5(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(SESSION_META)
+}
+
+/// Version 5 -> 6: LangGraph's checkpoints and writes. Nothing that is
+/// stored moves.
+fn v5_to_v6(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(super::graph::TABLES)
 }

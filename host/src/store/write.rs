@@ -83,6 +83,7 @@ impl SessionStore {
                 .get(session)
                 .is_some_and(|s| s.lease_token.is_some());
             if !holds_lease
+                && flush.graph.is_none()
                 && !promised.contains_key(session)
                 && let Some(max) = self.divert_max_seq(session)
             {
@@ -287,6 +288,13 @@ fn write_batch(
     ttl_ms: i64,
     first_seq: &mut Option<i64>,
 ) -> Result<(), Stop> {
+    if let Some(graph) = flush.graph {
+        // A LangGraph batch: no transcript position, no turn lease.
+        if plan.degrade_fts {
+            super::schema::disable_fts(conn)?;
+        }
+        return Ok(super::graph::write(conn, graph, now_ms())?);
+    }
     let mut seq = next_seq(conn, flush.session.as_str(), state.next_seq.max(promised))?;
     *first_seq = Some(seq);
     // Between this transaction's first read and its first write:

@@ -1,0 +1,370 @@
+//! LangGraph checkpoints and writes in `state.db` (schema version 6): the
+//! statements a flush, a read, an edit and replay run. Keys and
+//! semantics are in [`crate::graph`].
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde_json::Value;
+
+use crate::graph::{CheckpointRecord, GraphBatch, GraphEdit, GraphEdited, GraphLine, GraphQuery, StoredCheckpoint, WriteRecord};
+
+/// Version 6's tables. `deleted_ms` marks what a LangGraph delete or
+/// prune took out of every read; `turnsafe prune` removes those rows.
+pub(super) const TABLES: &str = "
+CREATE TABLE IF NOT EXISTS checkpoints(
+    thread_id            TEXT NOT NULL,
+    checkpoint_ns        TEXT NOT NULL DEFAULT '',
+    checkpoint_id        TEXT NOT NULL,
+    parent_checkpoint_id TEXT,
+    type                 TEXT,
+    checkpoint           BLOB NOT NULL,
+    metadata             TEXT NOT NULL,
+    run_id               TEXT,
+    created_ms           INTEGER NOT NULL,
+    deleted_ms           INTEGER,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS checkpoints_by_run ON checkpoints(run_id) WHERE run_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS checkpoint_writes(
+    thread_id     TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL DEFAULT '',
+    checkpoint_id TEXT NOT NULL,
+    task_id       TEXT NOT NULL,
+    idx           INTEGER NOT NULL,
+    task_path     TEXT NOT NULL DEFAULT '',
+    channel       TEXT NOT NULL,
+    type          TEXT,
+    value         BLOB NOT NULL,
+    created_ms    INTEGER NOT NULL,
+    deleted_ms    INTEGER,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+) WITHOUT ROWID;
+";
+
+/// A put replaces the checkpoint it meets (LangGraph's savers do), and
+/// brings back one a delete had marked.
+const PUT_CHECKPOINT: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+    ON CONFLICT(thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+        parent_checkpoint_id = excluded.parent_checkpoint_id, type = excluded.type,
+        checkpoint = excluded.checkpoint, metadata = excluded.metadata, run_id = excluded.run_id,
+        created_ms = excluded.created_ms, deleted_ms = NULL";
+
+/// Replay's insert: a checkpoint already stored (deleted or not) stays as it is.
+const REPLAY_CHECKPOINT: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT DO NOTHING";
+
+/// A special write replaces the one it meets; an ordinary one keeps the
+/// first copy unless that copy was deleted.
+const PUT_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+    ON CONFLICT(thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+        task_path = excluded.task_path, channel = excluded.channel, type = excluded.type,
+        value = excluded.value, created_ms = excluded.created_ms, deleted_ms = NULL
+    WHERE ?11 OR checkpoint_writes.deleted_ms IS NOT NULL";
+
+const REPLAY_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING";
+
+fn metadata_text(c: &CheckpointRecord) -> String {
+    c.metadata.to_string()
+}
+
+fn insert_checkpoint(conn: &Connection, sql: &str, c: &CheckpointRecord, now: i64) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params![
+        c.thread_id,
+        c.checkpoint_ns,
+        c.checkpoint_id,
+        c.parent_checkpoint_id,
+        c.kind,
+        c.checkpoint,
+        metadata_text(c),
+        c.run_id(),
+        now
+    ])
+}
+
+fn insert_write(conn: &Connection, sql: &str, w: &WriteRecord, now: i64, replace: Option<bool>) -> rusqlite::Result<usize> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let base = params![
+        w.thread_id,
+        w.checkpoint_ns,
+        w.checkpoint_id,
+        w.task_id,
+        w.idx,
+        w.task_path,
+        w.channel,
+        w.kind,
+        w.value,
+        now
+    ];
+    match replace {
+        Some(r) => {
+            let mut all: Vec<&dyn rusqlite::ToSql> = base.to_vec();
+            all.push(&r);
+            stmt.execute(all.as_slice())
+        }
+        None => stmt.execute(base),
+    }
+}
+
+/// A flush's statements for one graph batch, inside the group's
+/// transaction.
+pub(super) fn write(conn: &Connection, graph: &GraphBatch, now: i64) -> rusqlite::Result<()> {
+    match graph {
+        GraphBatch::Checkpoint(c) => insert_checkpoint(conn, PUT_CHECKPOINT, c, now).map(drop),
+        GraphBatch::Writes(writes) => {
+            // LangGraph's rule: a batch of special writes only replaces.
+            let replace = writes.iter().all(WriteRecord::is_special);
+            for w in writes {
+                insert_write(conn, PUT_WRITE, w, now, Some(replace))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Replay's idempotent insert of one diverted record: `true` when it was
+/// stored now, `false` when its key was already there.
+pub fn replay_insert(conn: &Connection, line: &GraphLine, now: i64) -> rusqlite::Result<bool> {
+    match line {
+        GraphLine::Checkpoint(c) => insert_checkpoint(conn, REPLAY_CHECKPOINT, c, now).map(|n| n == 1),
+        GraphLine::Write(w) => insert_write(conn, REPLAY_WRITE, w, now, None).map(|n| n == 1),
+    }
+}
+
+/// Whether the record's key is stored (deleted or not).
+pub fn exists(conn: &Connection, line: &GraphLine) -> rusqlite::Result<bool> {
+    let found = match line {
+        GraphLine::Checkpoint(c) => conn
+            .prepare_cached(
+                "SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3",
+            )?
+            .query_row(params![c.thread_id, c.checkpoint_ns, c.checkpoint_id], |_| Ok(()))
+            .optional()?,
+        GraphLine::Write(w) => conn
+            .prepare_cached(
+                "SELECT 1 FROM checkpoint_writes WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3 AND task_id = ?4 AND idx = ?5",
+            )?
+            .query_row(
+                params![w.thread_id, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.idx],
+                |_| Ok(()),
+            )
+            .optional()?,
+    };
+    Ok(found.is_some())
+}
+
+/// After a lost COMMIT: whether every record of the batch is stored, live.
+pub(super) fn resolve(conn: &Connection, graph: &GraphBatch) -> rusqlite::Result<bool> {
+    match graph {
+        GraphBatch::Checkpoint(c) => Ok(conn
+            .prepare_cached(
+                "SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3 AND deleted_ms IS NULL AND checkpoint = ?4",
+            )?
+            .query_row(params![c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.checkpoint], |_| Ok(()))
+            .optional()?
+            .is_some()),
+        GraphBatch::Writes(writes) => {
+            for w in writes {
+                let found = conn
+                    .prepare_cached(
+                        "SELECT 1 FROM checkpoint_writes WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3 AND task_id = ?4 AND idx = ?5 AND deleted_ms IS NULL",
+                    )?
+                    .query_row(
+                        params![w.thread_id, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.idx],
+                        |_| Ok(()),
+                    )
+                    .optional()?;
+                if found.is_none() {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+    }
+}
+
+fn checkpoint_of(r: &Row<'_>) -> rusqlite::Result<(CheckpointRecord, i64)> {
+    let metadata: String = r.get(6)?;
+    Ok((
+        CheckpointRecord {
+            thread_id: r.get(0)?,
+            checkpoint_ns: r.get(1)?,
+            checkpoint_id: r.get(2)?,
+            parent_checkpoint_id: r.get(3)?,
+            kind: r.get(4)?,
+            checkpoint: r.get(5)?,
+            metadata: serde_json::from_str(&metadata).unwrap_or(Value::Object(Default::default())),
+        },
+        r.get(7)?,
+    ))
+}
+
+/// The live checkpoints `q` asks for, newest first, each with its live
+/// writes in LangGraph's order.
+pub fn read(conn: &Connection, q: &GraphQuery) -> rusqlite::Result<Vec<StoredCheckpoint>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, created_ms
+           FROM checkpoints
+          WHERE deleted_ms IS NULL
+            AND (?1 IS NULL OR thread_id = ?1)
+            AND (?2 IS NULL OR checkpoint_ns = ?2)
+            AND (?3 IS NULL OR checkpoint_id = ?3)
+            AND (?4 IS NULL OR checkpoint_id < ?4)
+          ORDER BY checkpoint_id DESC, thread_id, checkpoint_ns",
+    )?;
+    let rows = stmt.query_map(
+        params![q.thread_id, q.checkpoint_ns, q.checkpoint_id, q.before],
+        checkpoint_of,
+    )?;
+    let limit = q.limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+    let mut out = Vec::new();
+    for row in rows {
+        if out.len() >= limit {
+            break;
+        }
+        let (record, created_ms) = row?;
+        if !q.matches(&record.metadata) {
+            continue;
+        }
+        out.push(StoredCheckpoint {
+            record,
+            writes: Vec::new(),
+            created_ms,
+        });
+    }
+    drop(stmt);
+    let mut writes = conn.prepare_cached(
+        "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value
+           FROM checkpoint_writes
+          WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3 AND deleted_ms IS NULL
+          ORDER BY task_path, task_id, idx",
+    )?;
+    for c in &mut out {
+        let r = &c.record;
+        c.writes = writes
+            .query_map(params![r.thread_id, r.checkpoint_ns, r.checkpoint_id], |w| {
+                Ok(WriteRecord {
+                    thread_id: w.get(0)?,
+                    checkpoint_ns: w.get(1)?,
+                    checkpoint_id: w.get(2)?,
+                    task_id: w.get(3)?,
+                    task_path: w.get(4)?,
+                    idx: w.get(5)?,
+                    channel: w.get(6)?,
+                    kind: w.get(7)?,
+                    value: w.get(8)?,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+    }
+    Ok(out)
+}
+
+/// One graph edit's statements, inside the edit's transaction.
+pub(super) fn edit(conn: &Connection, e: &GraphEdit, now: i64) -> rusqlite::Result<GraphEdited> {
+    let mut done = GraphEdited::default();
+    match e {
+        GraphEdit::DeleteThread(thread) => {
+            done.checkpoints = conn.execute(
+                "UPDATE checkpoints SET deleted_ms = ?2 WHERE thread_id = ?1 AND deleted_ms IS NULL",
+                params![thread, now],
+            )? as u64;
+            done.writes = conn.execute(
+                "UPDATE checkpoint_writes SET deleted_ms = ?2 WHERE thread_id = ?1 AND deleted_ms IS NULL",
+                params![thread, now],
+            )? as u64;
+        }
+        GraphEdit::DeleteRuns(runs) => {
+            for run in runs {
+                done.writes += conn.execute(
+                    "UPDATE checkpoint_writes SET deleted_ms = ?2
+                      WHERE deleted_ms IS NULL AND (thread_id, checkpoint_ns, checkpoint_id) IN
+                            (SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints WHERE run_id = ?1)",
+                    params![run, now],
+                )? as u64;
+                done.checkpoints += conn.execute(
+                    "UPDATE checkpoints SET deleted_ms = ?2 WHERE run_id = ?1 AND deleted_ms IS NULL",
+                    params![run, now],
+                )? as u64;
+            }
+        }
+        GraphEdit::Prune { threads, keep_latest } => {
+            for thread in threads {
+                // The newest live checkpoint of each namespace stays, with its writes.
+                let keep = "(SELECT MAX(k.checkpoint_id) FROM checkpoints k
+                              WHERE k.thread_id = ?1 AND k.checkpoint_ns = t.checkpoint_ns AND k.deleted_ms IS NULL)";
+                let (cp_sql, w_sql) = if *keep_latest {
+                    (
+                        format!(
+                            "UPDATE checkpoints AS t SET deleted_ms = ?2
+                              WHERE t.thread_id = ?1 AND t.deleted_ms IS NULL AND t.checkpoint_id < {keep}"
+                        ),
+                        format!(
+                            "UPDATE checkpoint_writes AS t SET deleted_ms = ?2
+                              WHERE t.thread_id = ?1 AND t.deleted_ms IS NULL
+                                AND t.checkpoint_id IS NOT {keep}"
+                        ),
+                    )
+                } else {
+                    (
+                        "UPDATE checkpoints AS t SET deleted_ms = ?2 WHERE t.thread_id = ?1 AND t.deleted_ms IS NULL".into(),
+                        "UPDATE checkpoint_writes AS t SET deleted_ms = ?2 WHERE t.thread_id = ?1 AND t.deleted_ms IS NULL"
+                            .into(),
+                    )
+                };
+                // Writes first: the kept checkpoint is read before any is marked.
+                done.writes += conn.execute(&w_sql, params![thread, now])? as u64;
+                done.checkpoints += conn.execute(&cp_sql, params![thread, now])? as u64;
+            }
+        }
+        GraphEdit::Copy { from, to } => {
+            done.checkpoints = conn.execute(
+                "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms)
+                 SELECT ?2, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, ?3
+                   FROM checkpoints WHERE thread_id = ?1 AND deleted_ms IS NULL
+                 ON CONFLICT(thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+                    parent_checkpoint_id = excluded.parent_checkpoint_id, type = excluded.type,
+                    checkpoint = excluded.checkpoint, metadata = excluded.metadata, run_id = excluded.run_id,
+                    created_ms = excluded.created_ms, deleted_ms = NULL",
+                params![from, to, now],
+            )? as u64;
+            done.writes = conn.execute(
+                "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms)
+                 SELECT ?2, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, ?3
+                   FROM checkpoint_writes WHERE thread_id = ?1 AND deleted_ms IS NULL
+                 ON CONFLICT(thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+                    task_path = excluded.task_path, channel = excluded.channel, type = excluded.type,
+                    value = excluded.value, created_ms = excluded.created_ms, deleted_ms = NULL",
+                params![from, to, now],
+            )? as u64;
+        }
+    }
+    Ok(done)
+}
+
+/// `turnsafe prune`: remove for good what LangGraph deletes marked at or
+/// before `cutoff_ms`. Returns `(checkpoints, writes)` removed.
+pub(super) fn purge_deleted(conn: &Connection, cutoff_ms: i64) -> rusqlite::Result<(u64, u64)> {
+    let writes = conn.execute(
+        "DELETE FROM checkpoint_writes WHERE deleted_ms IS NOT NULL AND deleted_ms <= ?1",
+        [cutoff_ms],
+    )? as u64;
+    let checkpoints = conn.execute(
+        "DELETE FROM checkpoints WHERE deleted_ms IS NOT NULL AND deleted_ms <= ?1",
+        [cutoff_ms],
+    )? as u64;
+    Ok((checkpoints, writes))
+}
+
+/// Live and deleted counts, for `doctor`: `(checkpoints, writes, deleted checkpoints, deleted writes)`.
+pub fn counts(conn: &Connection) -> rusqlite::Result<(i64, i64, i64, i64)> {
+    conn.query_row(
+        "SELECT (SELECT count(*) FROM checkpoints WHERE deleted_ms IS NULL),
+                (SELECT count(*) FROM checkpoint_writes WHERE deleted_ms IS NULL),
+                (SELECT count(*) FROM checkpoints WHERE deleted_ms IS NOT NULL),
+                (SELECT count(*) FROM checkpoint_writes WHERE deleted_ms IS NOT NULL)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )
+}
