@@ -29,11 +29,16 @@ pub fn session_of_name(name: &str) -> Option<&str> {
 }
 
 /// Whether one line is a divert line of this format for `session`: a JSON
-/// object with `v` 1 or 2, that `session`, a `uid` string and a `message`.
+/// object with `v` 1 or 2, that `session`, a `uid` string and a `message`;
+/// or a LangGraph line, `v` 3 with `kind` `checkpoint` (and a `checkpoint`
+/// object) or `write` (and a `write` object), that `session` and a `uid`.
 pub fn is_divert_line(line: &[u8], session: &str) -> bool {
     let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line) else {
         return false;
     };
+    if crate::graph::is_graph_line(&obj, session) {
+        return true;
+    }
     matches!(obj.get("v").and_then(Value::as_u64), Some(v) if v == 1 || v == FORMAT_VERSION)
         && obj.get("session").and_then(Value::as_str) == Some(session)
         && obj.get("uid").is_some_and(Value::is_string)

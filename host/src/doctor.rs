@@ -172,6 +172,21 @@ pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {
             facts.insert("archived_share".into(), sizes.1.into());
             facts.insert("session_sizes".into(), sizes.0);
         }
+        // LangGraph's state, live and marked deleted (a database before
+        // version 6 has none).
+        if let Ok(c) = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            && let Ok((checkpoints, writes, deleted_checkpoints, deleted_writes)) = crate::store::graph::counts(&c)
+        {
+            facts.insert(
+                "langgraph".into(),
+                json!({
+                    "checkpoints": checkpoints,
+                    "writes": writes,
+                    "deleted_checkpoints": deleted_checkpoints,
+                    "deleted_writes": deleted_writes,
+                }),
+            );
+        }
         let degraded = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY)
             .and_then(|c| crate::store::schema::fts_enabled(&c))
             .is_ok_and(|on| !on);
@@ -446,6 +461,26 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
     let quarantined = std::fs::read_to_string(sessions.join(crate::divert_files::LEDGER))
         .map(|t| t.lines().filter(|l| l.contains("\"state\":\"quarantined\"")).count())
         .unwrap_or(0);
+    // Pending lines by kind: messages, and LangGraph checkpoints and writes.
+    let (mut messages, mut checkpoints, mut writes) = (0u64, 0u64, 0u64);
+    for p in &pending {
+        let Ok(text) = std::fs::read_to_string(p) else { continue };
+        for line in text.lines() {
+            match serde_json::from_str::<Value>(line) {
+                Ok(v) => match v.get("kind").and_then(Value::as_str) {
+                    Some("checkpoint") => checkpoints += 1,
+                    Some("write") => writes += 1,
+                    _ if v.get("message").is_some() => messages += 1,
+                    _ => {}
+                },
+                Err(_) => {}
+            }
+        }
+    }
+    facts.insert(
+        "pending_divert_lines".into(),
+        json!({"message": messages, "checkpoint": checkpoints, "write": writes}),
+    );
     facts.insert("pending_divert_files".into(), files_n.into());
     facts.insert("pending_divert_bytes".into(), bytes.into());
     facts.insert("quarantined_lines".into(), quarantined.into());
@@ -454,7 +489,10 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
         out.push(finding(
             "pending_diverts",
             "warning",
-            format!("{files_n} diverted file(s), {bytes} bytes, wait for `turnsafe replay`"),
+            format!(
+                "{files_n} diverted file(s), {bytes} bytes ({messages} message(s), {checkpoints} LangGraph \
+                 checkpoint(s), {writes} write(s)), wait for `turnsafe replay`"
+            ),
             Some(Cause::Disk),
         ));
     }

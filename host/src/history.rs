@@ -191,6 +191,11 @@ pub struct PruneReport {
     /// given back), `not_reclaimed` (with why), or `none` (nothing freed).
     pub space: String,
     pub dry_run: bool,
+    /// LangGraph checkpoints a delete or prune had marked, removed for
+    /// good (with `--session`, none: they belong to threads).
+    pub checkpoints_purged: u64,
+    /// Their writes, and writes marked on their own.
+    pub writes_purged: u64,
 }
 
 impl PruneReport {
@@ -198,7 +203,7 @@ impl PruneReport {
         self.sessions.iter().map(|s| s.archived).sum()
     }
     pub fn deleted(&self) -> u64 {
-        self.sessions.iter().map(|s| s.deleted).sum()
+        self.sessions.iter().map(|s| s.deleted).sum::<u64>() + self.checkpoints_purged + self.writes_purged
     }
 }
 

@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 use crate::captures;
 use crate::divert::{FORMAT_VERSION, sync_dir};
 use crate::divert_files;
+use crate::graph::GraphLine;
 use crate::message::Message;
 use crate::store::{StoreOptions, configure, index, now_ms, rows};
 
@@ -156,6 +157,11 @@ pub trait Target {
     fn same(&mut self, session: &str, uid: &str, row: &Row<'_>) -> Result<bool, ReplayError>;
     /// After the last file (SQLite rebuilds its index).
     fn finish(&mut self) -> Result<(), ReplayError>;
+    /// Insert a diverted LangGraph checkpoint or write unless its key is
+    /// stored; true when it was inserted.
+    fn graph_insert(&mut self, line: &GraphLine) -> Result<bool, ReplayError>;
+    /// Whether its key is stored (the dry run's question).
+    fn graph_exists(&mut self, line: &GraphLine) -> Result<bool, ReplayError>;
 }
 
 /// A session's turn lease as stored: token, expiry (ms), holder.
@@ -249,6 +255,12 @@ impl Target for Sqlite {
     }
     fn same(&mut self, session: &str, uid: &str, row: &Row<'_>) -> Result<bool, ReplayError> {
         Ok(rows::same_row(&self.conn, session, uid, row.message)?)
+    }
+    fn graph_insert(&mut self, line: &GraphLine) -> Result<bool, ReplayError> {
+        Ok(crate::store::graph::replay_insert(&self.conn, line, now_ms())?)
+    }
+    fn graph_exists(&mut self, line: &GraphLine) -> Result<bool, ReplayError> {
+        Ok(crate::store::graph::exists(&self.conn, line)?)
     }
     fn finish(&mut self) -> Result<(), ReplayError> {
         // Imported rows land past the index's watermark; index them now. The
@@ -708,6 +720,22 @@ fn settle_line(
     text: &str,
     dry: bool,
 ) -> Result<(Option<String>, Settled), ReplayError> {
+    // A LangGraph checkpoint or write (version 3): idempotent by its key.
+    if let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(text)
+        && let Some(parsed) = GraphLine::parse(&obj, session)
+    {
+        let uid = obj.get("uid").and_then(Value::as_str).map(String::from);
+        let line = match parsed {
+            Ok(line) => line,
+            Err(reason) => return Ok((uid, Settled::Quarantined(reason.to_string()))),
+        };
+        let fresh = if dry {
+            !conn.graph_exists(&line)?
+        } else {
+            conn.graph_insert(&line)?
+        };
+        return Ok((uid, if fresh { Settled::Replayed } else { Settled::Duplicate }));
+    }
     let (uid_s, seq, message) = match parse_divert_line(text, session) {
         Ok(parsed) => parsed,
         Err((uid, reason)) => return Ok((uid, Settled::Quarantined(reason.to_string()))),

@@ -275,11 +275,15 @@ pub fn put_graph<B: Backend + ?Sized>(backend: &mut B, graph: &GraphBatch) -> Fl
     let mut out = flush_group(backend, &[(&session, &[], Some(graph))]);
     match out.pop() {
         Some(outcome) => outcome,
-        None => {
-            let holds = backend.pending_holds();
-            Member::new(backend, &session, &[], Some(graph), &holds).finish()
-        }
+        None => graph_handed_back(backend, graph),
     }
+}
+
+/// The outcome of a graph batch that never ran: handed back, cause `unknown`.
+pub fn graph_handed_back<B: Backend + ?Sized>(backend: &mut B, graph: &GraphBatch) -> FlushOutcome {
+    let session = SessionId::graph(graph.thread_id());
+    let holds = backend.pending_holds();
+    Member::new(backend, &session, &[], Some(graph), &holds).finish()
 }
 
 /// Flush one batch over `backend`: the one executor, with a group of one.

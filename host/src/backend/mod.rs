@@ -24,8 +24,8 @@ use turnsafe_policy::Evidence;
 use turnsafe_policy::machine::{Failure, WritePlan};
 
 use crate::capture::{Capture, CaptureError};
-use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::graph::{GraphBatch, GraphEdit, GraphEdited, GraphQuery, StoredCheckpoint};
+use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 use crate::store::{EditError, SessionId};

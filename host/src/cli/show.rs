@@ -28,6 +28,15 @@ use crate::exit;
 /// line. With `--archived`, the session's archived rows instead, newest
 /// archived first: `{"type":"archived","data":{"uid", "seq", "message",
 /// "archived_at", "reason"}}` per row, then `{"type":"end","data":{"archived"}}`.
+///
+/// With `--thread ID` instead of `--session`, a LangGraph thread's
+/// checkpoints (every namespace), newest first, with LangGraph's field
+/// names: `{"type":"checkpoint","data":{"thread_id", "checkpoint_ns",
+/// "checkpoint_id", "parent_checkpoint_id", "type", "checkpoint",
+/// "metadata", "created_ms", "pending_writes"}}` per checkpoint (blobs as
+/// base64; each pending write `{"task_id", "task_path", "idx", "channel",
+/// "type", "value"}`), then `{"type":"end","data":{"thread_id",
+/// "checkpoints"}}`. Without `--json`, one line per checkpoint.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The turnsafe home holding `state.db` (not needed with `--db`).
@@ -37,8 +46,11 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     db: Option<String>,
     /// The session id.
-    #[arg(long)]
-    session: String,
+    #[arg(long, required_unless_present = "thread", conflicts_with = "thread")]
+    session: Option<String>,
+    /// A LangGraph thread id (as given to the graph): list its checkpoints.
+    #[arg(long, value_name = "ID", conflicts_with = "archived")]
+    thread: Option<String>,
     /// JSON Lines output in the `{"type","data"}` envelope.
     #[arg(long)]
     json: bool,
@@ -49,12 +61,20 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
+    if let Some(thread) = args.thread.clone() {
+        return show_thread(&args, &thread);
+    }
+    let session = args.session.clone().unwrap_or_default();
+    let args = Args {
+        session: Some(session),
+        ..args
+    };
     let db = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
         Ok(crate::backend::DbChoice::Sqlite(path)) => path,
         Ok(crate::backend::DbChoice::Postgres(url)) => {
             let mut pg = crate::pg::Postgres::new(*url, crate::pg::PgOptions::default());
             if args.archived {
-                return match pg.archived(&args.session, None) {
+                return match pg.archived(args.session.as_deref().unwrap_or_default(), None) {
                     Ok(rows) => print_archived(&rows, args.json),
                     Err(e) => {
                         eprintln!("error: {e}");
@@ -62,9 +82,15 @@ pub fn run(args: Args) -> i32 {
                     }
                 };
             }
-            let lineage = pg.lineage(&args.session);
-            return match pg.transcript(&args.session) {
-                Ok(messages) => print(messages, &[], &args.session, lineage.as_ref(), args.json),
+            let lineage = pg.lineage(args.session.as_deref().unwrap_or_default());
+            return match pg.transcript(args.session.as_deref().unwrap_or_default()) {
+                Ok(messages) => print(
+                    messages,
+                    &[],
+                    args.session.as_deref().unwrap_or_default(),
+                    lineage.as_ref(),
+                    args.json,
+                ),
                 Err(e) => {
                     eprintln!("error: {e}");
                     exit::FAILURE
@@ -92,7 +118,7 @@ pub fn run(args: Args) -> i32 {
             }
         };
     if args.archived {
-        return match crate::store::history::archived(&conn, &args.session, None) {
+        return match crate::store::history::archived(&conn, args.session.as_deref().unwrap_or_default(), None) {
             Ok(rows) => print_archived(&rows, args.json),
             Err(e) => {
                 eprintln!("error: reading {}: {e}", db.display());
@@ -100,19 +126,104 @@ pub fn run(args: Args) -> i32 {
             }
         };
     }
-    let lineage = crate::store::history::lineage(&conn, &args.session).ok().flatten();
-    let messages = match crate::store::transcript(&conn, &args.session) {
+    let lineage = crate::store::history::lineage(&conn, args.session.as_deref().unwrap_or_default())
+        .ok()
+        .flatten();
+    let messages = match crate::store::transcript(&conn, args.session.as_deref().unwrap_or_default()) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("error: reading {}: {e}", db.display());
             return exit::FAILURE;
         }
     };
-    let holds = match super::holds_for(db.parent().unwrap_or(std::path::Path::new(".")), Some(&args.session)) {
+    let holds = match super::holds_for(
+        db.parent().unwrap_or(std::path::Path::new(".")),
+        Some(args.session.as_deref().unwrap_or_default()),
+    ) {
         Ok(h) => h,
         Err(code) => return code,
     };
-    print(messages, &holds, &args.session, lineage.as_ref(), args.json)
+    print(
+        messages,
+        &holds,
+        args.session.as_deref().unwrap_or_default(),
+        lineage.as_ref(),
+        args.json,
+    )
+}
+
+/// A LangGraph thread's checkpoints, newest first.
+fn show_thread(args: &Args, thread: &str) -> i32 {
+    let query = crate::graph::GraphQuery {
+        thread_id: Some(thread.to_string()),
+        ..Default::default()
+    };
+    let read = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
+        Ok(crate::backend::DbChoice::Postgres(url)) => {
+            let mut pg = crate::pg::Postgres::new(*url, crate::pg::PgOptions::default());
+            pg.graph_read(&query).map_err(|e| e.to_string())
+        }
+        Ok(crate::backend::DbChoice::Sqlite(db)) => {
+            if !db.is_file() {
+                eprintln!("error: no turnsafe store at {}", db.display());
+                return exit::FAILURE;
+            }
+            if let Some(code) = super::refuse_newer_schema(&db) {
+                return code;
+            }
+            Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .and_then(|conn| {
+                    // A database before version 6 holds no checkpoint.
+                    let has: bool = conn.query_row(
+                        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'checkpoints')",
+                        [],
+                        |r| r.get(0),
+                    )?;
+                    if has {
+                        crate::store::graph::read(&conn, &query)
+                    } else {
+                        Ok(Vec::new())
+                    }
+                })
+                .map_err(|e| format!("reading {}: {e}", db.display()))
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
+    let checkpoints = match read {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::FAILURE;
+        }
+    };
+    for c in &checkpoints {
+        if args.json {
+            super::emit(&super::envelope("checkpoint", c.to_value()));
+        } else {
+            let r = &c.record;
+            let meta = |k: &str| r.metadata.get(k).map_or_else(|| "-".to_string(), |v| v.to_string());
+            println!(
+                "{}  ns={:?}  step={}  source={}  parent={}  writes={}  {}",
+                r.checkpoint_id,
+                r.checkpoint_ns,
+                meta("step"),
+                meta("source"),
+                r.parent_checkpoint_id.as_deref().unwrap_or("-"),
+                c.writes.len(),
+                crate::history::rfc3339(c.created_ms),
+            );
+        }
+    }
+    if args.json {
+        super::emit(&super::envelope(
+            "end",
+            serde_json::json!({ "thread_id": thread, "checkpoints": checkpoints.len() }),
+        ));
+    }
+    exit::OK
 }
 
 /// Archived rows, newest archived first, then how many.

@@ -619,6 +619,25 @@ impl PgStore {
                 Err(e) => return Err(e),
             }
         }
+        // LangGraph rows a delete or prune marked: removed for good once
+        // marked before the cutoff (`--keep-last` keeps none of them).
+        if opts.session.is_none() {
+            let dry = opts.dry_run;
+            let (checkpoints, writes) = self.edit("prune", &SessionId::graph("langgraph"), |tx, _| {
+                if dry {
+                    let r = tx.query_one(
+                        "SELECT (SELECT count(*) FROM checkpoints WHERE deleted_ms <= $1),
+                                (SELECT count(*) FROM checkpoint_writes WHERE deleted_ms <= $1)",
+                        &[&cutoff_ms],
+                    )?;
+                    Ok((r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
+                } else {
+                    super::graph::purge_deleted(tx, cutoff_ms)
+                }
+            })?;
+            report.checkpoints_purged = checkpoints;
+            report.writes_purged = writes;
+        }
         report.space = if opts.dry_run || report.deleted() == 0 {
             "none".into()
         } else {

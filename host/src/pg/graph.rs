@@ -7,7 +7,9 @@ use serde_json::Value;
 
 use super::write::Stop;
 use crate::backend::Flush;
-use crate::graph::{CheckpointRecord, GraphBatch, GraphEdit, GraphEdited, GraphLine, GraphQuery, StoredCheckpoint, WriteRecord};
+use crate::graph::{
+    CheckpointRecord, GraphBatch, GraphEdit, GraphEdited, GraphLine, GraphQuery, StoredCheckpoint, WriteRecord,
+};
 
 pub(super) const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS checkpoints(
@@ -60,7 +62,12 @@ const PUT_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns,
 const REPLAY_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING";
 
-fn put_checkpoint(c: &mut impl GenericClient, sql: &str, r: &CheckpointRecord, now: i64) -> Result<u64, postgres::Error> {
+fn put_checkpoint(
+    c: &mut impl GenericClient,
+    sql: &str,
+    r: &CheckpointRecord,
+    now: i64,
+) -> Result<u64, postgres::Error> {
     let metadata = r.metadata.to_string();
     c.execute(
         sql,
@@ -78,7 +85,12 @@ fn put_checkpoint(c: &mut impl GenericClient, sql: &str, r: &CheckpointRecord, n
     )
 }
 
-fn put_write(c: &mut impl GenericClient, w: &WriteRecord, now: i64, replace: Option<bool>) -> Result<u64, postgres::Error> {
+fn put_write(
+    c: &mut impl GenericClient,
+    w: &WriteRecord,
+    now: i64,
+    replace: Option<bool>,
+) -> Result<u64, postgres::Error> {
     match replace {
         Some(replace) => c.execute(
             PUT_WRITE,

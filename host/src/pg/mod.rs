@@ -299,6 +299,19 @@ impl Postgres {
     }
 
     #[allow(clippy::result_large_err)]
+    /// LangGraph checkpoints, as [`crate::backend::Backend::graph_read`].
+    pub fn graph_read(
+        &mut self,
+        query: &crate::graph::GraphQuery,
+    ) -> Result<Vec<crate::graph::StoredCheckpoint>, BackendError> {
+        let target = self.url.display().to_string();
+        let client = self.reader()?;
+        graph::read(client, query).map_err(|e| BackendError::Unavailable {
+            target,
+            message: e.to_string(),
+        })
+    }
+
     pub fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
         let Some(client) = self.client.as_mut() else {
             return Err(translate::failure(&Fault::NotConnected, 0));
@@ -665,7 +678,10 @@ impl PgStore {
         let flushes: Vec<&Flush<'_>> = graphs.iter().map(|&k| batches[k].0).collect();
         let written = match self.pg.client.as_mut() {
             None => graph::GraphWritten {
-                group: Some(write::Stop::Failed(Box::new(translate::failure(&Fault::NotConnected, 0)))),
+                group: Some(write::Stop::Failed(Box::new(translate::failure(
+                    &Fault::NotConnected,
+                    0,
+                )))),
                 each: flushes.iter().map(|_| None).collect(),
             },
             Some(client) => {
@@ -681,11 +697,7 @@ impl PgStore {
         if messages.is_empty() {
             // One transaction only: its failure is the group's.
             if let Some(g) = group {
-                out.each = out
-                    .each
-                    .into_iter()
-                    .map(|e| e.filter(|f| *f != g))
-                    .collect();
+                out.each = out.each.into_iter().map(|e| e.filter(|f| *f != g)).collect();
                 out.group = Some(g);
             }
         }

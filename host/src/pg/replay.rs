@@ -129,6 +129,12 @@ impl Target for PgTarget {
     fn finish(&mut self) -> Result<(), ReplayError> {
         Ok(())
     }
+    fn graph_insert(&mut self, line: &crate::graph::GraphLine) -> Result<bool, ReplayError> {
+        super::graph::replay_insert(&mut self.client, line, now_ms()).map_err(|e| self.err(e))
+    }
+    fn graph_exists(&mut self, line: &crate::graph::GraphLine) -> Result<bool, ReplayError> {
+        super::graph::exists(&mut self.client, line).map_err(|e| self.err(e))
+    }
 }
 
 /// Replay the divert files under `home` into `url`.

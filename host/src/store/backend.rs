@@ -134,7 +134,9 @@ impl Backend for SessionStore {
 
     fn graph_edit(&mut self, edit: &crate::graph::GraphEdit) -> Result<crate::graph::GraphEdited, EditError> {
         let session = SessionId::graph(&edit.session());
-        self.edit(edit.name(), &session, |conn, _| super::graph::edit(conn, edit, super::now_ms()))
+        self.edit(edit.name(), &session, |conn, _| {
+            super::graph::edit(conn, edit, super::now_ms())
+        })
     }
 
     /// Once per handle: a later ask gets the first capture's result.

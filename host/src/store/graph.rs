@@ -5,7 +5,9 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
-use crate::graph::{CheckpointRecord, GraphBatch, GraphEdit, GraphEdited, GraphLine, GraphQuery, StoredCheckpoint, WriteRecord};
+use crate::graph::{
+    CheckpointRecord, GraphBatch, GraphEdit, GraphEdited, GraphLine, GraphQuery, StoredCheckpoint, WriteRecord,
+};
 
 /// Version 6's tables. `deleted_ms` marks what a LangGraph delete or
 /// prune took out of every read; `turnsafe prune` removes those rows.
@@ -83,7 +85,13 @@ fn insert_checkpoint(conn: &Connection, sql: &str, c: &CheckpointRecord, now: i6
     ])
 }
 
-fn insert_write(conn: &Connection, sql: &str, w: &WriteRecord, now: i64, replace: Option<bool>) -> rusqlite::Result<usize> {
+fn insert_write(
+    conn: &Connection,
+    sql: &str,
+    w: &WriteRecord,
+    now: i64,
+    replace: Option<bool>,
+) -> rusqlite::Result<usize> {
     let mut stmt = conn.prepare_cached(sql)?;
     let base = params![
         w.thread_id,

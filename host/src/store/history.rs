@@ -586,6 +586,25 @@ impl SessionStore {
                 Err(e) => return Err(e),
             }
         }
+        // LangGraph rows a delete or prune marked: removed for good once
+        // marked before the cutoff (`--keep-last` keeps none of them).
+        if opts.session.is_none() {
+            let dry = opts.dry_run;
+            let (checkpoints, writes) = self.edit("prune", &SessionId::graph("langgraph"), |conn, _| {
+                if dry {
+                    conn.query_row(
+                        "SELECT (SELECT count(*) FROM checkpoints WHERE deleted_ms <= ?1),
+                                (SELECT count(*) FROM checkpoint_writes WHERE deleted_ms <= ?1)",
+                        [cutoff_ms],
+                        |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+                    )
+                } else {
+                    super::graph::purge_deleted(conn, cutoff_ms)
+                }
+            })?;
+            report.checkpoints_purged = checkpoints;
+            report.writes_purged = writes;
+        }
         let freed = report.deleted() + report.archived();
         report.space = if opts.dry_run || report.deleted() == 0 {
             if freed == 0 {

@@ -94,6 +94,8 @@ struct Queued {
     ticket: u64,
     session: SessionId,
     messages: Vec<Message>,
+    /// A LangGraph checkpoint or writes instead of messages.
+    graph: Option<crate::graph::GraphBatch>,
     reply: Reply,
 }
 
@@ -168,6 +170,28 @@ impl<S: Backend + Send + 'static> SharedStore<S> {
             }
             queue = inner.step(queue);
         }
+    }
+
+    /// Flush one LangGraph checkpoint or one task's writes, committed
+    /// together with whatever other threads send meanwhile.
+    pub fn put_graph(&self, graph: crate::graph::GraphBatch) -> FlushOutcome {
+        let inner = &*self.inner;
+        let mut queue = inner.queue();
+        let ticket = inner.queue_graph(&mut queue, graph, Reply::Waiting);
+        loop {
+            if let Some(outcome) = queue.done.remove(&ticket) {
+                return outcome;
+            }
+            queue = inner.step(queue);
+        }
+    }
+
+    /// [`SharedStore::put_graph`] without waiting, as
+    /// [`SharedStore::append_batch_then`].
+    pub fn put_graph_then(&self, graph: crate::graph::GraphBatch, then: impl FnOnce(FlushOutcome) + Send + 'static) {
+        let mut queue = self.inner.queue();
+        self.inner.queue_graph(&mut queue, graph, Reply::Then(Box::new(then)));
+        self.hand_over(queue);
     }
 
     /// Hand one batch over without waiting: it joins the next group commit
@@ -313,6 +337,19 @@ impl<S: Backend + Send + 'static> Inner<S> {
             ticket,
             session: session.clone(),
             messages,
+            graph: None,
+            reply,
+        });
+        ticket
+    }
+
+    fn queue_graph(&self, queue: &mut Queue<S>, graph: crate::graph::GraphBatch, reply: Reply) -> u64 {
+        let ticket = self.ticket(queue);
+        queue.waiting.push_back(Queued {
+            ticket,
+            session: SessionId::graph(graph.thread_id()),
+            messages: Vec::new(),
+            graph: Some(graph),
             reply,
         });
         ticket
@@ -438,13 +475,13 @@ impl<S: Backend + Send + 'static> Inner<S> {
     /// Commit one group. A panic inside hands every batch of it back
     /// rather than leaving its callers waiting forever.
     fn commit(&self, group: &[Queued]) -> Vec<FlushOutcome> {
-        let batches: Vec<(&SessionId, &[Message])> =
-            group.iter().map(|q| (&q.session, q.messages.as_slice())).collect();
+        let batches: Vec<crate::backend::group::Item<'_>> = group
+            .iter()
+            .map(|q| (&q.session, q.messages.as_slice(), q.graph.as_ref()))
+            .collect();
         let mut store = self.lock();
         let store = &mut *store;
-        match std::panic::catch_unwind(AssertUnwindSafe(|| {
-            crate::backend::group::append_group(store, &batches)
-        })) {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| crate::backend::group::flush_group(store, &batches))) {
             Ok(outcomes) => outcomes,
             Err(_) => {
                 tracing::error!(
@@ -453,7 +490,10 @@ impl<S: Backend + Send + 'static> Inner<S> {
                 );
                 batches
                     .iter()
-                    .map(|&(session, messages)| crate::backend::group::handed_back(store, session, messages))
+                    .map(|&(session, messages, graph)| match graph {
+                        Some(g) => crate::backend::group::graph_handed_back(store, g),
+                        None => crate::backend::group::handed_back(store, session, messages),
+                    })
                     .collect()
             }
         }
@@ -492,7 +532,8 @@ fn take_group(waiting: &mut VecDeque<Queued>, before: Option<u64>) -> Vec<Queued
 
 impl Queued {
     fn bytes(&self) -> usize {
-        self.messages.iter().map(Message::encoded_len).sum()
+        let graph = self.graph.as_ref().map_or(0, crate::graph::GraphBatch::encoded_len);
+        graph + self.messages.iter().map(Message::encoded_len).sum::<usize>()
     }
 }
 
@@ -508,6 +549,7 @@ mod tests {
                 ticket: i as u64,
                 session: SessionId::new("s").unwrap(),
                 messages: vec![Message::new("user", &"x".repeat(bytes_each))],
+                graph: None,
                 reply: Reply::Waiting,
             })
             .collect()
