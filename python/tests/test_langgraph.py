@@ -1,0 +1,295 @@
+"""TurnsafeSaver under real LangGraph graphs: human-in-the-loop interrupt
+and resume, time travel, subgraphs (checkpoint_ns), and real failures in
+the middle of a running graph (an immutable state.db, a lock held past
+the policy's patience, a PostgreSQL server stopped): each raises
+TurnNotPersisted with a receipt, loses nothing, and after `replay` the
+graph resumes where it stopped."""
+
+from __future__ import annotations
+
+import json
+import operator
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+from typing_extensions import TypedDict
+
+import turnsafe_store
+from turnsafe_store import TurnNotPersisted
+from turnsafe_store.langgraph import AsyncTurnsafeSaver, TurnsafeSaver
+
+from conftest import immutable, turnsafe_bin
+
+
+class State(TypedDict):
+    log: Annotated[list, operator.add]
+
+
+def three_steps(ran: list, between: Optional[Callable[[], None]] = None):
+    """a -> b -> c, each adding its name; `between` runs inside b (the
+    failure arrives while the graph runs)."""
+
+    def node(name):
+        def run(state: State):
+            ran.append(name)
+            if name == "b" and between is not None:
+                between()
+            return {"log": [name]}
+
+        return run
+
+    g = StateGraph(State)
+    for n in "abc":
+        g.add_node(n, node(n))
+    g.add_edge(START, "a")
+    g.add_edge("a", "b")
+    g.add_edge("b", "c")
+    g.add_edge("c", END)
+    return g
+
+
+def cfg(thread: str) -> dict:
+    return {"configurable": {"thread_id": thread}}
+
+
+def test_interrupt_and_resume_across_savers(home: Path) -> None:
+    def ask(state: State):
+        answer = interrupt("approve?")
+        return {"log": [f"answer:{answer}"]}
+
+    g = StateGraph(State)
+    g.add_node("first", lambda s: {"log": ["first"]})
+    g.add_node("ask", ask)
+    g.add_edge(START, "first")
+    g.add_edge("first", "ask")
+    g.add_edge("ask", END)
+    with TurnsafeSaver(home) as saver:
+        graph = g.compile(checkpointer=saver)
+        out = graph.invoke({"log": []}, cfg("hitl"))
+        assert out["__interrupt__"][0].value == "approve?"
+        state = graph.get_state(cfg("hitl"))
+        assert state.next == ("ask",)
+        assert state.tasks[0].interrupts[0].value == "approve?"
+    # Another saver (another process, after a restart) resumes it.
+    with TurnsafeSaver(home) as saver:
+        graph = g.compile(checkpointer=saver)
+        assert graph.get_state(cfg("hitl")).next == ("ask",)
+        out = graph.invoke(Command(resume="yes"), cfg("hitl"))
+        assert out["log"] == ["first", "answer:yes"]
+        assert graph.get_state(cfg("hitl")).next == ()
+
+
+def test_time_travel_resumes_from_an_earlier_checkpoint(home: Path) -> None:
+    ran: list = []
+    with TurnsafeSaver(home) as saver:
+        graph = three_steps(ran).compile(checkpointer=saver)
+        assert graph.invoke({"log": []}, cfg("tt"))["log"] == ["a", "b", "c"]
+        history = list(graph.get_state_history(cfg("tt")))
+        # Newest first: after c, after b, after a, the input, the start.
+        assert [h.next for h in history] == [(), ("c",), ("b",), ("a",), ("__start__",)]
+        ids = [h.config["configurable"]["checkpoint_id"] for h in history]
+        assert ids == sorted(ids, reverse=True)
+        after_a = history[2]
+        assert after_a.values["log"] == ["a"]
+        ran.clear()
+        out = graph.invoke(None, after_a.config)
+        assert out["log"] == ["a", "b", "c"] and ran == ["b", "c"]
+        # The fork is a new branch: the newest checkpoint's parent is on it.
+        newest = graph.get_state(cfg("tt"))
+        assert newest.values["log"] == ["a", "b", "c"]
+        assert len(list(graph.get_state_history(cfg("tt")))) > len(history)
+        # Updating an old state forks too, as LangGraph documents.
+        forked = graph.update_state(after_a.config, {"log": ["edited"]})
+        assert graph.get_state(forked).values["log"] == ["a", "edited"]
+
+
+def test_subgraph_checkpoints_live_under_their_namespace(home: Path) -> None:
+    def inner_ask(state: State):
+        return {"log": [f"inner:{interrupt('inner?')}"]}
+
+    sub = StateGraph(State)
+    sub.add_node("inner_a", lambda s: {"log": ["inner_a"]})
+    sub.add_node("inner_ask", inner_ask)
+    sub.add_edge(START, "inner_a")
+    sub.add_edge("inner_a", "inner_ask")
+    sub.add_edge("inner_ask", END)
+    parent = StateGraph(State)
+    parent.add_node("outer", lambda s: {"log": ["outer"]})
+    parent.add_node("child", sub.compile())
+    parent.add_edge(START, "outer")
+    parent.add_edge("outer", "child")
+    parent.add_edge("child", END)
+    with TurnsafeSaver(home) as saver:
+        graph = parent.compile(checkpointer=saver)
+        graph.invoke({"log": []}, cfg("sub"))
+        state = graph.get_state(cfg("sub"), subgraphs=True)
+        child = state.tasks[0].state
+        ns = child.config["configurable"]["checkpoint_ns"]
+        assert ns.startswith("child:"), ns
+        assert child.values["log"] == ["outer", "inner_a"]
+        namespaces = {t.config["configurable"]["checkpoint_ns"] for t in saver.list(cfg("sub"))}
+        assert "" in namespaces and ns in namespaces
+        root_only = {"configurable": {"thread_id": "sub", "checkpoint_ns": ""}}
+        assert {t.config["configurable"]["checkpoint_ns"] for t in saver.list(root_only)} == {""}
+        out = graph.invoke(Command(resume="ok"), cfg("sub"))
+        assert out["log"] == ["outer", "outer", "inner_a", "inner:ok"] or out["log"][-1] == "inner:ok"
+    # The command line lists the thread's checkpoints, every namespace, newest first.
+    shown = subprocess.run(
+        [turnsafe_bin(), "show", "--home", str(home), "--thread", "sub", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = [json.loads(x) for x in shown.stdout.splitlines()]
+    assert lines[-1]["type"] == "end" and lines[-1]["data"]["checkpoints"] == len(lines) - 1
+    rows = [x["data"] for x in lines[:-1]]
+    assert {r["checkpoint_ns"] for r in rows} == namespaces | {r["checkpoint_ns"] for r in rows}
+    assert [r["checkpoint_id"] for r in rows] == sorted((r["checkpoint_id"] for r in rows), reverse=True)
+    assert all(r["thread_id"] == "sub" and "metadata" in r and "pending_writes" in r for r in rows)
+
+
+def run_through_a_failure(home: Path, thread: str, fail: Callable[[], None], lift: Callable[[], None], *, db=None, replay_db=None):
+    """Run a -> b -> c with `fail` applied inside b; the run raises
+    TurnNotPersisted with a receipt; `lift` ends the failure; replay brings
+    the diverted checkpoint back; the graph resumes with c only."""
+    ran: list = []
+    with TurnsafeSaver(home, db=db) as saver:
+        graph = three_steps(ran, between=fail).compile(checkpointer=saver)
+        with pytest.raises(TurnNotPersisted) as e:
+            graph.invoke({"log": []}, cfg(thread), durability="sync")
+        out = e.value.outcome
+        assert not out.persisted and out.receipt is not None, out.to_dict()
+        assert out.diverted >= 1 and out.handed_back == 0
+        receipt = Path(out.receipt["path"])
+        assert receipt.parent == (home / "sessions").resolve()
+        kinds = {json.loads(x)["kind"] for x in receipt.read_text().splitlines()}
+        assert kinds <= {"checkpoint", "write"} and kinds
+    lift()
+    facts = turnsafe_store.doctor(home)["facts"] if db is None else None
+    if facts is not None:
+        pending = facts["pending_divert_lines"]
+        assert pending["checkpoint"] + pending["write"] >= 1 and pending["message"] == 0, pending
+    report = turnsafe_store.replay(home, db=replay_db)
+    assert report["replayed"] >= 1 and report["quarantined"] == 0, report
+    again = turnsafe_store.replay(home, db=replay_db)
+    assert again["lines"] == 0
+    with TurnsafeSaver(home, db=db) as saver:
+        graph = three_steps(ran).compile(checkpointer=saver)
+        # What ran is stored: the state holds every node that ran (b
+        # included, whose checkpoint was diverted), and nothing else.
+        stored = graph.get_state(cfg(thread)).values["log"]
+        assert stored == ran and stored[:2] == ["a", "b"], (stored, ran)
+        final = graph.invoke(None, cfg(thread), durability="sync")
+        # Resumed where it stopped: every node ran exactly once in all.
+        assert final["log"] == ["a", "b", "c"] and ran == ["a", "b", "c"], (final, ran)
+    return out
+
+
+def test_an_immutable_state_db_diverts_the_step_and_replay_resumes_the_graph(home: Path) -> None:
+    turnsafe_store.Store(home).close()
+    held = []
+
+    def fail():
+        cm = immutable(home / "state.db", home / "state.db-wal")
+        cm.__enter__()
+        held.append(cm)
+
+    def lift():
+        held.pop().__exit__(None, None, None)
+
+    out = run_through_a_failure(home, "ro", fail, lift)
+    assert out.cause == "disk"
+
+
+def hold_lock(db: Path, seconds: float) -> subprocess.Popen:
+    script = (
+        "import sqlite3, sys, time\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE')\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(float(sys.argv[2]))\n"
+        "c.execute('COMMIT')\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", script, str(db), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_a_lock_held_past_the_patience_diverts_the_step(home: Path) -> None:
+    turnsafe_store.Store(home).close()
+    lockers = []
+
+    def fail():
+        lockers.append(hold_lock(home / "state.db", 8.0))
+
+    def lift():
+        lockers.pop().wait()
+
+    out = run_through_a_failure(home, "locked", fail, lift)
+    assert (out.cause, out.action) == ("locked", "divert") and out.attempts > 2
+
+
+def test_a_postgres_outage_diverts_the_step_and_replay_brings_it_to_the_server(tmp_path: Path, pg) -> None:
+    home = tmp_path / "home"
+    url = pg.url()
+
+    out = run_through_a_failure(home, "pg-thread", pg.stop_immediate, pg.start_again, db=url, replay_db=url)
+    assert out.cause in ("unavailable", "outcome_unknown"), out.to_dict()
+
+
+def test_async_saver_runs_a_graph_and_groups_its_threads(home: Path) -> None:
+    import asyncio
+
+    async def main():
+        async with AsyncTurnsafeSaver(home) as saver:
+            ran: list = []
+            graph = three_steps(ran).compile(checkpointer=saver)
+            outs = await asyncio.gather(*(graph.ainvoke({"log": []}, cfg(f"t{k}")) for k in range(8)))
+            assert all(o["log"] == ["a", "b", "c"] for o in outs)
+            for k in range(8):
+                state = await graph.aget_state(cfg(f"t{k}"))
+                assert state.values["log"] == ["a", "b", "c"]
+
+    asyncio.run(main())
+    facts = turnsafe_store.doctor(home)["facts"]
+    assert facts["langgraph"]["checkpoints"] == 8 * 5, facts["langgraph"]
+
+
+def test_deletes_leave_every_read_and_turnsafe_prune_removes_them(home: Path) -> None:
+    ran: list = []
+    with TurnsafeSaver(home) as saver:
+        graph = three_steps(ran).compile(checkpointer=saver)
+        graph.invoke({"log": []}, cfg("gone"))
+        graph.invoke({"log": []}, cfg("kept"))
+        saver.delete_thread("gone")
+        assert saver.get_tuple(cfg("gone")) is None
+        assert list(saver.list(cfg("gone"))) == []
+        assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {"kept"}
+    facts = turnsafe_store.doctor(home)["facts"]["langgraph"]
+    assert facts["deleted_checkpoints"] == 5 and facts["checkpoints"] == 5, facts
+    pruned = subprocess.run(
+        [turnsafe_bin(), "prune", "--home", str(home), "--keep-last", "1000", "--json"], capture_output=True, text=True
+    )
+    assert pruned.returncode == 0, pruned.stderr
+    facts = turnsafe_store.doctor(home)["facts"]["langgraph"]
+    assert facts["deleted_checkpoints"] == 0 and facts["deleted_writes"] == 0 and facts["checkpoints"] == 5, facts
+
+
+def test_encrypted_serializer_passes_through(home: Path) -> None:
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    serde = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef0123456789abcdef")
+    ran: list = []
+    with TurnsafeSaver(home, serde=serde) as saver:
+        graph = three_steps(ran).compile(checkpointer=saver)
+        graph.invoke({"log": ["secret-value"]}, cfg("enc"))
+        assert graph.get_state(cfg("enc")).values["log"] == ["secret-value", "a", "b", "c"]
+    raw = (home / "state.db").read_bytes() + b"".join(
+        p.read_bytes() for p in home.glob("state.db-wal")
+    )
+    assert b"secret-value" not in raw
