@@ -466,14 +466,13 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
     for p in &pending {
         let Ok(text) = std::fs::read_to_string(p) else { continue };
         for line in text.lines() {
-            match serde_json::from_str::<Value>(line) {
-                Ok(v) => match v.get("kind").and_then(Value::as_str) {
+            if let Ok(v) = serde_json::from_str::<Value>(line) {
+                match v.get("kind").and_then(Value::as_str) {
                     Some("checkpoint") => checkpoints += 1,
                     Some("write") => writes += 1,
                     _ if v.get("message").is_some() => messages += 1,
                     _ => {}
-                },
-                Err(_) => {}
+                }
             }
         }
     }

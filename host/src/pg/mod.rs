@@ -298,7 +298,6 @@ impl Postgres {
         Ok(())
     }
 
-    #[allow(clippy::result_large_err)]
     /// LangGraph checkpoints, as [`crate::backend::Backend::graph_read`].
     pub fn graph_read(
         &mut self,
@@ -312,6 +311,7 @@ impl Postgres {
         })
     }
 
+    #[allow(clippy::result_large_err)]
     pub fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
         let Some(client) = self.client.as_mut() else {
             return Err(translate::failure(&Fault::NotConnected, 0));
