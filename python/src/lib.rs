@@ -1105,6 +1105,7 @@ impl Store {
 
     /// Store one task's pending writes, each `(idx, channel, type, value)`.
     #[pyo3(name = "_lg_put_writes", signature = (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, writes))]
+    #[allow(clippy::too_many_arguments)]
     fn lg_put_writes(
         &self,
         py: Python<'_>,
