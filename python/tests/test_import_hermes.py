@@ -188,7 +188,7 @@ def test_every_message_matches_hermes_field_by_field(tmp_path: Path) -> None:
     assert by_hermes[ODD]["parent"] == S1
 
     s = stored(home)
-    assert s["version"] == turnsafe_store.SCHEMA_VERSION == 5
+    assert s["version"] == turnsafe_store.SCHEMA_VERSION == 6
     active = {}
     for sid, uid, seq, item in s["messages"]:
         active.setdefault(sid, []).append((uid, seq, json.loads(item)))
