@@ -293,3 +293,108 @@ def test_encrypted_serializer_passes_through(home: Path) -> None:
         p.read_bytes() for p in home.glob("state.db-wal")
     )
     assert b"secret-value" not in raw
+
+
+FD_CHILD = r'''
+import json, operator, os, resource, sys
+from typing import Annotated
+from typing_extensions import TypedDict
+from langgraph.graph import END, START, StateGraph
+import turnsafe_store
+from turnsafe_store.langgraph import TurnsafeSaver
+
+home, mode = sys.argv[1], sys.argv[2]
+leaked = []
+
+
+def lowest_free_fd():
+    fd = 0
+    while True:
+        try:
+            os.fstat(fd)
+        except OSError:
+            return fd
+        fd += 1
+
+
+def exhaust():
+    """No new descriptor can be opened from here on: RLIMIT_NOFILE drops to
+    the lowest free descriptor, as a process full of sockets would be."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free_fd(), hard))
+    try:
+        leaked.append(open(os.devnull))
+    except OSError as e:
+        return e.errno
+    return None
+
+
+class State(TypedDict):
+    log: Annotated[list, operator.add]
+
+
+errno = []
+def node(name):
+    def run(state):
+        if name == "b" and mode == "mid":
+            errno.append(exhaust())
+        return {"log": [name]}
+    return run
+
+g = StateGraph(State)
+for n in "abc":
+    g.add_node(n, node(n))
+g.add_edge(START, "a"); g.add_edge("a", "b"); g.add_edge("b", "c"); g.add_edge("c", END)
+config = {"configurable": {"thread_id": "fd"}}
+if mode == "before":
+    # Everything LangGraph imports lazily is imported by a run without a
+    # saver first; the saver then meets the exhaustion alone.
+    g.compile().invoke({"log": []}, config)
+    errno.append(exhaust())
+try:
+    saver = TurnsafeSaver(home)
+    out = g.compile(checkpointer=saver).invoke({"log": []}, config, durability="sync")
+    print(json.dumps({"ran": out["log"], "errno": errno}))
+except turnsafe_store.Error as e:
+    outcome = getattr(e, "outcome", None)
+    print(json.dumps({"error": type(e).__name__, "cause": e.cause, "errno": errno,
+                      "receipt": getattr(outcome, "receipt", None),
+                      "handed_back": getattr(outcome, "handed_back", None)}))
+'''
+
+
+def run_fd_child(home: Path, mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", FD_CHILD, str(home), mode], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_fd_exhaustion_mid_graph_costs_no_step(home: Path) -> None:
+    """A node leaks every descriptor the child has left: the saver already
+    holds its files, so every later checkpoint is committed; counted from
+    disk by another process, with nothing diverted."""
+    got = run_fd_child(home, "mid")
+    assert got["errno"] == [24], got
+    assert got["ran"] == ["a", "b", "c"], got
+    with TurnsafeSaver(home) as saver:
+        tup = saver.get_tuple(cfg("fd"))
+        assert tup is not None and tup.checkpoint["channel_values"]["log"] == ["a", "b", "c"]
+        assert len(list(saver.list(cfg("fd")))) == 5
+    assert not (home / "sessions").exists(), "nothing was diverted"
+
+
+def test_fd_exhaustion_before_the_saver_opens_stops_the_graph_and_claims_no_copy(home: Path) -> None:
+    """No descriptor is left when the graph starts: the store cannot open
+    and no divert file can be opened either, so no receipt can exist. The
+    run stops at its first read, naming the cause, before any node ran;
+    nothing is stored or claimed, and the same run then completes."""
+    got = run_fd_child(home, "before")
+    assert got["errno"] == [24], got
+    assert "ran" not in got and got["cause"] == "disk", got
+    assert got["receipt"] is None
+    assert not (home / "sessions").exists()
+    ran: list = []
+    with TurnsafeSaver(home) as saver:
+        graph = three_steps(ran).compile(checkpointer=saver)
+        assert graph.get_state(cfg("fd")).values == {}
+        assert graph.invoke({"log": []}, cfg("fd"))["log"] == ["a", "b", "c"]
