@@ -69,7 +69,10 @@ fn diverted_checkpoints_and_writes_replay_by_key_once() {
     assert_eq!(lines.len(), 1);
     let l = &lines[0];
     let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, ["at", "batch", "cause", "checkpoint", "kind", "session", "uid", "v"]);
+    assert_eq!(
+        keys,
+        ["at", "batch", "cause", "checkpoint", "kind", "session", "uid", "v"]
+    );
     assert_eq!((l["v"].clone(), l["kind"].clone()), (json!(3), json!("checkpoint")));
     assert_eq!(l["session"], json!(session));
     assert_eq!(l["uid"], json!("checkpoint::1ef-0002"));
@@ -77,7 +80,10 @@ fn diverted_checkpoints_and_writes_replay_by_key_once() {
     assert_eq!(l["checkpoint"]["thread_id"], json!(THREAD));
     assert_eq!(l["checkpoint"]["metadata"], cp.metadata);
 
-    let writes = vec![write("1ef-0002", "task-1", 0, b"first"), write("1ef-0002", "task-1", 1, b"\0two")];
+    let writes = vec![
+        write("1ef-0002", "task-1", 0, b"first"),
+        write("1ef-0002", "task-1", 1, b"\0two"),
+    ];
     let out = store.put_graph(&GraphBatch::Writes(writes.clone()));
     assert_eq!((out.committed, out.diverted, out.handed_back), (0, 2, 0));
     let wl = receipt_lines(out.receipt.as_ref().expect("receipt"));
@@ -107,9 +113,9 @@ fn diverted_checkpoints_and_writes_replay_by_key_once() {
     );
 
     let reports = replay(home.path(), &ReplayOptions::default()).unwrap();
-    let (replayed, duplicate, quarantined): (u64, u64, u64) = reports
-        .iter()
-        .fold((0, 0, 0), |a, r| (a.0 + r.replayed, a.1 + r.duplicate, a.2 + r.quarantined));
+    let (replayed, duplicate, quarantined): (u64, u64, u64) = reports.iter().fold((0, 0, 0), |a, r| {
+        (a.0 + r.replayed, a.1 + r.duplicate, a.2 + r.quarantined)
+    });
     assert_eq!((replayed, duplicate, quarantined), (3, 0, 2));
 
     let mut store = home.store();
@@ -134,10 +140,7 @@ fn diverted_checkpoints_and_writes_replay_by_key_once() {
         .path();
     std::fs::copy(&settled, home.divert_file(&session)).unwrap();
     let again = replay(home.path(), &ReplayOptions::default()).unwrap();
-    assert_eq!(
-        (again[0].replayed, again[0].duplicate, again[0].quarantined),
-        (0, 3, 2)
-    );
+    assert_eq!((again[0].replayed, again[0].duplicate, again[0].quarantined), (0, 3, 2));
     let conn = home.other();
     let n: (i64, i64) = conn
         .query_row(
@@ -168,20 +171,35 @@ fn diverted_checkpoints_and_writes_replay_by_key_once() {
     assert_eq!(d["parent_checkpoint_id"], "1ef-0001");
     assert_eq!(d["checkpoint"], "gwD/Cns=");
     assert_eq!(d["pending_writes"][1]["value"], "AHR3bw==");
-    assert_eq!(lines[1], json!({"type": "end", "data": {"thread_id": THREAD, "checkpoints": 1}}));
+    assert_eq!(
+        lines[1],
+        json!({"type": "end", "data": {"thread_id": THREAD, "checkpoints": 1}})
+    );
 }
 
 #[test]
 fn special_writes_replace_and_ordinary_writes_keep_the_first_copy() {
     let home = Home::new();
     let mut store = home.store();
-    assert!(store.put_graph(&GraphBatch::Checkpoint(checkpoint("c1", None, ""))).persisted);
+    assert!(
+        store
+            .put_graph(&GraphBatch::Checkpoint(checkpoint("c1", None, "")))
+            .persisted
+    );
     let first = vec![write("c1", "t", 0, b"one"), write("c1", "t", -1, b"err-1")];
     assert!(store.put_graph(&GraphBatch::Writes(first)).persisted);
     // A resend of an ordinary write with other content keeps the first.
-    assert!(store.put_graph(&GraphBatch::Writes(vec![write("c1", "t", 0, b"changed")])).persisted);
+    assert!(
+        store
+            .put_graph(&GraphBatch::Writes(vec![write("c1", "t", 0, b"changed")]))
+            .persisted
+    );
     // A batch of special writes only replaces.
-    assert!(store.put_graph(&GraphBatch::Writes(vec![write("c1", "t", -1, b"err-2")])).persisted);
+    assert!(
+        store
+            .put_graph(&GraphBatch::Writes(vec![write("c1", "t", -1, b"err-2")]))
+            .persisted
+    );
     let got = store
         .graph_read(&GraphQuery {
             thread_id: Some(THREAD.into()),
@@ -190,4 +208,45 @@ fn special_writes_replace_and_ordinary_writes_keep_the_first_copy() {
         .unwrap();
     let values: Vec<(i64, Vec<u8>)> = got[0].writes.iter().map(|w| (w.idx, w.value.clone())).collect();
     assert_eq!(values, [(-1, b"err-2".to_vec()), (0, b"one".to_vec())]);
+}
+
+#[test]
+fn clearing_a_session_keeps_the_pending_lines_of_a_thread_with_its_id() {
+    let home = Home::new();
+    drop(home.store());
+    let mut store = read_only(&home);
+    let shared = "shared-id";
+    let out = store.append_batch(&sid(shared), &batch("m", 2));
+    assert_eq!(out.diverted, 2);
+    let mut cp = checkpoint("c1", None, "");
+    cp.thread_id = shared.into();
+    let out = store.put_graph(&GraphBatch::Checkpoint(cp.clone()));
+    assert_eq!(out.diverted, 1);
+    assert_eq!(
+        out.receipt.clone().unwrap().path,
+        home.divert_file(shared).to_string_lossy()
+    );
+    drop(store);
+
+    let cleared = turnsafe_host::replay::clear_pending(home.path(), shared).unwrap();
+    assert_eq!(cleared, 2, "the two message lines are settled as cleared");
+    let pending = std::fs::read_to_string(home.divert_file(shared)).unwrap();
+    let kinds: Vec<Value> = pending
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["kind"].clone())
+        .collect();
+    assert_eq!(kinds, [json!("checkpoint")], "the thread's line is still pending");
+
+    let reports = replay(home.path(), &ReplayOptions::default()).unwrap();
+    assert_eq!(reports.iter().map(|r| r.replayed).sum::<u64>(), 1);
+    let mut store = home.store();
+    assert!(home.rows(shared).is_empty(), "the cleared messages were not imported");
+    let got = store
+        .graph_read(&GraphQuery {
+            thread_id: Some(shared.into()),
+            ..GraphQuery::default()
+        })
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].record, cp);
 }

@@ -234,7 +234,7 @@ pub(crate) fn divert_graph_step(
 /// Append one JSON line per value to `<dir>/<session>.jsonl` in one
 /// write, fsync the file and every folder entry on its path, and return
 /// the receipt; on failure, cut the file back to where the lines began.
-fn append_lines(dir: &Path, session: &str, values: &[Value]) -> Result<Receipt, DivertError> {
+pub(crate) fn append_lines(dir: &Path, session: &str, values: &[Value]) -> Result<Receipt, DivertError> {
     validate_session_id(session).map_err(|m| DivertError {
         operation: "validate",
         errno: Some(i64::from(libc::EINVAL)),

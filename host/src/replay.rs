@@ -430,12 +430,21 @@ pub fn clear_pending(home: &Path, session: &str) -> Result<u64, ReplayError> {
             .unwrap_or_default();
         let data = std::fs::read(&path).map_err(io_err(format!("read {name}")))?;
         let mut out = Vec::new();
+        let mut graph_lines = Vec::new();
         let (mut offset, mut line_no) = (0u64, 0u64);
         for line in data.split_inclusive(|b| *b == b'\n') {
             line_no += 1;
             let line_offset = offset;
             offset += line.len() as u64;
             if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            // A LangGraph line of a thread that shares the session's id is
+            // not the session's to clear: it stays pending.
+            if let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line)
+                && crate::graph::is_graph_line(&obj, &session)
+            {
+                graph_lines.push(Value::Object(obj));
                 continue;
             }
             let uid = serde_json::from_slice::<Value>(line)
@@ -448,6 +457,12 @@ pub fn clear_pending(home: &Path, session: &str) -> Result<u64, ReplayError> {
             serde_json::to_writer(&mut out, &entry).map_err(|e| io_err("encode ledger")(io::Error::other(e)))?;
             out.push(b'\n');
             count += 1;
+        }
+        if !graph_lines.is_empty() {
+            // Written back (and fsynced) before the file is settled: a cut
+            // in between leaves them twice, which replay stores once.
+            crate::divert::append_lines(&sessions, &session, &graph_lines)
+                .map_err(|e| io_err(format!("keep the LangGraph lines of {name}"))(io::Error::other(e.to_string())))?;
         }
         ledger.write_all(&out).map_err(io_err("write ledger.jsonl"))?;
         ledger.sync_all().map_err(io_err("fsync ledger.jsonl"))?;
