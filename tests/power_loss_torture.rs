@@ -146,3 +146,8 @@ fn every_flow_is_tortured() {
         ]
     );
 }
+
+#[test]
+fn langgraph_checkpoints() {
+    torture(&flows::LANGGRAPH);
+}

@@ -4,6 +4,8 @@
 //! claim.
 use std::path::{Path, PathBuf};
 
+use turnsafe_host::backend::Backend;
+use turnsafe_host::graph::{CheckpointRecord, GraphBatch, WriteRecord};
 use turnsafe_host::message::Message;
 use turnsafe_host::replay::{ReplayOptions, replay};
 use turnsafe_host::store::{SessionId, SessionStore, StoreOptions};
@@ -21,6 +23,7 @@ pub const ALL: &[Flow] = &[
     RECOVER_INSTALL,
     RECOVER_DISMISS,
     MIGRATE_V2_V3,
+    LANGGRAPH,
 ];
 
 /// The first append into a home that does not exist yet: the home's
@@ -122,6 +125,17 @@ pub const MIGRATE_V2_V3: Flow = Flow {
     setup: v2_home,
     run: migrate,
     expect: |c| expect(c, 6 + 2, 6 + 2, 0),
+};
+
+/// A LangGraph thread's steps: three checkpoints with their writes
+/// committed (the first into a new schema's tables), two more steps
+/// diverted (the store read-only) into the thread's new file, then replay
+/// brings them in.
+pub const LANGGRAPH: Flow = Flow {
+    name: "langgraph",
+    setup: existing_home,
+    run: langgraph,
+    expect: |c| expect(c, 2 + 3 * 3 + 2 * 3, 2 + 3 * 3 + 2 * 3, 4),
 };
 
 /// A run without a cut made at least these claims.
@@ -383,4 +397,62 @@ fn migrate(root: &Path, power: &Power<'_>, claims: &mut Claims) {
     let mut store = store(&home(root));
     let out = store.append_batch(&sid("s1"), &batch("v3", 2));
     claims.outcome(&sid("s1"), &out, power);
+}
+
+/// Step `k` of the thread: its checkpoint, and its task's two writes.
+fn graph_step(k: usize) -> [GraphBatch; 2] {
+    let thread = "graph thread/1";
+    let id = format!("1ef-{k:04}");
+    let checkpoint = GraphBatch::Checkpoint(CheckpointRecord {
+        thread_id: thread.into(),
+        checkpoint_ns: String::new(),
+        checkpoint_id: id.clone(),
+        parent_checkpoint_id: k.checked_sub(1).map(|p| format!("1ef-{p:04}")),
+        kind: Some("msgpack".into()),
+        checkpoint: vec![k as u8; 300],
+        metadata: serde_json::json!({"step": k, "source": "loop"}),
+    });
+    let writes = GraphBatch::Writes(
+        (0..2)
+            .map(|i| WriteRecord {
+                thread_id: thread.into(),
+                checkpoint_ns: String::new(),
+                checkpoint_id: id.clone(),
+                task_id: format!("task-{k}"),
+                task_path: String::new(),
+                idx: i,
+                channel: "messages".into(),
+                kind: Some("msgpack".into()),
+                value: vec![i as u8; 120],
+            })
+            .collect(),
+    );
+    [checkpoint, writes]
+}
+
+fn graph_claim(out: &turnsafe_host::outcome::FlushOutcome, graph: &GraphBatch, power: &Power<'_>, claims: &mut Claims) {
+    claims.outcome(&SessionId::graph(graph.thread_id()), out, power);
+}
+
+fn langgraph(root: &Path, power: &Power<'_>, claims: &mut Claims) {
+    let home = home(root);
+    let mut writer = store(&home);
+    for k in 0..3 {
+        for g in graph_step(k) {
+            let out = writer.put_graph(&g);
+            graph_claim(&out, &g, power, claims);
+        }
+    }
+    drop(writer);
+    let mut ro = read_only(&home);
+    for k in 3..5 {
+        for g in graph_step(k) {
+            let out = ro.put_graph(&g);
+            graph_claim(&out, &g, power, claims);
+        }
+    }
+    drop(ro);
+    if let Ok(files) = replay(&home, &ReplayOptions::default()) {
+        claims.replayed(&files, power);
+    }
 }

@@ -424,7 +424,36 @@ pub fn stored(db: &Path) -> Result<BTreeMap<Key, u64>, String> {
         })
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("read {}: {e}", db.display()))?;
-    Ok(rows.into_iter().map(|(k, n)| (k, n as u64)).collect())
+    let mut counts: BTreeMap<Key, u64> = rows.into_iter().map(|(k, n)| (k, n as u64)).collect();
+    // LangGraph's records, keyed as the flush machine keys them: the
+    // thread's safe id and the record's uid (unique by their tables' keys).
+    let has_graph: i64 = c
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| format!("read {}: {e}", db.display()))?;
+    if has_graph > 0 {
+        let mut q = c
+            .prepare(
+                "SELECT thread_id, 'checkpoint:' || checkpoint_ns || ':' || checkpoint_id FROM checkpoints
+                 UNION ALL
+                 SELECT thread_id, 'write:' || checkpoint_ns || ':' || checkpoint_id || ':' || task_id || ':' || idx
+                   FROM checkpoint_writes",
+            )
+            .map_err(|e| format!("read {}: {e}", db.display()))?;
+        let graph = q
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("read {}: {e}", db.display()))?;
+        for (thread, uid) in graph {
+            *counts
+                .entry((turnsafe_host::graph::thread_session(&thread), uid))
+                .or_default() += 1;
+        }
+    }
+    Ok(counts)
 }
 
 /// `PRAGMA integrity_check` on the database at `db` (none: ok).
