@@ -159,6 +159,39 @@ class Store:
     ) -> None: ...
     def _pop_then(self, completions: Completions, ticket: int, session_id: str) -> None: ...
     def _clear_then(self, completions: Completions, ticket: int, session_id: str) -> None: ...
+    def _lg_put_checkpoint(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        parent_checkpoint_id: Optional[str],
+        type_: Optional[str],
+        checkpoint: bytes,
+        metadata: str,
+    ) -> Outcome:
+        """One LangGraph checkpoint through the flush machine (turnsafe_store.langgraph)."""
+    def _lg_put_writes(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        task_path: str,
+        writes: Sequence[Tuple[int, str, Optional[str], bytes]],
+    ) -> Outcome:
+        """One task's pending writes, each ``(idx, channel, type, value)``."""
+    def _lg_read(
+        self,
+        thread_id: Optional[str] = None,
+        checkpoint_ns: Optional[str] = None,
+        checkpoint_id: Optional[str] = None,
+        before: Optional[str] = None,
+        filter: Optional[str] = None,
+        limit: Optional[int] = None,
+    ) -> List[Tuple[str, str, str, Optional[str], Optional[str], bytes, str, List[Tuple[str, str, Optional[str], bytes, str, int]]]]:
+        """Live checkpoints, newest first, each with its writes."""
+    def _lg_edit(self, kind: str, threads: Sequence[str], runs: Sequence[str] = ...) -> Dict[str, int]:
+        """A LangGraph delete, prune or copy."""
     def _settle(self) -> None:
         """Wait until every batch handed over has settled."""
     def release(self, session_id: str) -> None:
