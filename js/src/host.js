@@ -1,6 +1,6 @@
 // The Node host: one handle on a turnsafe home (home/state.db, diverts in
 // home/sessions/), the schema the native host writes (host/src/store/schema.rs,
-// version 3), and the effects the policy component's flush machine asks
+// versions 3 to 6), and the effects the policy component's flush machine asks
 // for. It holds no decision of its own: `append` starts a flush on the
 // machine (`flush-step-json`), performs each step (open, write, wait,
 // resolve, capture, divert) and feeds back what happened until the machine
@@ -22,13 +22,14 @@ import { codesOf, editNext, flushStep, outcomeText, refused, spent, version } fr
 /**
  * The schema this host writes: the version of the native host it was
  * built with (the build asks that binary, gen/schema.json), one this file
- * knows how to write: 3 (messages of any shape) or 4 (3 plus the archive
- * of what edits take out, and each session's lineage).
+ * knows how to write: 3 (messages of any shape), 4 (3 plus the archive of
+ * what edits take out, and each session's lineage), 5 (4 plus the record
+ * of imported sessions) or 6 (5 plus LangGraph's checkpoints and writes).
  */
 const NATIVE_SCHEMA = JSON.parse(fs.readFileSync(new URL('../gen/schema.json', import.meta.url), 'utf8'));
 export const SCHEMA_VERSION = NATIVE_SCHEMA.version;
-if (SCHEMA_VERSION !== 3 && SCHEMA_VERSION !== 4 && SCHEMA_VERSION !== 5) {
-  throw new Error(`turnsafe-store writes schema versions 3, 4 and 5; the turnsafe it was built with writes ${SCHEMA_VERSION}`);
+if (![3, 4, 5, 6].includes(SCHEMA_VERSION)) {
+  throw new Error(`turnsafe-store writes schema versions 3 to 6; the turnsafe it was built with writes ${SCHEMA_VERSION}`);
 }
 
 const TABLES = `
@@ -87,6 +88,42 @@ CREATE TABLE IF NOT EXISTS session_meta(
     origin_id    TEXT NOT NULL,
     meta         TEXT NOT NULL,
     imported_ms  INTEGER NOT NULL
+) WITHOUT ROWID;
+`;
+
+/**
+ * Version 6's LangGraph checkpoints and pending writes, exactly as the
+ * native host creates them (host/src/store/graph.rs `TABLES`). This host
+ * writes none; it creates them so a home it makes is the native one.
+ */
+const GRAPH = `
+CREATE TABLE IF NOT EXISTS checkpoints(
+    thread_id            TEXT NOT NULL,
+    checkpoint_ns        TEXT NOT NULL DEFAULT '',
+    checkpoint_id        TEXT NOT NULL,
+    parent_checkpoint_id TEXT,
+    type                 TEXT,
+    checkpoint           BLOB NOT NULL,
+    metadata             TEXT NOT NULL,
+    run_id               TEXT,
+    created_ms           INTEGER NOT NULL,
+    deleted_ms           INTEGER,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS checkpoints_by_run ON checkpoints(run_id) WHERE run_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS checkpoint_writes(
+    thread_id     TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL DEFAULT '',
+    checkpoint_id TEXT NOT NULL,
+    task_id       TEXT NOT NULL,
+    idx           INTEGER NOT NULL,
+    task_path     TEXT NOT NULL DEFAULT '',
+    channel       TEXT NOT NULL,
+    type          TEXT,
+    value         BLOB NOT NULL,
+    created_ms    INTEGER NOT NULL,
+    deleted_ms    INTEGER,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
 ) WITHOUT ROWID;
 `;
 
@@ -381,14 +418,16 @@ export class Host {
       // Re-read under the write lock: another process may have migrated.
       const again = db.pragma('user_version', { simple: true });
       if (again > SCHEMA_VERSION) throw newerSchema(again);
-      if ((again === 3 || again === 4) && again < SCHEMA_VERSION && SCHEMA_VERSION >= 4) {
+      if (again >= 3 && again < SCHEMA_VERSION) {
         // 3 -> 4: the archive and each session's lineage; 4 -> 5: the record
-        // of imported sessions. Nothing stored moves.
-        if (again === 3) {
+        // of imported sessions; 5 -> 6: LangGraph's checkpoints and writes.
+        // Nothing stored moves.
+        if (again < 4) {
           db.exec('ALTER TABLE sessions ADD COLUMN forked_from TEXT; ALTER TABLE sessions ADD COLUMN forked_at_seq INTEGER;');
           db.exec(ARCHIVE);
         }
-        if (SCHEMA_VERSION >= 5) db.exec(SESSION_META);
+        if (again < 5 && SCHEMA_VERSION >= 5) db.exec(SESSION_META);
+        if (again < 6 && SCHEMA_VERSION >= 6) db.exec(GRAPH);
         db.prepare("INSERT OR REPLACE INTO state_meta(key, value) VALUES ('schema_version', ?)").run(String(SCHEMA_VERSION));
         db.pragma(`user_version = ${SCHEMA_VERSION}`);
       } else if (again !== SCHEMA_VERSION) {
@@ -402,6 +441,7 @@ export class Host {
         db.exec(tables(SCHEMA_VERSION));
         if (SCHEMA_VERSION >= 4) db.exec(ARCHIVE);
         if (SCHEMA_VERSION >= 5) db.exec(SESSION_META);
+        if (SCHEMA_VERSION >= 6) db.exec(GRAPH);
         db.exec(V2_TRIGGERS);
         // The generation also lives in the header, written before the switch to WAL.
         db.pragma(`application_id = ${generation}`);

@@ -3,11 +3,12 @@
 // them, and the turn lease of one fences the other until it is given back.
 import Database from 'better-sqlite3';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 
 import { SCHEMA_VERSION, TurnsafeSession } from '../src/index.js';
-import { tmp, turnsafe } from './helpers.mjs';
+import { ROOT, tmp, turnsafe } from './helpers.mjs';
 
 const user = (content) => ({ role: 'user', content });
 
@@ -101,28 +102,73 @@ test("the turn lease: a live JavaScript session fences the native writer until c
   assert.deepEqual(rows(home, 's1').map((x) => x.message.content), ['mine', 'theirs', 'mine again']);
 });
 
+const norm = (sql) => (sql ?? '').replace(/\s+/g, ' ').trim();
+
+/** The schema of the home's state.db as sqlite_master has it, with its state_meta keys and journal mode. */
+const schemaOf = (home) => {
+  const db = new Database(path.join(home, 'state.db'), { readonly: true });
+  try {
+    return {
+      version: db.pragma('user_version', { simple: true }),
+      objects: db.prepare("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name")
+        .all().map((o) => ({ ...o, sql: norm(o.sql) })),
+      meta: db.prepare("SELECT key FROM state_meta ORDER BY key").all().map((r) => r.key),
+      journal: db.pragma('journal_mode', { simple: true }),
+    };
+  } finally {
+    db.close();
+  }
+};
+
 test('the JavaScript host creates the very schema the native host creates', async () => {
-  const norm = (sql) => (sql ?? '').replace(/\s+/g, ' ').trim();
-  const dump = (home) => {
-    const db = new Database(path.join(home, 'state.db'), { readonly: true });
-    try {
-      return {
-        version: db.pragma('user_version', { simple: true }),
-        objects: db.prepare("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name")
-          .all().map((o) => ({ ...o, sql: norm(o.sql) })),
-        meta: db.prepare("SELECT key FROM state_meta ORDER BY key").all().map((r) => r.key),
-        journal: db.pragma('journal_mode', { simple: true }),
-      };
-    } finally {
-      db.close();
-    }
-  };
   const native = tmp();
   assert.equal(append(native, 's1', [[user('x')]]).status, 0);
   const js = tmp();
   const s = new TurnsafeSession('s1', js);
   await s.addItems([user('x')]);
   await s.close();
-  assert.deepEqual(dump(js), dump(native));
-  assert.equal(dump(js).version, SCHEMA_VERSION);
+  assert.deepEqual(schemaOf(js), schemaOf(native));
+  assert.equal(schemaOf(js).version, SCHEMA_VERSION);
+  if (SCHEMA_VERSION >= 6) {
+    assert.deepEqual(schemaOf(js).objects.filter((o) => o.tbl_name.startsWith('checkpoint')).map((o) => o.name).sort(),
+      ['checkpoint_writes', 'checkpoints', 'checkpoints_by_run']);
+  }
+});
+
+test('the JavaScript host migrates homes of schema 3, 4 and 5 to the very schema the native host migrates them to', async () => {
+  const tables = (home) => {
+    const db = new Database(path.join(home, 'state.db'), { readonly: true });
+    try {
+      const all = (sql) => db.prepare(sql).all();
+      const has = (name) => db.prepare('SELECT 1 FROM sqlite_master WHERE name = ?').get(name) !== undefined;
+      return {
+        messages: all('SELECT * FROM messages ORDER BY id'),
+        archive: has('archive') ? all('SELECT * FROM archive ORDER BY id') : [],
+        sessionMeta: has('session_meta') ? all('SELECT * FROM session_meta ORDER BY session_id') : [],
+      };
+    } finally {
+      db.close();
+    }
+  };
+  for (const [fixture, was, counts] of [['state-v3.db', 3, [6, 0, 0]], ['state-v4.db', 4, [4, 2, 0]], ['state-v5.db', 5, [9, 7, 2]]]) {
+    const homes = [tmp(), tmp()];
+    for (const home of homes) fs.copyFileSync(path.join(ROOT, 'tests', 'fixtures', fixture), path.join(home, 'state.db'));
+    const [native, js] = homes;
+    const before = tables(js);
+    assert.equal(schemaOf(js).version, was, fixture);
+    assert.deepEqual([before.messages.length, before.archive.length, before.sessionMeta.length], counts, fixture);
+    const r = append(native, 's1', [[user('after')]]);
+    assert.equal(r.status, 0, r.stderr);
+    const s = new TurnsafeSession('s1', js);
+    await s.addItems([user('after')]);
+    await s.close();
+    assert.equal(schemaOf(js).version, SCHEMA_VERSION, fixture);
+    assert.deepEqual(schemaOf(js), schemaOf(native), fixture);
+    // Every row that was stored stays exactly as it was; one was added.
+    const after = tables(js);
+    assert.deepEqual(after.messages.slice(0, -1), before.messages, fixture);
+    assert.equal(JSON.parse(after.messages.at(-1).item).content, 'after', fixture);
+    assert.deepEqual(after.archive, before.archive, fixture);
+    assert.deepEqual(after.sessionMeta, before.sessionMeta, fixture);
+  }
 });
