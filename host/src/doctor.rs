@@ -303,6 +303,17 @@ pub fn examine_postgres(url: &crate::pg::DbUrl, home: Option<&Path>) -> (Vec<Fin
             facts.insert("unindexed".into(), state.unindexed.into());
             facts.insert("read_only".into(), state.read_only.into());
             facts.insert("synchronous_replication".into(), state.synchronous_replication().into());
+            if let Some((checkpoints, writes, deleted_checkpoints, deleted_writes)) = state.langgraph {
+                facts.insert(
+                    "langgraph".into(),
+                    json!({
+                        "checkpoints": checkpoints,
+                        "writes": writes,
+                        "deleted_checkpoints": deleted_checkpoints,
+                        "deleted_writes": deleted_writes,
+                    }),
+                );
+            }
         }
         Err(e) => out.push(match &e {
             // The server and the URL disagree on TLS: configuration, not a

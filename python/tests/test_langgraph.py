@@ -170,10 +170,8 @@ def run_through_a_failure(home: Path, thread: str, fail: Callable[[], None], lif
         kinds = {json.loads(x)["kind"] for x in receipt.read_text().splitlines()}
         assert kinds <= {"checkpoint", "write"} and kinds
     lift()
-    facts = turnsafe_store.doctor(home)["facts"] if db is None else None
-    if facts is not None:
-        pending = facts["pending_divert_lines"]
-        assert pending["checkpoint"] + pending["write"] >= 1 and pending["message"] == 0, pending
+    pending = turnsafe_store.doctor(home, db=db)["facts"]["pending_divert_lines"]
+    assert pending["checkpoint"] + pending["write"] >= 1 and pending["message"] == 0, pending
     report = turnsafe_store.replay(home, db=replay_db)
     assert report["replayed"] >= 1 and report["quarantined"] == 0, report
     again = turnsafe_store.replay(home, db=replay_db)
@@ -240,6 +238,9 @@ def test_a_postgres_outage_diverts_the_step_and_replay_brings_it_to_the_server(t
 
     out = run_through_a_failure(home, "pg-thread", pg.stop_immediate, pg.start_again, db=url, replay_db=url)
     assert out.cause in ("unavailable", "outcome_unknown"), out.to_dict()
+    facts = turnsafe_store.doctor(home, db=url)["facts"]
+    assert facts["langgraph"]["checkpoints"] >= 4 and facts["langgraph"]["deleted_checkpoints"] == 0, facts
+    assert facts["pending_divert_lines"] == {"message": 0, "checkpoint": 0, "write": 0}, facts
 
 
 def test_async_saver_runs_a_graph_and_groups_its_threads(home: Path) -> None:

@@ -502,6 +502,9 @@ pub struct ServerState {
     pub synchronous_commit: String,
     /// Standbys streaming in sync (or quorum) right now.
     pub sync_standbys: i64,
+    /// LangGraph's state: live checkpoints and writes, and those a delete
+    /// or prune marked (`None` before schema version 4).
+    pub langgraph: Option<(i64, i64, i64, i64)>,
 }
 
 impl ServerState {
@@ -552,6 +555,19 @@ pub fn inspect(url: &DbUrl) -> Result<ServerState, connect::ConnectError> {
     state.sessions = row.get(1);
     state.live_leases = row.get(2);
     state.unindexed = row.get(3);
+    let graph: bool = client
+        .query_one("SELECT to_regclass('checkpoints') IS NOT NULL", &[])?
+        .get(0);
+    if graph {
+        let r = client.query_one(
+            "SELECT (SELECT count(*) FROM checkpoints WHERE deleted_ms IS NULL),
+                    (SELECT count(*) FROM checkpoint_writes WHERE deleted_ms IS NULL),
+                    (SELECT count(*) FROM checkpoints WHERE deleted_ms IS NOT NULL),
+                    (SELECT count(*) FROM checkpoint_writes WHERE deleted_ms IS NOT NULL)",
+            &[],
+        )?;
+        state.langgraph = Some((r.get(0), r.get(1), r.get(2), r.get(3)));
+    }
     Ok(state)
 }
 
