@@ -203,7 +203,11 @@ impl PruneReport {
         self.sessions.iter().map(|s| s.archived).sum()
     }
     pub fn deleted(&self) -> u64 {
-        self.sessions.iter().map(|s| s.deleted).sum::<u64>() + self.checkpoints_purged + self.writes_purged
+        self.sessions.iter().map(|s| s.deleted).sum()
+    }
+    /// Rows removed for good: archived messages and LangGraph's marked rows.
+    pub fn removed(&self) -> u64 {
+        self.deleted() + self.checkpoints_purged + self.writes_purged
     }
 }
 

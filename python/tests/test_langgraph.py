@@ -277,6 +277,9 @@ def test_deletes_leave_every_read_and_turnsafe_prune_removes_them(home: Path) ->
         [turnsafe_bin(), "prune", "--home", str(home), "--keep-last", "1000", "--json"], capture_output=True, text=True
     )
     assert pruned.returncode == 0, pruned.stderr
+    end = json.loads(pruned.stdout.splitlines()[-1])
+    assert end["type"] == "end" and end["data"]["checkpoints_purged"] == 5, end
+    assert end["data"]["writes_purged"] > 0 and end["data"]["deleted"] == 0, end
     facts = turnsafe_store.doctor(home)["facts"]["langgraph"]
     assert facts["deleted_checkpoints"] == 0 and facts["deleted_writes"] == 0 and facts["checkpoints"] == 5, facts
 

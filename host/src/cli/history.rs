@@ -380,9 +380,14 @@ pub fn fork(args: ForkArgs) -> i32 {
 /// `VACUUM`, only when about twice its size is free); PostgreSQL's `VACUUM`
 /// makes the space reusable.
 ///
+/// Without `--session`, it also removes for good the LangGraph checkpoints
+/// and writes that `delete_thread`, `delete_for_runs` or `prune` of
+/// `turnsafe_store.langgraph` marked: with `--older-than`, those marked
+/// more than DURATION ago; with `--keep-last`, all of them.
+///
 /// With `--json`: one `{"type":"session","data":{"session","archived","deleted"}}`
 /// per session, then `{"type":"end","data":{"archived","deleted","skipped",
-/// "reclaimed_bytes","space","dry_run"}}`.
+/// "reclaimed_bytes","space","dry_run","checkpoints_purged","writes_purged"}}`.
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("keep").required(true).args(["older_than", "keep_last"])))]
 pub struct PruneArgs {
@@ -473,14 +478,18 @@ pub fn prune(args: PruneArgs) -> i32 {
         "reclaimed_bytes": report.reclaimed_bytes,
         "space": report.space,
         "dry_run": report.dry_run,
+        "checkpoints_purged": report.checkpoints_purged,
+        "writes_purged": report.writes_purged,
     });
     let line = if args.json {
         super::envelope("end", end)
     } else {
         format!(
-            "{} archived, {} deleted; space: {}{}",
+            "{} archived, {} deleted, {} LangGraph checkpoint(s) and {} write(s) purged; space: {}{}",
             report.archived(),
             report.deleted(),
+            report.checkpoints_purged,
+            report.writes_purged,
             report.space,
             report
                 .reclaimed_bytes

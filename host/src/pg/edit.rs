@@ -638,7 +638,7 @@ impl PgStore {
             report.checkpoints_purged = checkpoints;
             report.writes_purged = writes;
         }
-        report.space = if opts.dry_run || report.deleted() == 0 {
+        report.space = if opts.dry_run || report.removed() == 0 {
             "none".into()
         } else {
             // VACUUM cannot run inside a transaction; it makes the space of

@@ -605,8 +605,8 @@ impl SessionStore {
             report.checkpoints_purged = checkpoints;
             report.writes_purged = writes;
         }
-        let freed = report.deleted() + report.archived();
-        report.space = if opts.dry_run || report.deleted() == 0 {
+        let freed = report.removed() + report.archived();
+        report.space = if opts.dry_run || report.removed() == 0 {
             if freed == 0 {
                 "none".into()
             } else {
