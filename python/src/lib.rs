@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use serde_json::{Map, Number, Value};
-use pyo3::pybacked::PyBackedBytes;
 use turnsafe_host::backend::{Backend, LeaseOptions};
 use turnsafe_host::graph::{CheckpointRecord, GraphBatch, GraphEdit, GraphQuery, WriteRecord};
 use turnsafe_host::message::{Message, valid_uid};
@@ -1247,7 +1247,10 @@ impl Store {
         let done = py
             .detach(move || store.with_store(|s| s.graph_edit(&edit)))
             .map_err(|e| Failed::of_edit(&e).into_err(py))?;
-        to_py(py, &serde_json::json!({"checkpoints": done.checkpoints, "writes": done.writes}))
+        to_py(
+            py,
+            &serde_json::json!({"checkpoints": done.checkpoints, "writes": done.writes}),
+        )
     }
 
     fn __repr__(&self) -> String {
