@@ -142,7 +142,8 @@ fn every_flow_is_tortured() {
             "capture",
             "recover_install",
             "recover_dismiss",
-            "migrate_v2_v3"
+            "migrate_v2_v3",
+            "langgraph"
         ]
     );
 }
