@@ -8,14 +8,19 @@ use crate::replay::{ReplayError, ReplayOptions, replay_run};
 /// Import diverted transcripts back into state.db (or, with `--db`, PostgreSQL).
 ///
 /// Reads turnsafe's divert files in `sessions/` and imports idempotently by
-/// (session, uid), keeping `seq`.
+/// (session, uid), keeping `seq`. LangGraph lines (`v` 3, `kind`
+/// `checkpoint` or `write`, from `turnsafe_store.langgraph`) are imported by
+/// their keys: a checkpoint by (thread, namespace, checkpoint id), a write
+/// by (thread, namespace, checkpoint id, task, idx); a key already stored is
+/// a duplicate.
 ///
 /// Every line ends `replayed`, `duplicate` or `quarantined` (with a
 /// reason) in `sessions/ledger.jsonl`; settled files move to
 /// `sessions/settled/`. A second run changes nothing.
 ///
 /// A file is turnsafe's when its name is `<session-id>.jsonl` and at least
-/// one of its lines is a divert line (`v` 1 or 2) for that session. Any other
+/// one of its lines is a divert line (`v` 1 or 2, or a LangGraph line of
+/// `v` 3) for that session. Any other
 /// file in `sessions/` (another runtime's transcripts) is left in place,
 /// byte for byte, and listed as `foreign_files`.
 ///
