@@ -172,8 +172,8 @@ fn inducer_names(suite: &str) -> std::collections::BTreeSet<String> {
     let body = &body[..body
         .find("\n}")
         .unwrap_or_else(|| panic!("{suite}: the INDUCERS table does not end"))];
+    // The opening line `INDUCERS = {` has no `key:` and yields nothing.
     body.lines()
-        .skip(1)
         .filter_map(|l| {
             let key = l.trim().split_once(':')?.0.trim().trim_matches('"');
             let identifier = !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
@@ -223,13 +223,13 @@ fn every_induced_vector_is_reinduced_by_the_runtime_that_recorded_it() {
 fn the_rust_host_builds_the_recorded_observations() {
     let mut failures = Vec::new();
     let mut checked = 0;
-    for v in induced_vectors() {
+    // The Rust host's vectors; the Python and Node suites induce their own,
+    // and the test above fails on any vector no runtime induces again.
+    let rust_vectors = induced_vectors()
+        .into_iter()
+        .filter(|v| v["induced"].as_str().unwrap().starts_with("turnsafe"));
+    for v in rust_vectors {
         let name = v["name"].as_str().unwrap();
-        // Not a skip: the Python and Node suites induce their own vectors,
-        // and the test above fails on any vector no runtime induces again.
-        if !v["induced"].as_str().unwrap().starts_with("turnsafe") {
-            continue;
-        }
         let want = normalised(recorded(&v["observation"]));
         match reinduce(name) {
             None => failures.push(format!("{name}: recorded by the Rust host, but not induced again here")),
