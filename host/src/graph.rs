@@ -23,6 +23,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+use crate::store::SessionId;
+
 /// The divert line format of a graph line (`docs/DIVERT.md`).
 pub const FORMAT_VERSION: u64 = 3;
 
@@ -368,12 +370,12 @@ impl GraphEdit {
 
     /// The session the edit is reported under: the thread's safe id, or
     /// `langgraph` for an edit of several threads.
-    pub fn session(&self) -> String {
+    pub fn session(&self) -> SessionId {
         match self {
-            GraphEdit::DeleteThread(t) => thread_session(t),
-            GraphEdit::Copy { to, .. } => thread_session(to),
-            GraphEdit::Prune { threads, .. } if threads.len() == 1 => thread_session(&threads[0]),
-            _ => "langgraph".to_string(),
+            GraphEdit::DeleteThread(t) => SessionId::graph(t),
+            GraphEdit::Copy { to, .. } => SessionId::graph(to),
+            GraphEdit::Prune { threads, .. } if threads.len() == 1 => SessionId::graph(&threads[0]),
+            _ => SessionId::graph("langgraph"),
         }
     }
 }

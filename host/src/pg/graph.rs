@@ -91,39 +91,27 @@ fn put_write(
     now: i64,
     replace: Option<bool>,
 ) -> Result<u64, postgres::Error> {
-    match replace {
-        Some(replace) => c.execute(
-            PUT_WRITE,
-            &[
-                &w.thread_id,
-                &w.checkpoint_ns,
-                &w.checkpoint_id,
-                &w.task_id,
-                &w.idx,
-                &w.task_path,
-                &w.channel,
-                &w.kind,
-                &w.value,
-                &now,
-                &replace,
-            ],
-        ),
-        None => c.execute(
-            REPLAY_WRITE,
-            &[
-                &w.thread_id,
-                &w.checkpoint_ns,
-                &w.checkpoint_id,
-                &w.task_id,
-                &w.idx,
-                &w.task_path,
-                &w.channel,
-                &w.kind,
-                &w.value,
-                &now,
-            ],
-        ),
-    }
+    let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![
+        &w.thread_id,
+        &w.checkpoint_ns,
+        &w.checkpoint_id,
+        &w.task_id,
+        &w.idx,
+        &w.task_path,
+        &w.channel,
+        &w.kind,
+        &w.value,
+        &now,
+    ];
+    // A flush's write says whether it replaces; replay's keeps what is stored.
+    let sql = match &replace {
+        Some(replace) => {
+            params.push(replace);
+            PUT_WRITE
+        }
+        None => REPLAY_WRITE,
+    };
+    c.execute(sql, &params)
 }
 
 fn write_one(tx: &mut Transaction<'_>, graph: &GraphBatch, now: i64) -> Result<(), postgres::Error> {

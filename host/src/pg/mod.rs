@@ -675,22 +675,13 @@ impl Drop for PgStore {
 
 impl PgStore {
     /// A group with LangGraph batches: those are written in a transaction
-    /// of their own (no lease, no seq), the messages in theirs; a failure
-    /// that ends either transaction is each of its batches' failure.
+    /// of their own (no lease, no seq), the messages in theirs. With both
+    /// kinds there are two transactions, so a failure that ends one is each
+    /// of its batches' own failure; with graph batches only, it is the
+    /// group's.
     fn write_mixed(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
-        let n = batches.len();
-        let (graphs, messages): (Vec<usize>, Vec<usize>) = (0..n).partition(|&k| batches[k].0.graph.is_some());
-        let mut out = GroupWrite {
-            group: None,
-            each: vec![None; n],
-        };
-        if !messages.is_empty() {
-            let subset: Vec<(&Flush<'_>, WritePlan)> = messages.iter().map(|&k| batches[k]).collect();
-            let written = self.write_group(&subset);
-            for (j, &k) in messages.iter().enumerate() {
-                out.each[k] = written.each.get(j).cloned().flatten().or_else(|| written.group.clone());
-            }
-        }
+        let (graphs, messages): (Vec<usize>, Vec<usize>) =
+            (0..batches.len()).partition(|&k| batches[k].0.graph.is_some());
         let flushes: Vec<&Flush<'_>> = graphs.iter().map(|&k| batches[k].0).collect();
         let written = match self.pg.client.as_mut() {
             None => graph::GraphWritten {
@@ -705,19 +696,26 @@ impl PgStore {
                 graph::write_group(client, &flushes, &generation)
             }
         };
-        let group = written.group.map(|stop| self.failure_of(stop));
-        for (j, stop) in written.each.into_iter().enumerate() {
-            let own = stop.map(|stop| self.failure_of(stop));
-            out.each[graphs[j]] = own.or_else(|| group.clone());
-        }
+        let graph_write = GroupWrite {
+            group: written.group.map(|stop| self.failure_of(stop)),
+            each: written
+                .each
+                .into_iter()
+                .map(|e| e.map(|stop| self.failure_of(stop)))
+                .collect(),
+        };
         if messages.is_empty() {
-            // One transaction only: its failure is the group's.
-            if let Some(g) = group {
-                out.each = out.each.into_iter().map(|e| e.filter(|f| *f != g)).collect();
-                out.group = Some(g);
+            return graph_write;
+        }
+        let subset: Vec<(&Flush<'_>, WritePlan)> = messages.iter().map(|&k| batches[k]).collect();
+        let message_write = self.write_group(&subset);
+        let mut each = vec![None; batches.len()];
+        for (write, places) in [(graph_write, &graphs), (message_write, &messages)] {
+            for (own, &k) in write.each.into_iter().zip(places.iter()) {
+                each[k] = own.or_else(|| write.group.clone());
             }
         }
-        out
+        GroupWrite { group: None, each }
     }
 }
 
@@ -828,7 +826,7 @@ impl Backend for PgStore {
     }
 
     fn graph_edit(&mut self, edit: &crate::graph::GraphEdit) -> Result<crate::graph::GraphEdited, EditError> {
-        let session = SessionId::graph(&edit.session());
+        let session = edit.session();
         let now = crate::store::now_ms();
         self.edit(edit.name(), &session, |tx, _| graph::edit(tx, edit, now))
     }

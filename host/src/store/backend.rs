@@ -133,7 +133,7 @@ impl Backend for SessionStore {
     }
 
     fn graph_edit(&mut self, edit: &crate::graph::GraphEdit) -> Result<crate::graph::GraphEdited, EditError> {
-        let session = SessionId::graph(&edit.session());
+        let session = edit.session();
         self.edit(edit.name(), &session, |conn, _| {
             super::graph::edit(conn, edit, super::now_ms())
         })
