@@ -417,3 +417,52 @@ fn a_batch_reads_a_few_rows_however_long_the_session() {
         "ten groups read {read} rows of messages: a scan of the session each time"
     );
 }
+
+/// A LangGraph checkpoint waiting with message batches: the checkpoint is
+/// written in a transaction of its own (no lease, no seq), the messages in
+/// theirs; a message batch failing alone (a uid conflict) fails only
+/// itself, and the checkpoint and the other batch are stored.
+#[test]
+fn a_langgraph_checkpoint_in_a_group_with_messages_is_stored_on_its_own() {
+    use turnsafe_host::graph::{CheckpointRecord, GraphBatch, GraphQuery};
+    let server = pg_or_skip!();
+    let db = server.create_db("mixed");
+    let home = Home::new();
+    let mut store = pg::store(&server.url(&db), home.path());
+    assert!(store.append_batch(&sid("b"), &batch("old", 2)).persisted);
+    let checkpoint = GraphBatch::Checkpoint(CheckpointRecord {
+        thread_id: "thread 1".into(),
+        checkpoint_ns: String::new(),
+        checkpoint_id: "1ef-0001".into(),
+        parent_checkpoint_id: None,
+        kind: Some("msgpack".into()),
+        checkpoint: vec![1, 2, 3],
+        metadata: serde_json::json!({"step": 0}),
+    });
+    let (graph_session, a, b) = (SessionId::graph("thread 1"), sid("a"), sid("b"));
+    let good = batch("t-a", 2);
+    let conflicting = vec![Message::new("user", "other content").with_uid("old-1")];
+    let items: Vec<turnsafe_host::backend::group::Item<'_>> = vec![
+        (&graph_session, &[], Some(&checkpoint)),
+        (&a, &good, None),
+        (&b, &conflicting, None),
+    ];
+    let outs = turnsafe_host::backend::group::flush_group(&mut store, &items);
+    assert!(
+        outs[0].persisted && outs[1].persisted,
+        "{:?} {:?}",
+        outs[0].failure,
+        outs[1].failure
+    );
+    assert_eq!(outs[0].uids, ["checkpoint::1ef-0001"]);
+    assert_eq!(outs[2].cause, Some(Cause::UidConflict));
+    let stored = store
+        .graph_read(&GraphQuery {
+            thread_id: Some("thread 1".into()),
+            ..GraphQuery::default()
+        })
+        .unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].record.checkpoint, [1, 2, 3]);
+    assert_eq!(pg::rows(&server, &db, "a").len(), 2);
+}
