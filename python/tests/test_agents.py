@@ -485,37 +485,16 @@ def test_the_event_loop_keeps_running_while_a_write_waits(home):
 
 
 FD_CHILD = r'''
-import asyncio, json, os, resource, sys
+import asyncio, json, os, sys
 os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
 from agents import Agent, Runner, function_tool
 from agents.testing import ScriptedModel, assistant_message, function_call
 import turnsafe_store
 from turnsafe_store.agents import TurnsafeSession
 
+from fd_exhaust import exhaust
+
 home, mode = sys.argv[1], sys.argv[2]
-leaked = []
-
-
-def lowest_free_fd():
-    fd = 0
-    while True:
-        try:
-            os.fstat(fd)
-        except OSError:
-            return fd
-        fd += 1
-
-
-def exhaust():
-    """No new descriptor can be opened from here on: RLIMIT_NOFILE drops to
-    the lowest free descriptor, as a process full of sockets would be."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free_fd(), hard))
-    try:
-        leaked.append(open(os.devnull))
-    except OSError as e:
-        return e.errno
-    return None
 
 
 @function_tool
@@ -552,7 +531,13 @@ asyncio.run(main())
 
 
 def run_fd_child(home, mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", FD_CHILD, str(home), mode], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", FD_CHILD, str(home), mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -300,37 +300,16 @@ def test_encrypted_serializer_passes_through(home: Path) -> None:
 
 
 FD_CHILD = r'''
-import json, operator, os, resource, sys
+import json, operator, sys
 from typing import Annotated
 from typing_extensions import TypedDict
 from langgraph.graph import END, START, StateGraph
 import turnsafe_store
 from turnsafe_store.langgraph import TurnsafeSaver
 
+from fd_exhaust import exhaust
+
 home, mode = sys.argv[1], sys.argv[2]
-leaked = []
-
-
-def lowest_free_fd():
-    fd = 0
-    while True:
-        try:
-            os.fstat(fd)
-        except OSError:
-            return fd
-        fd += 1
-
-
-def exhaust():
-    """No new descriptor can be opened from here on: RLIMIT_NOFILE drops to
-    the lowest free descriptor, as a process full of sockets would be."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free_fd(), hard))
-    try:
-        leaked.append(open(os.devnull))
-    except OSError as e:
-        return e.errno
-    return None
 
 
 class State(TypedDict):
@@ -368,7 +347,13 @@ except turnsafe_store.Error as e:
 
 
 def run_fd_child(home: Path, mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", FD_CHILD, str(home), mode], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", FD_CHILD, str(home), mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -107,7 +107,7 @@ class _Saver(BaseCheckpointSaver[str]):
         before: Optional[RunnableConfig] = None,
         limit: Optional[int] = None,
     ) -> Iterator[CheckpointTuple]:
-        configurable = (config or {}).get("configurable", {}) if config else {}
+        configurable = config.get("configurable", {}) if config else {}
         thread_id = configurable.get("thread_id")
         rows = self.store._lg_read(
             thread_id=None if thread_id is None else str(thread_id),
