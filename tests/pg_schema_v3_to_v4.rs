@@ -6,9 +6,7 @@
 //! current version with the same tables.
 mod common;
 use common::*;
-use serde_json::json;
 use turnsafe_host::backend::Backend;
-use turnsafe_host::graph::{CheckpointRecord, GraphBatch, GraphQuery, WriteRecord};
 use turnsafe_host::pg::schema::VERSION;
 
 const FIXTURE: &str = include_str!("fixtures/pg-v3.sql");
@@ -73,50 +71,10 @@ fn graph_schema(server: &pg::PgServer, db: &str) -> Vec<String> {
     out
 }
 
-fn checkpoint(thread: &str) -> CheckpointRecord {
-    CheckpointRecord {
-        thread_id: thread.into(),
-        checkpoint_ns: String::new(),
-        checkpoint_id: "1ef1".into(),
-        parent_checkpoint_id: Some("1ef0".into()),
-        kind: Some("msgpack".into()),
-        checkpoint: vec![0x81, 0xa1, b'v', 0x00, 0xff, 0x0a],
-        metadata: json!({"source": "loop", "step": 3, "run_id": "run-1"}),
-    }
-}
-
-fn write(thread: &str) -> WriteRecord {
-    WriteRecord {
-        thread_id: thread.into(),
-        checkpoint_ns: String::new(),
-        checkpoint_id: "1ef1".into(),
-        task_id: "task-1".into(),
-        task_path: "~__pregel_pull, agent".into(),
-        idx: 0,
-        channel: "messages".into(),
-        kind: Some("json".into()),
-        value: br#"["hi"]"#.to_vec(),
-    }
-}
-
 /// Store a checkpoint and one write through the flush machine, and read
 /// them back as LangGraph asks for a thread.
 fn put_and_read_back(store: &mut turnsafe_host::pg::PgStore, server: &pg::PgServer, db: &str, thread: &str) {
-    let cp = checkpoint(thread);
-    let out = store.put_graph(&GraphBatch::Checkpoint(cp.clone()));
-    assert!(out.persisted && out.committed == 1, "{}", out.to_value());
-    let w = write(thread);
-    let out = store.put_graph(&GraphBatch::Writes(vec![w.clone()]));
-    assert!(out.persisted && out.committed == 1, "{}", out.to_value());
-    let read = store
-        .graph_read(&GraphQuery {
-            thread_id: Some(thread.into()),
-            ..GraphQuery::default()
-        })
-        .unwrap();
-    assert_eq!(read.len(), 1);
-    assert_eq!(read[0].record, cp);
-    assert_eq!(read[0].writes, [w]);
+    common::graph::put_and_read_back(store, thread);
     assert_eq!(count(server, db, "checkpoints"), 1);
     assert_eq!(count(server, db, "checkpoint_writes"), 1);
 }

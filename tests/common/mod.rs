@@ -8,6 +8,7 @@
 
 #[macro_use]
 pub mod privileged;
+pub mod graph;
 pub mod pg;
 pub mod pg_cluster;
 pub mod pg_limits;
