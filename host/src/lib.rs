@@ -38,6 +38,7 @@ pub mod outcome;
 pub mod pg;
 pub mod recover;
 pub mod replay;
+pub mod same;
 pub mod search;
 pub mod store;
 pub mod transcript;

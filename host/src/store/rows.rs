@@ -42,9 +42,7 @@ pub(crate) fn same_row(conn: &Connection, session: &str, uid: &str, m: &Message)
         .prepare_cached("SELECT item FROM messages WHERE session_id = ?1 AND uid = ?2")?
         .query_row([session, uid], |r| r.get(0))
         .optional()?;
-    Ok(stored
-        .and_then(|s| serde_json::from_str::<Map<String, Value>>(&s).ok())
-        .is_some_and(|item| &item == m.item()))
+    Ok(stored.is_some_and(|s| crate::same::same_object_text(&s, m.item())))
 }
 
 /// The object an older row held in pieces: `extra` with `role` and
