@@ -110,7 +110,7 @@ fn clear_archives_rows_and_pending_divert_lines_and_restore_brings_all_back() {
         cleared.pending.iter().map(|m| m.uid.as_str()).collect::<Vec<_>>(),
         ["d-0", "d-1"]
     );
-    turnsafe_host::replay::clear_pending(home.path(), "s1").unwrap();
+    turnsafe_host::clear::clear_pending(home.path(), "s1").unwrap();
     assert!(home.rows("s1").is_empty());
     let reasons: Vec<String> = archive(&home, "s1").into_iter().map(|a| a.2).collect();
     assert_eq!(reasons, ["clear"; 4]);

@@ -228,7 +228,7 @@ fn clearing_a_session_keeps_the_pending_lines_of_a_thread_with_its_id() {
     );
     drop(store);
 
-    let cleared = turnsafe_host::replay::clear_pending(home.path(), shared).unwrap();
+    let cleared = turnsafe_host::clear::clear_pending(home.path(), shared).unwrap();
     assert_eq!(cleared, 2, "the two message lines are settled as cleared");
     let pending = std::fs::read_to_string(home.divert_file(shared)).unwrap();
     let kinds: Vec<Value> = pending

@@ -14,6 +14,7 @@ pub mod capture;
 pub mod capture_holds;
 pub mod capture_pid;
 pub mod captures;
+pub mod clear;
 #[cfg(feature = "wasm-engine")]
 pub mod cli;
 pub mod divert;

@@ -968,7 +968,7 @@ impl Store {
         let home = self.home.clone();
         let done = py.detach(move || {
             store.with_store(|s| s.delete_session(&session)).map(|counts| {
-                let settled = turnsafe_host::replay::clear_pending(&home, session.as_str());
+                let settled = turnsafe_host::clear::clear_pending(&home, session.as_str());
                 (counts, settled)
             })
         });
@@ -1348,7 +1348,7 @@ fn pop_in(s: &mut dyn Backend, session: &SessionId) -> Result<Value, Failed> {
 /// a fenced clear leaves the divert lines pending too.
 fn clear_in(s: &mut dyn Backend, home: &Path, session: &SessionId) -> Result<u64, Failed> {
     let removed = s.clear_session(session).map_err(|e| Failed::of_edit(&e))?;
-    turnsafe_host::replay::clear_pending(home, session.as_str()).map_err(|e| Failed {
+    turnsafe_host::clear::clear_pending(home, session.as_str()).map_err(|e| Failed {
         message: format!("settling the session's divert lines: {e}"),
         cause: None,
         incomplete: None,

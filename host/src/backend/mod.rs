@@ -182,7 +182,7 @@ pub trait Backend {
     fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError>;
     /// [`Backend::clear_session`], returning what it archived (the rows,
     /// and the pending divert lines archived with them; settle those with
-    /// [`crate::replay::clear_pending`] afterwards).
+    /// [`crate::clear::clear_pending`] afterwards).
     fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError>;
     /// The archived rows of `session`, newest archived first.
     fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError>;

@@ -218,7 +218,7 @@ pub fn clear(args: ClearArgs) -> i32 {
     };
     // The pending lines are archived: settle them as cleared, so replay
     // does not bring them back into the cleared session.
-    if let Err(e) = crate::replay::clear_pending(&args.target.home, session.as_str()) {
+    if let Err(e) = crate::clear::clear_pending(&args.target.home, session.as_str()) {
         eprintln!(
             "turnsafe clear: the rows are archived, but settling the session's divert lines failed: {e}; \
              `turnsafe replay` would bring them back (restore skips a uid active again)"

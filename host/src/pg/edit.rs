@@ -97,7 +97,7 @@ impl PgStore {
     /// lines) to the archive.
     pub(super) fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError> {
         let stamp = self.stamp(Reason::Clear);
-        let lines = crate::replay::pending_lines(self.home.as_path(), session.as_str()).unwrap_or_default();
+        let lines = crate::clear::pending_lines(self.home.as_path(), session.as_str()).unwrap_or_default();
         self.edit("clear", session, |tx, session| {
             let rows: Vec<StoredMessage> = tx
                 .query(

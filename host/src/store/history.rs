@@ -180,7 +180,7 @@ impl SessionStore {
 
     /// Move every stored message of `session` to the archive, and with them
     /// its pending divert lines (settle those as `cleared` afterwards, with
-    /// [`crate::replay::clear_pending`]). Returns the rows archived from the
+    /// [`crate::clear::clear_pending`]). Returns the rows archived from the
     /// database.
     pub fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
         Ok(self.clear_archiving(session)?.rows.len() as u64)
@@ -190,7 +190,7 @@ impl SessionStore {
     pub fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError> {
         let holder = self.stamp_holder();
         let edit_id = mint_id();
-        let lines = crate::replay::pending_lines(&self.home, session.as_str()).unwrap_or_default();
+        let lines = crate::clear::pending_lines(&self.home, session.as_str()).unwrap_or_default();
         self.edit("clear", session, |conn, session| {
             let rows = transcript::stored_messages(conn, session, None)?;
             let stamp = Stamp {
