@@ -440,6 +440,23 @@ fn captures(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Str
     facts.insert("settled_captures".into(), json!(settled));
 }
 
+/// How many ledger lines each settlement state has. A line that is not
+/// JSON counts under no state.
+fn ledger_states(path: &Path) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return out;
+    };
+    for line in text.lines() {
+        if let Ok(v) = serde_json::from_str::<Value>(line)
+            && let Some(state) = v.get("state").and_then(Value::as_str)
+        {
+            *out.entry(state.to_string()).or_insert(0) += 1;
+        }
+    }
+    out
+}
+
 /// Pending diverts (turnsafe's files in `sessions/` and `settling/`),
 /// quarantined lines, and the files in `sessions/` that are not turnsafe's.
 fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<String, Value>) {
@@ -469,9 +486,11 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
         .iter()
         .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
         .sum();
-    let quarantined = std::fs::read_to_string(sessions.join(crate::divert_files::LEDGER))
-        .map(|t| t.lines().filter(|l| l.contains("\"state\":\"quarantined\"")).count())
-        .unwrap_or(0);
+    let states = ledger_states(&sessions.join(crate::divert_files::LEDGER));
+    let state = |s: &str| states.get(s).copied().unwrap_or(0);
+    let (conflict, superseded) = (state("conflict"), state("superseded"));
+    // Every line set aside for a person: unreadable ones and conflicts.
+    let quarantined = state("quarantined") + conflict;
     // Pending lines by kind: messages, and LangGraph checkpoints and writes.
     let (mut messages, mut checkpoints, mut writes) = (0u64, 0u64, 0u64);
     for p in &pending {
@@ -494,6 +513,8 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
     facts.insert("pending_divert_files".into(), files_n.into());
     facts.insert("pending_divert_bytes".into(), bytes.into());
     facts.insert("quarantined_lines".into(), quarantined.into());
+    facts.insert("conflict_lines".into(), conflict.into());
+    facts.insert("superseded_lines".into(), superseded.into());
     facts.insert("foreign_files".into(), json!(listing.foreign));
     if files_n > 0 {
         out.push(finding(
@@ -510,7 +531,21 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
         out.push(finding(
             "quarantine",
             "warning",
-            format!("{quarantined} diverted line(s) quarantined; see sessions/ledger.jsonl"),
+            format!(
+                "{quarantined} diverted line(s) quarantined ({conflict} conflict(s): a key stored with other \
+                 bytes); see sessions/ledger.jsonl"
+            ),
+            None,
+        ));
+    }
+    if superseded > 0 {
+        out.push(finding(
+            "superseded",
+            "ok",
+            format!(
+                "{superseded} diverted LangGraph line(s) superseded by a newer stored version; their bytes stay in \
+                 sessions/settled/"
+            ),
             None,
         ));
     }

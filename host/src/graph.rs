@@ -84,6 +84,12 @@ impl CheckpointRecord {
     pub fn uid(&self) -> String {
         format!("checkpoint:{}:{}", self.checkpoint_ns, self.checkpoint_id)
     }
+
+    /// The digest of its canonical bytes ([`crate::same`]): every field,
+    /// the blob as base64, as its divert line carries it.
+    pub fn digest(&self) -> String {
+        crate::same::digest(&json!(self))
+    }
 }
 
 /// One pending write of a task.
@@ -110,6 +116,11 @@ impl WriteRecord {
     /// Special writes (errors, interrupts, ...) replace what they meet.
     pub fn is_special(&self) -> bool {
         self.idx < 0
+    }
+
+    /// The digest of its canonical bytes ([`crate::same`]).
+    pub fn digest(&self) -> String {
+        crate::same::digest(&json!(self))
     }
 
     /// The machine's uid of this write.
@@ -257,6 +268,33 @@ impl GraphLine {
             GraphLine::Write(_) => "write",
         }
     }
+
+    /// The digest of the record's canonical bytes ([`crate::same`]): every
+    /// field, the blob as base64, as its divert line carries it.
+    pub fn digest(&self) -> String {
+        match self {
+            GraphLine::Checkpoint(c) => c.digest(),
+            GraphLine::Write(w) => w.digest(),
+        }
+    }
+
+    /// Whether a put of it replaces what its key holds: a checkpoint, or
+    /// a special write (an ordinary write keeps the first copy).
+    pub fn replaces(&self) -> bool {
+        match self {
+            GraphLine::Checkpoint(_) => true,
+            GraphLine::Write(w) => w.is_special(),
+        }
+    }
+}
+
+/// The row stored under a record's key, marked or not: the record, when
+/// the put that stored it was made, and when a delete marked it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredGraph {
+    pub record: GraphLine,
+    pub created_ms: i64,
+    pub deleted_ms: Option<i64>,
 }
 
 /// Whether a divert line (already parsed as an object) is a graph line of

@@ -40,6 +40,7 @@ pub mod pg;
 pub mod recover;
 pub mod replay;
 pub mod same;
+pub mod settle;
 pub mod search;
 pub mod store;
 pub mod transcript;

@@ -4,9 +4,12 @@
 //! Each divert file is first taken from under any live writer: its `flock`
 //! is held while it is renamed into `sessions/settling/`. Lines are then
 //! imported in chunks, one transaction each, by (session, uid): a new uid
-//! is `replayed` with its `seq`, an identical stored row is a `duplicate`,
-//! and a torn or invalid line, or a uid whose stored content differs, is
-//! `quarantined` with a reason. Every line's settlement is appended to
+//! is `replayed` with its `seq`, a stored row with the line's bytes
+//! ([`crate::same`]) is a `duplicate`, a uid stored with other bytes is a
+//! `conflict`, and a torn or invalid line is `quarantined` with a reason.
+//! A LangGraph line whose key is stored with other bytes is `applied` or
+//! `superseded` as the live call would have settled it
+//! ([`crate::settle`]). Every line's settlement is appended to
 //! `sessions/ledger.jsonl` after its chunk committed. A file whose lines
 //! are all settled moves to `sessions/settled/`; its lines, quarantined
 //! ones included, stay there. Nothing is ever dropped, and a second run
@@ -31,8 +34,9 @@ use serde_json::{Value, json};
 use crate::captures;
 use crate::divert::{FORMAT_VERSION, sync_dir};
 use crate::divert_files;
-use crate::graph::GraphLine;
+use crate::graph::{GraphLine, StoredGraph};
 use crate::message::Message;
+use crate::settle::{self, Verdict};
 use crate::store::{StoreOptions, configure, index, now_ms, rows};
 
 /// Lines imported per transaction.
@@ -64,7 +68,14 @@ pub struct FileReport {
     pub lines: u64,
     pub replayed: u64,
     pub duplicate: u64,
+    /// LangGraph lines stored over an older version of their key.
+    pub applied: u64,
+    /// LangGraph lines a newer stored version already settled.
+    pub superseded: u64,
+    /// Lines set aside: unreadable ones and conflicts.
     pub quarantined: u64,
+    /// Of the quarantined, lines whose key holds other bytes.
+    pub conflict: u64,
     /// Where the settled file now lives (none on a dry run).
     pub settled_to: Option<String>,
 }
@@ -72,18 +83,15 @@ pub struct FileReport {
 impl ReplayRun {
     /// The run's totals, as `turnsafe replay --json` prints them in its
     /// `summary` record: `files`, `lines`, `replayed`, `duplicate`,
-    /// `quarantined`, `dry_run`, `foreign_files`.
+    /// `applied`, `superseded`, `quarantined` (of which `conflict`),
+    /// `dry_run`, `foreign_files`.
     pub fn summary(&self, dry_run: bool) -> Value {
-        let (mut lines, mut replayed, mut duplicate, mut quarantined) = (0, 0, 0, 0);
-        for r in &self.files {
-            lines += r.lines;
-            replayed += r.replayed;
-            duplicate += r.duplicate;
-            quarantined += r.quarantined;
-        }
+        let sum = |f: fn(&FileReport) -> u64| self.files.iter().map(f).sum::<u64>();
         json!({
-            "files": self.files.len(), "lines": lines, "replayed": replayed, "duplicate": duplicate,
-            "quarantined": quarantined, "dry_run": dry_run, "foreign_files": self.foreign_files,
+            "files": self.files.len(), "lines": sum(|r| r.lines), "replayed": sum(|r| r.replayed),
+            "duplicate": sum(|r| r.duplicate), "applied": sum(|r| r.applied),
+            "superseded": sum(|r| r.superseded), "quarantined": sum(|r| r.quarantined),
+            "conflict": sum(|r| r.conflict), "dry_run": dry_run, "foreign_files": self.foreign_files,
         })
     }
 
@@ -148,20 +156,26 @@ pub trait Target {
     fn commit(&mut self) -> Result<(), ReplayError>;
     /// Roll back whatever is open; errors are ignored (the first one is reported).
     fn rollback(&mut self);
-    /// Whether `uid` is stored (the dry run's question).
-    fn exists(&mut self, session: &str, uid: &str) -> Result<bool, ReplayError>;
+    /// The message stored under `uid`, as its stored JSON text.
+    fn stored_item(&mut self, session: &str, uid: &str) -> Result<Option<String>, ReplayError>;
     /// Insert the message unless its uid is stored; `seq` `None` means
     /// after the last. True when it was inserted.
     fn insert(&mut self, session: &str, uid: &str, seq: Option<i64>, row: &Row<'_>) -> Result<bool, ReplayError>;
-    /// Whether the stored message with `uid` is this one.
-    fn same(&mut self, session: &str, uid: &str, row: &Row<'_>) -> Result<bool, ReplayError>;
     /// After the last file (SQLite rebuilds its index).
     fn finish(&mut self) -> Result<(), ReplayError>;
-    /// Insert a diverted LangGraph checkpoint or write unless its key is
-    /// stored; true when it was inserted.
-    fn graph_insert(&mut self, line: &GraphLine) -> Result<bool, ReplayError>;
-    /// Whether its key is stored (the dry run's question).
-    fn graph_exists(&mut self, line: &GraphLine) -> Result<bool, ReplayError>;
+    /// The row stored under a LangGraph record's key, marked or not
+    /// (held until the chunk ends, so no writer changes it meanwhile).
+    fn graph_stored(&mut self, line: &GraphLine) -> Result<Option<StoredGraph>, ReplayError>;
+    /// Store a LangGraph record as a put made at `created_ms`, marked
+    /// deleted at `deleted_ms` when given: over the stored row when
+    /// `over`, else only when its key is free. True when it was written.
+    fn graph_put(
+        &mut self,
+        line: &GraphLine,
+        created_ms: i64,
+        deleted_ms: Option<i64>,
+        over: bool,
+    ) -> Result<bool, ReplayError>;
 }
 
 /// A session's turn lease as stored: token, expiry (ms), holder.
@@ -224,13 +238,8 @@ impl Target for Sqlite {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
     }
-    fn exists(&mut self, session: &str, uid: &str) -> Result<bool, ReplayError> {
-        Ok(self
-            .conn
-            .prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")?
-            .query_row([session, uid], |_| Ok(()))
-            .optional()?
-            .is_some())
+    fn stored_item(&mut self, session: &str, uid: &str) -> Result<Option<String>, ReplayError> {
+        Ok(rows::stored_item(&self.conn, session, uid)?)
     }
     fn insert(&mut self, session: &str, uid: &str, seq: Option<i64>, row: &Row<'_>) -> Result<bool, ReplayError> {
         let conn = &self.conn;
@@ -253,14 +262,17 @@ impl Target for Sqlite {
         let inserted = rows::insert(&mut insert, session, uid, seq, row.message, now_ms())?;
         Ok(inserted == 1)
     }
-    fn same(&mut self, session: &str, uid: &str, row: &Row<'_>) -> Result<bool, ReplayError> {
-        Ok(rows::same_row(&self.conn, session, uid, row.message)?)
+    fn graph_stored(&mut self, line: &GraphLine) -> Result<Option<StoredGraph>, ReplayError> {
+        Ok(crate::store::graph::stored(&self.conn, line)?)
     }
-    fn graph_insert(&mut self, line: &GraphLine) -> Result<bool, ReplayError> {
-        Ok(crate::store::graph::replay_insert(&self.conn, line, now_ms())?)
-    }
-    fn graph_exists(&mut self, line: &GraphLine) -> Result<bool, ReplayError> {
-        Ok(crate::store::graph::exists(&self.conn, line)?)
+    fn graph_put(
+        &mut self,
+        line: &GraphLine,
+        created_ms: i64,
+        deleted_ms: Option<i64>,
+        over: bool,
+    ) -> Result<bool, ReplayError> {
+        Ok(crate::store::graph::replay_put(&self.conn, line, created_ms, deleted_ms, over)?)
     }
     fn finish(&mut self) -> Result<(), ReplayError> {
         // Imported rows land past the index's watermark; index them now. The
@@ -287,11 +299,33 @@ pub(crate) fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> Re
     move |source| ReplayError::Io { context, source }
 }
 
-/// A line's settlement.
-enum Settled {
-    Replayed,
-    Duplicate,
-    Quarantined(String),
+/// A line's settlement: its ledger state and reason, and the digests of
+/// its canonical bytes and of what its key held.
+struct Settled {
+    state: &'static str,
+    reason: Option<String>,
+    digest: Option<String>,
+    stored_digest: Option<String>,
+}
+
+impl Settled {
+    fn quarantined(reason: &str) -> Settled {
+        Settled {
+            state: "quarantined",
+            reason: Some(reason.to_string()),
+            digest: None,
+            stored_digest: None,
+        }
+    }
+
+    fn of(v: &Verdict, digest: String, stored_digest: Option<String>) -> Settled {
+        Settled {
+            state: v.state(),
+            reason: v.reason().map(String::from),
+            digest: Some(digest),
+            stored_digest,
+        }
+    }
 }
 
 /// Replay every pending divert file under `home` (or one session's).
@@ -518,24 +552,22 @@ fn settle_file(
                     continue;
                 }
                 let (uid, settled) = settle_line(conn, session, text.trim_end_matches('\n'), !write)?;
-                let (state, reason) = match &settled {
-                    Settled::Replayed => {
-                        report.replayed += 1;
-                        ("replayed", None)
-                    }
-                    Settled::Duplicate => {
-                        report.duplicate += 1;
-                        ("duplicate", None)
-                    }
-                    Settled::Quarantined(r) => {
+                match settled.state {
+                    "replayed" => report.replayed += 1,
+                    "duplicate" => report.duplicate += 1,
+                    "applied" => report.applied += 1,
+                    "superseded" => report.superseded += 1,
+                    "conflict" => {
+                        report.conflict += 1;
                         report.quarantined += 1;
-                        ("quarantined", Some(r.clone()))
                     }
-                };
+                    _ => report.quarantined += 1,
+                }
                 report.lines += 1;
                 chunk.push(json!({
                     "file": name, "line": line_no, "offset": line_offset, "session": session,
-                    "uid": uid, "state": state, "reason": reason, "at_ms": now_ms(),
+                    "uid": uid, "state": settled.state, "reason": settled.reason,
+                    "digest": settled.digest, "stored_digest": settled.stored_digest, "at_ms": now_ms(),
                 }));
             }
             Ok(())
@@ -623,40 +655,80 @@ fn settle_line(
     text: &str,
     dry: bool,
 ) -> Result<(Option<String>, Settled), ReplayError> {
-    // A LangGraph checkpoint or write (version 3): idempotent by its key.
+    // A LangGraph checkpoint or write (version 3): settled by its bytes
+    // against what its key holds.
     if let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(text)
         && let Some(parsed) = GraphLine::parse(&obj, session)
     {
         let uid = obj.get("uid").and_then(Value::as_str).map(String::from);
-        let line = match parsed {
-            Ok(line) => line,
-            Err(reason) => return Ok((uid, Settled::Quarantined(reason.to_string()))),
+        return match parsed {
+            Ok(line) => Ok((uid, settle_graph_line(conn, &line, divert_time_ms(&obj), dry)?)),
+            Err(reason) => Ok((uid, Settled::quarantined(reason))),
         };
-        let fresh = if dry {
-            !conn.graph_exists(&line)?
-        } else {
-            conn.graph_insert(&line)?
-        };
-        return Ok((uid, if fresh { Settled::Replayed } else { Settled::Duplicate }));
     }
     let (uid_s, seq, message) = match parse_divert_line(text, session) {
         Ok(parsed) => parsed,
-        Err((uid, reason)) => return Ok((uid, Settled::Quarantined(reason.to_string()))),
+        Err((uid, reason)) => return Ok((uid, Settled::quarantined(reason))),
     };
     let uid = Some(uid_s.clone());
-    let quarantine = |r: &str| Ok((uid.clone(), Settled::Quarantined(r.to_string())));
-    let row = Row { message: &message };
-    if dry {
-        if !conn.exists(session, &uid_s)? {
-            return Ok((uid, Settled::Replayed));
+    let digest = crate::same::digest_bytes(crate::same::canonical_object(message.item()).as_bytes());
+    if !dry && conn.insert(session, &uid_s, seq, &Row { message: &message })? {
+        return Ok((uid, Settled::of(&Verdict::Insert, digest, None)));
+    }
+    // Stored already (or, on a dry run, maybe): compare bytes.
+    let stored = conn.stored_item(session, &uid_s)?.map(|t| crate::same::digest_text(&t));
+    let verdict = match settle::message(&digest, stored.as_deref()) {
+        // The insert found the uid taken, and now nothing holds it: the
+        // row changed under replay, which a person must look at.
+        Verdict::Insert if !dry => Verdict::Conflict("the stored message changed while replay read it"),
+        v => v,
+    };
+    Ok((uid, Settled::of(&verdict, digest, stored)))
+}
+
+/// When a line was diverted (its `at`, RFC 3339), in ms since the epoch.
+fn divert_time_ms(obj: &serde_json::Map<String, Value>) -> Option<i64> {
+    let at = humantime::parse_rfc3339(obj.get("at")?.as_str()?).ok()?;
+    let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+    i64::try_from(ms).ok()
+}
+
+/// Settle a LangGraph line as the live call would have, had it been made
+/// when the line was diverted ([`settle::graph`]).
+fn settle_graph_line(
+    conn: &mut dyn Target,
+    line: &GraphLine,
+    at_ms: Option<i64>,
+    dry: bool,
+) -> Result<Settled, ReplayError> {
+    let digest = line.digest();
+    // A key taken between the read and the insert (another writer of the
+    // thread on PostgreSQL) is read again; the second read holds the row.
+    for _ in 0..2 {
+        let stored = conn.graph_stored(line)?;
+        let facts = stored.as_ref().map(|s| settle::Stored {
+            digest: s.record.digest(),
+            created_ms: s.created_ms,
+            deleted_ms: s.deleted_ms,
+        });
+        let verdict = settle::graph(&digest, line.replaces(), at_ms, facts.as_ref());
+        let stored_digest = facts.map(|f| f.digest);
+        if !dry {
+            let created = at_ms.unwrap_or_else(now_ms);
+            match verdict {
+                Verdict::Insert => {
+                    if !conn.graph_put(line, created, None, false)? {
+                        continue;
+                    }
+                }
+                Verdict::Apply { deleted_ms } => {
+                    conn.graph_put(line, created, deleted_ms, true)?;
+                }
+                _ => {}
+            }
         }
-    } else if conn.insert(session, &uid_s, seq, &row)? {
-        // Inserted unless the uid was stored; only then are contents compared.
-        return Ok((uid, Settled::Replayed));
+        return Ok(Settled::of(&verdict, digest, stored_digest));
     }
-    if conn.same(session, &uid_s, &row)? {
-        Ok((uid, Settled::Duplicate))
-    } else {
-        quarantine("uid conflict: the stored message has different content")
-    }
+    let v = Verdict::Conflict("the stored version changed while replay read it");
+    Ok(Settled::of(&v, digest, None))
 }

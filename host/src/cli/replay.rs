@@ -8,15 +8,25 @@ use crate::replay::{ReplayError, ReplayOptions, replay_run};
 /// Import diverted transcripts back into state.db (or, with `--db`, PostgreSQL).
 ///
 /// Reads turnsafe's divert files in `sessions/` and imports idempotently by
-/// (session, uid), keeping `seq`. LangGraph lines (`v` 3, `kind`
-/// `checkpoint` or `write`, from `turnsafe_store.langgraph`) are imported by
-/// their keys: a checkpoint by (thread, namespace, checkpoint id), a write
-/// by (thread, namespace, checkpoint id, task, idx); a key already stored is
-/// a duplicate.
+/// (session, uid), keeping `seq`. A line is a duplicate only when its
+/// bytes are stored: its canonical JSON (docs/DIVERT.md) has the stored
+/// row's digest. A uid stored with other bytes is a `conflict`, set aside.
 ///
-/// Every line ends `replayed`, `duplicate` or `quarantined` (with a
-/// reason) in `sessions/ledger.jsonl`; settled files move to
-/// `sessions/settled/`. A second run changes nothing.
+/// LangGraph lines (`v` 3, `kind` `checkpoint` or `write`, from
+/// `turnsafe_store.langgraph`) are settled by their keys: a checkpoint by
+/// (thread, namespace, checkpoint id), a write by (thread, namespace,
+/// checkpoint id, task, idx). A key stored with other bytes, or marked by
+/// a delete, settles as the live call would have when the line was
+/// diverted: `applied` (stored over the older version, or brought back
+/// from a delete that came before it) or `superseded` (a newer version,
+/// a later delete, or a first copy of an ordinary write holds the key),
+/// and a `conflict` when the line's time cannot order it.
+///
+/// Every line ends `replayed`, `duplicate`, `applied`, `superseded`,
+/// `conflict` or `quarantined` (with a reason; a conflict also names the
+/// line's and the stored row's digests) in `sessions/ledger.jsonl`;
+/// settled files move to `sessions/settled/`, every line kept. A second
+/// run changes nothing.
 ///
 /// A file is turnsafe's when its name is `<session-id>.jsonl` and at least
 /// one of its lines is a divert line (`v` 1 or 2, or a LangGraph line of
@@ -97,8 +107,8 @@ pub fn run(args: Args) -> i32 {
             super::envelope("replay_file", serde_json::to_value(r).unwrap_or_default())
         } else {
             format!(
-                "{}: {} lines: {} replayed, {} duplicate, {} quarantined",
-                r.file, r.lines, r.replayed, r.duplicate, r.quarantined
+                "{}: {} lines: {} replayed, {} duplicate, {} applied, {} superseded, {} quarantined ({} conflict)",
+                r.file, r.lines, r.replayed, r.duplicate, r.applied, r.superseded, r.quarantined, r.conflict
             )
         };
         super::emit(&line);
@@ -111,11 +121,13 @@ pub fn run(args: Args) -> i32 {
         count("duplicate"),
         count("quarantined"),
     );
+    let (applied, superseded, conflict) = (count("applied"), count("superseded"), count("conflict"));
     if args.json {
         super::emit(&super::envelope("summary", summary));
     } else {
         super::emit(&format!(
-            "{}{} files, {lines} lines: {replayed} replayed, {duplicate} duplicate, {quarantined} quarantined",
+            "{}{} files, {lines} lines: {replayed} replayed, {duplicate} duplicate, {applied} applied, \
+             {superseded} superseded, {quarantined} quarantined ({conflict} conflict)",
             if args.dry_run { "dry run: " } else { "" },
             reports.len()
         ));

@@ -8,7 +8,8 @@ use serde_json::Value;
 use super::write::Stop;
 use crate::backend::Flush;
 use crate::graph::{
-    CheckpointRecord, GraphBatch, GraphEdit, GraphEdited, GraphLine, GraphQuery, StoredCheckpoint, WriteRecord,
+    CheckpointRecord, GraphBatch, GraphEdit, GraphEdited, GraphLine, GraphQuery, StoredCheckpoint, StoredGraph,
+    WriteRecord,
 };
 
 pub(super) const TABLES: &str = "
@@ -49,8 +50,18 @@ const PUT_CHECKPOINT: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, 
         checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata, run_id = EXCLUDED.run_id,
         created_ms = EXCLUDED.created_ms, deleted_ms = NULL";
 
-const REPLAY_CHECKPOINT: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING";
+/// Replay's puts of a record it settled ([`crate::settle`]): into a free
+/// key, or over the stored row (`_OVER`), at the line's time and marked as
+/// the settlement says.
+const REPLAY_CHECKPOINT: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms, deleted_ms)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING";
+
+const REPLAY_CHECKPOINT_OVER: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms, deleted_ms)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+        parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, type = EXCLUDED.type,
+        checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata, run_id = EXCLUDED.run_id,
+        created_ms = EXCLUDED.created_ms, deleted_ms = EXCLUDED.deleted_ms";
 
 const PUT_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
@@ -59,38 +70,50 @@ const PUT_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns,
         value = EXCLUDED.value, created_ms = EXCLUDED.created_ms, deleted_ms = NULL
     WHERE $11 OR checkpoint_writes.deleted_ms IS NOT NULL";
 
-const REPLAY_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING";
+const REPLAY_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms, deleted_ms)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING";
+
+const REPLAY_WRITE_OVER: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms, deleted_ms)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+        task_path = EXCLUDED.task_path, channel = EXCLUDED.channel, type = EXCLUDED.type,
+        value = EXCLUDED.value, created_ms = EXCLUDED.created_ms, deleted_ms = EXCLUDED.deleted_ms";
 
 fn put_checkpoint(
     c: &mut impl GenericClient,
     sql: &str,
     r: &CheckpointRecord,
     now: i64,
+    deleted_ms: Option<Option<i64>>,
 ) -> Result<u64, postgres::Error> {
     let metadata = r.metadata.to_string();
-    c.execute(
-        sql,
-        &[
-            &r.thread_id,
-            &r.checkpoint_ns,
-            &r.checkpoint_id,
-            &r.parent_checkpoint_id,
-            &r.kind,
-            &r.checkpoint,
-            &metadata,
-            &r.run_id(),
-            &now,
-        ],
-    )
+    let run_id = r.run_id();
+    let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![
+        &r.thread_id,
+        &r.checkpoint_ns,
+        &r.checkpoint_id,
+        &r.parent_checkpoint_id,
+        &r.kind,
+        &r.checkpoint,
+        &metadata,
+        &run_id,
+        &now,
+    ];
+    // Replay's statements also set `deleted_ms`.
+    if let Some(d) = &deleted_ms {
+        params.push(d);
+    }
+    c.execute(sql, &params)
 }
 
-fn put_write(
-    c: &mut impl GenericClient,
-    w: &WriteRecord,
-    now: i64,
-    replace: Option<bool>,
-) -> Result<u64, postgres::Error> {
+/// The last parameter of a write's statement: the flush's replace flag,
+/// or replay's `deleted_ms` (and whether it writes over the stored row).
+enum WriteMode {
+    Flush { replace: bool },
+    Replay { deleted_ms: Option<i64>, over: bool },
+}
+
+fn put_write(c: &mut impl GenericClient, w: &WriteRecord, now: i64, mode: WriteMode) -> Result<u64, postgres::Error> {
     let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![
         &w.thread_id,
         &w.checkpoint_ns,
@@ -103,24 +126,26 @@ fn put_write(
         &w.value,
         &now,
     ];
-    // A flush's write says whether it replaces; replay's keeps what is stored.
-    let sql = match &replace {
-        Some(replace) => {
+    let sql = match &mode {
+        WriteMode::Flush { replace } => {
             params.push(replace);
             PUT_WRITE
         }
-        None => REPLAY_WRITE,
+        WriteMode::Replay { deleted_ms, over } => {
+            params.push(deleted_ms);
+            if *over { REPLAY_WRITE_OVER } else { REPLAY_WRITE }
+        }
     };
     c.execute(sql, &params)
 }
 
 fn write_one(tx: &mut Transaction<'_>, graph: &GraphBatch, now: i64) -> Result<(), postgres::Error> {
     match graph {
-        GraphBatch::Checkpoint(c) => put_checkpoint(tx, PUT_CHECKPOINT, c, now).map(drop),
+        GraphBatch::Checkpoint(c) => put_checkpoint(tx, PUT_CHECKPOINT, c, now, None).map(drop),
         GraphBatch::Writes(writes) => {
             let replace = writes.iter().all(WriteRecord::is_special);
             for w in writes {
-                put_write(tx, w, now, Some(replace))?;
+                put_write(tx, w, now, WriteMode::Flush { replace })?;
             }
             Ok(())
         }
@@ -181,29 +206,84 @@ fn ends_transaction(e: &postgres::Error) -> bool {
     })
 }
 
-/// After a lost COMMIT: whether every record of the batch is stored, live.
+/// After a lost COMMIT: whether every record of the batch is stored,
+/// live, with the batch's own bytes ([`crate::same`]); a key that holds
+/// other bytes was not this batch's write.
 pub(super) fn resolve(client: &mut Client, graph: &GraphBatch) -> Result<bool, postgres::Error> {
-    match graph {
-        GraphBatch::Checkpoint(c) => Ok(client
-            .query_opt(
-                "SELECT 1 FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
-                 AND deleted_ms IS NULL AND checkpoint = $4",
-                &[&c.thread_id, &c.checkpoint_ns, &c.checkpoint_id, &c.checkpoint],
-            )?
-            .is_some()),
-        GraphBatch::Writes(writes) => {
-            for w in writes {
-                let found = client.query_opt(
-                    "SELECT 1 FROM checkpoint_writes WHERE thread_id = $1 AND checkpoint_ns = $2 \
-                     AND checkpoint_id = $3 AND task_id = $4 AND idx = $5 AND deleted_ms IS NULL",
-                    &[&w.thread_id, &w.checkpoint_ns, &w.checkpoint_id, &w.task_id, &w.idx],
-                )?;
-                if found.is_none() {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
+    let lines: Vec<GraphLine> = match graph {
+        GraphBatch::Checkpoint(c) => vec![GraphLine::Checkpoint(c.clone())],
+        GraphBatch::Writes(writes) => writes.iter().cloned().map(GraphLine::Write).collect(),
+    };
+    for line in &lines {
+        let same = stored(client, line, false)?
+            .is_some_and(|s| s.deleted_ms.is_none() && s.record.digest() == line.digest());
+        if !same {
+            return Ok(false);
         }
+    }
+    Ok(true)
+}
+
+/// The row stored under the record's key, marked or not; `lock` holds it
+/// (`FOR UPDATE`) until the transaction ends.
+pub(super) fn stored(
+    c: &mut impl GenericClient,
+    line: &GraphLine,
+    lock: bool,
+) -> Result<Option<StoredGraph>, postgres::Error> {
+    let lock = if lock { " FOR UPDATE" } else { "" };
+    Ok(match line {
+        GraphLine::Checkpoint(r) => c
+            .query_opt(
+                &format!(
+                    "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, \
+                     created_ms, deleted_ms FROM checkpoints \
+                     WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3{lock}"
+                ),
+                &[&r.thread_id, &r.checkpoint_ns, &r.checkpoint_id],
+            )?
+            .map(|row| {
+                let (mut record, created_ms) = checkpoint_of(&row);
+                // Metadata that is not JSON is compared as its text, so it
+                // can never pass for a line's object.
+                let text: String = row.get(6);
+                if serde_json::from_str::<Value>(&text).is_err() {
+                    record.metadata = Value::String(text);
+                }
+                StoredGraph {
+                    record: GraphLine::Checkpoint(record),
+                    created_ms,
+                    deleted_ms: row.get(8),
+                }
+            }),
+        GraphLine::Write(w) => c
+            .query_opt(
+                &format!(
+                    "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value, \
+                     created_ms, deleted_ms FROM checkpoint_writes \
+                     WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 AND task_id = $4 AND idx = $5{lock}"
+                ),
+                &[&w.thread_id, &w.checkpoint_ns, &w.checkpoint_id, &w.task_id, &w.idx],
+            )?
+            .map(|row| StoredGraph {
+                record: GraphLine::Write(write_of(&row)),
+                created_ms: row.get(9),
+                deleted_ms: row.get(10),
+            }),
+    })
+}
+
+fn write_of(w: &Row) -> WriteRecord {
+    WriteRecord {
+        thread_id: w.get(0),
+        checkpoint_ns: w.get(1),
+        checkpoint_id: w.get(2),
+        task_id: w.get(3),
+        task_path: w.get(4),
+        idx: w.get(5),
+        channel: w.get(6),
+        kind: w.get(7),
+        value: w.get(8),
     }
 }
 
@@ -263,17 +343,7 @@ pub(super) fn read(client: &mut Client, q: &GraphQuery) -> Result<Vec<StoredChec
                 &[&r.thread_id, &r.checkpoint_ns, &r.checkpoint_id],
             )?
             .iter()
-            .map(|w| WriteRecord {
-                thread_id: w.get(0),
-                checkpoint_ns: w.get(1),
-                checkpoint_id: w.get(2),
-                task_id: w.get(3),
-                task_path: w.get(4),
-                idx: w.get(5),
-                channel: w.get(6),
-                kind: w.get(7),
-                value: w.get(8),
-            })
+            .map(write_of)
             .collect();
     }
     Ok(out)
@@ -356,31 +426,24 @@ pub(super) fn edit(tx: &mut Transaction<'_>, e: &GraphEdit, now: i64) -> Result<
     Ok(done)
 }
 
-/// Replay's idempotent insert: `true` when stored now.
-pub(super) fn replay_insert(c: &mut impl GenericClient, line: &GraphLine, now: i64) -> Result<bool, postgres::Error> {
-    match line {
-        GraphLine::Checkpoint(r) => put_checkpoint(c, REPLAY_CHECKPOINT, r, now).map(|n| n == 1),
-        GraphLine::Write(w) => put_write(c, w, now, None).map(|n| n == 1),
-    }
-}
-
-/// Whether the record's key is stored (deleted or not).
-pub(super) fn exists(c: &mut impl GenericClient, line: &GraphLine) -> Result<bool, postgres::Error> {
-    Ok(match line {
-        GraphLine::Checkpoint(r) => c
-            .query_opt(
-                "SELECT 1 FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
-                &[&r.thread_id, &r.checkpoint_ns, &r.checkpoint_id],
-            )?
-            .is_some(),
-        GraphLine::Write(w) => c
-            .query_opt(
-                "SELECT 1 FROM checkpoint_writes WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 \
-                 AND task_id = $4 AND idx = $5",
-                &[&w.thread_id, &w.checkpoint_ns, &w.checkpoint_id, &w.task_id, &w.idx],
-            )?
-            .is_some(),
-    })
+/// Replay's put of a record it settled ([`crate::settle`]): made at
+/// `created_ms`, marked at `deleted_ms`; over the stored row when `over`,
+/// else only into a free key. `true` when it was written.
+pub(super) fn replay_put(
+    c: &mut impl GenericClient,
+    line: &GraphLine,
+    created_ms: i64,
+    deleted_ms: Option<i64>,
+    over: bool,
+) -> Result<bool, postgres::Error> {
+    let n = match line {
+        GraphLine::Checkpoint(r) => {
+            let sql = if over { REPLAY_CHECKPOINT_OVER } else { REPLAY_CHECKPOINT };
+            put_checkpoint(c, sql, r, created_ms, Some(deleted_ms))?
+        }
+        GraphLine::Write(w) => put_write(c, w, created_ms, WriteMode::Replay { deleted_ms, over })?,
+    };
+    Ok(n == 1)
 }
 
 /// `turnsafe prune`: remove what LangGraph deletes marked at or before

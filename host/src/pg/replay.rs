@@ -6,6 +6,7 @@ use postgres::Client;
 
 use super::connect;
 use super::url::DbUrl;
+use crate::graph::{GraphLine, StoredGraph};
 use crate::replay::{Lease, ReplayError, Row, Target};
 use crate::store::now_ms;
 
@@ -79,15 +80,15 @@ impl Target for PgTarget {
     fn rollback(&mut self) {
         let _ = self.client.batch_execute("ROLLBACK");
     }
-    fn exists(&mut self, session: &str, uid: &str) -> Result<bool, ReplayError> {
+    fn stored_item(&mut self, session: &str, uid: &str) -> Result<Option<String>, ReplayError> {
         let row = self
             .client
             .query_opt(
-                "SELECT 1 FROM messages WHERE session_id = $1 AND uid = $2",
+                "SELECT item FROM messages WHERE session_id = $1 AND uid = $2",
                 &[&session, &uid],
             )
             .map_err(|e| self.err(e))?;
-        Ok(row.is_some())
+        Ok(row.map(|r| r.get(0)))
     }
     fn insert(&mut self, session: &str, uid: &str, seq: Option<i64>, row: &Row<'_>) -> Result<bool, ReplayError> {
         let m = row.message;
@@ -116,24 +117,22 @@ impl Target for PgTarget {
             .map_err(|e| self.err(e))?;
         Ok(inserted.is_some())
     }
-    fn same(&mut self, session: &str, uid: &str, row: &Row<'_>) -> Result<bool, ReplayError> {
-        let stored = self
-            .client
-            .query_opt(
-                "SELECT item FROM messages WHERE session_id = $1 AND uid = $2",
-                &[&session, &uid],
-            )
-            .map_err(|e| self.err(e))?;
-        Ok(stored.is_some_and(|r| super::same_item(&r.get::<_, String>(0), row.message)))
-    }
     fn finish(&mut self) -> Result<(), ReplayError> {
         Ok(())
     }
-    fn graph_insert(&mut self, line: &crate::graph::GraphLine) -> Result<bool, ReplayError> {
-        super::graph::replay_insert(&mut self.client, line, now_ms()).map_err(|e| self.err(e))
+    fn graph_stored(&mut self, line: &GraphLine) -> Result<Option<StoredGraph>, ReplayError> {
+        // Locked, so no live writer of the thread changes it before the
+        // chunk commits (a dry run outside a transaction locks nothing).
+        super::graph::stored(&mut self.client, line, true).map_err(|e| self.err(e))
     }
-    fn graph_exists(&mut self, line: &crate::graph::GraphLine) -> Result<bool, ReplayError> {
-        super::graph::exists(&mut self.client, line).map_err(|e| self.err(e))
+    fn graph_put(
+        &mut self,
+        line: &GraphLine,
+        created_ms: i64,
+        deleted_ms: Option<i64>,
+        over: bool,
+    ) -> Result<bool, ReplayError> {
+        super::graph::replay_put(&mut self.client, line, created_ms, deleted_ms, over).map_err(|e| self.err(e))
     }
 }
 

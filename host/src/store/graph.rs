@@ -6,7 +6,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
 use crate::graph::{
-    CheckpointRecord, GraphBatch, GraphEdit, GraphEdited, GraphLine, GraphQuery, StoredCheckpoint, WriteRecord,
+    CheckpointRecord, GraphBatch, GraphEdit, GraphEdited, GraphLine, GraphQuery, StoredCheckpoint, StoredGraph,
+    WriteRecord,
 };
 
 /// Version 6's tables. `deleted_ms` marks what a LangGraph delete or
@@ -51,9 +52,18 @@ const PUT_CHECKPOINT: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, 
         checkpoint = excluded.checkpoint, metadata = excluded.metadata, run_id = excluded.run_id,
         created_ms = excluded.created_ms, deleted_ms = NULL";
 
-/// Replay's insert: a checkpoint already stored (deleted or not) stays as it is.
-const REPLAY_CHECKPOINT: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT DO NOTHING";
+/// Replay's put of a checkpoint it settled ([`crate::settle`]): at the
+/// time the line was diverted, marked when a later delete had marked the
+/// key. `over` chooses [`REPLAY_CHECKPOINT_OVER`] instead.
+const REPLAY_CHECKPOINT: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms, deleted_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING";
+
+const REPLAY_CHECKPOINT_OVER: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms, deleted_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+    ON CONFLICT(thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+        parent_checkpoint_id = excluded.parent_checkpoint_id, type = excluded.type,
+        checkpoint = excluded.checkpoint, metadata = excluded.metadata, run_id = excluded.run_id,
+        created_ms = excluded.created_ms, deleted_ms = excluded.deleted_ms";
 
 /// A special write replaces the one it meets; an ordinary one keeps the
 /// first copy unless that copy was deleted.
@@ -64,8 +74,14 @@ const PUT_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns,
         value = excluded.value, created_ms = excluded.created_ms, deleted_ms = NULL
     WHERE ?11 OR checkpoint_writes.deleted_ms IS NOT NULL";
 
-const REPLAY_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING";
+const REPLAY_WRITE: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms, deleted_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) ON CONFLICT DO NOTHING";
+
+const REPLAY_WRITE_OVER: &str = "INSERT INTO checkpoint_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value, created_ms, deleted_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+    ON CONFLICT(thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+        task_path = excluded.task_path, channel = excluded.channel, type = excluded.type,
+        value = excluded.value, created_ms = excluded.created_ms, deleted_ms = excluded.deleted_ms";
 
 fn metadata_text(c: &CheckpointRecord) -> String {
     c.metadata.to_string()
@@ -85,15 +101,10 @@ fn insert_checkpoint(conn: &Connection, sql: &str, c: &CheckpointRecord, now: i6
     ])
 }
 
-fn insert_write(
-    conn: &Connection,
-    sql: &str,
-    w: &WriteRecord,
-    now: i64,
-    replace: Option<bool>,
-) -> rusqlite::Result<usize> {
-    let mut stmt = conn.prepare_cached(sql)?;
-    let base = params![
+/// A write's statement: `last` is the flush's replace flag, or replay's
+/// `deleted_ms`.
+fn insert_write(conn: &Connection, sql: &str, w: &WriteRecord, now: i64, last: &dyn rusqlite::ToSql) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params![
         w.thread_id,
         w.checkpoint_ns,
         w.checkpoint_id,
@@ -103,16 +114,9 @@ fn insert_write(
         w.channel,
         w.kind,
         w.value,
-        now
-    ];
-    match replace {
-        Some(r) => {
-            let mut all: Vec<&dyn rusqlite::ToSql> = base.to_vec();
-            all.push(&r);
-            stmt.execute(all.as_slice())
-        }
-        None => stmt.execute(base),
-    }
+        now,
+        last
+    ])
 }
 
 /// A flush's statements for one graph batch, inside the group's
@@ -124,72 +128,120 @@ pub(super) fn write(conn: &Connection, graph: &GraphBatch, now: i64) -> rusqlite
             // LangGraph's rule: a batch of special writes only replaces.
             let replace = writes.iter().all(WriteRecord::is_special);
             for w in writes {
-                insert_write(conn, PUT_WRITE, w, now, Some(replace))?;
+                insert_write(conn, PUT_WRITE, w, now, &replace)?;
             }
             Ok(())
         }
     }
 }
 
-/// Replay's idempotent insert of one diverted record: `true` when it was
-/// stored now, `false` when its key was already there.
-pub fn replay_insert(conn: &Connection, line: &GraphLine, now: i64) -> rusqlite::Result<bool> {
-    match line {
-        GraphLine::Checkpoint(c) => insert_checkpoint(conn, REPLAY_CHECKPOINT, c, now).map(|n| n == 1),
-        GraphLine::Write(w) => insert_write(conn, REPLAY_WRITE, w, now, None).map(|n| n == 1),
-    }
+/// Replay's put of one diverted record it settled ([`crate::settle`]):
+/// made at `created_ms`, marked at `deleted_ms`; over the stored row when
+/// `over`, else only into a free key. `true` when it was written.
+pub fn replay_put(
+    conn: &Connection,
+    line: &GraphLine,
+    created_ms: i64,
+    deleted_ms: Option<i64>,
+    over: bool,
+) -> rusqlite::Result<bool> {
+    let n = match line {
+        GraphLine::Checkpoint(c) => {
+            let sql = if over { REPLAY_CHECKPOINT_OVER } else { REPLAY_CHECKPOINT };
+            conn.prepare_cached(sql)?.execute(params![
+                c.thread_id,
+                c.checkpoint_ns,
+                c.checkpoint_id,
+                c.parent_checkpoint_id,
+                c.kind,
+                c.checkpoint,
+                metadata_text(c),
+                c.run_id(),
+                created_ms,
+                deleted_ms
+            ])?
+        }
+        GraphLine::Write(w) => {
+            let sql = if over { REPLAY_WRITE_OVER } else { REPLAY_WRITE };
+            insert_write(conn, sql, w, created_ms, &deleted_ms)?
+        }
+    };
+    Ok(n == 1)
 }
 
-/// Whether the record's key is stored (deleted or not).
-pub fn exists(conn: &Connection, line: &GraphLine) -> rusqlite::Result<bool> {
-    let found = match line {
+/// The row stored under the record's key, marked or not.
+pub fn stored(conn: &Connection, line: &GraphLine) -> rusqlite::Result<Option<StoredGraph>> {
+    match line {
         GraphLine::Checkpoint(c) => conn
             .prepare_cached(
-                "SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3",
+                "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, created_ms, deleted_ms
+                   FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3",
             )?
-            .query_row(params![c.thread_id, c.checkpoint_ns, c.checkpoint_id], |_| Ok(()))
-            .optional()?,
+            .query_row(params![c.thread_id, c.checkpoint_ns, c.checkpoint_id], |r| {
+                let (mut record, created_ms) = checkpoint_of(r)?;
+                // Metadata that is not JSON is compared as its text, so it
+                // can never pass for a line's object.
+                let text: String = r.get(6)?;
+                if serde_json::from_str::<Value>(&text).is_err() {
+                    record.metadata = Value::String(text);
+                }
+                Ok(StoredGraph {
+                    record: GraphLine::Checkpoint(record),
+                    created_ms,
+                    deleted_ms: r.get(8)?,
+                })
+            })
+            .optional(),
         GraphLine::Write(w) => conn
             .prepare_cached(
-                "SELECT 1 FROM checkpoint_writes WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3 AND task_id = ?4 AND idx = ?5",
+                "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value, created_ms, deleted_ms
+                   FROM checkpoint_writes
+                  WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3 AND task_id = ?4 AND idx = ?5",
             )?
             .query_row(
                 params![w.thread_id, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.idx],
-                |_| Ok(()),
+                |r| {
+                    Ok(StoredGraph {
+                        record: GraphLine::Write(write_of(r)?),
+                        created_ms: r.get(9)?,
+                        deleted_ms: r.get(10)?,
+                    })
+                },
             )
-            .optional()?,
-    };
-    Ok(found.is_some())
+            .optional(),
+    }
 }
 
-/// After a lost COMMIT: whether every record of the batch is stored, live.
+/// After a lost COMMIT: whether every record of the batch is stored,
+/// live, with the batch's own bytes ([`crate::same`]); a key that holds
+/// other bytes was not this batch's write.
 pub(super) fn resolve(conn: &Connection, graph: &GraphBatch) -> rusqlite::Result<bool> {
-    match graph {
-        GraphBatch::Checkpoint(c) => Ok(conn
-            .prepare_cached(
-                "SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3 AND deleted_ms IS NULL AND checkpoint = ?4",
-            )?
-            .query_row(params![c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.checkpoint], |_| Ok(()))
-            .optional()?
-            .is_some()),
-        GraphBatch::Writes(writes) => {
-            for w in writes {
-                let found = conn
-                    .prepare_cached(
-                        "SELECT 1 FROM checkpoint_writes WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3 AND task_id = ?4 AND idx = ?5 AND deleted_ms IS NULL",
-                    )?
-                    .query_row(
-                        params![w.thread_id, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.idx],
-                        |_| Ok(()),
-                    )
-                    .optional()?;
-                if found.is_none() {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
+    let lines: Vec<GraphLine> = match graph {
+        GraphBatch::Checkpoint(c) => vec![GraphLine::Checkpoint(c.clone())],
+        GraphBatch::Writes(writes) => writes.iter().cloned().map(GraphLine::Write).collect(),
+    };
+    for line in &lines {
+        let same = stored(conn, line)?
+            .is_some_and(|s| s.deleted_ms.is_none() && s.record.digest() == line.digest());
+        if !same {
+            return Ok(false);
         }
     }
+    Ok(true)
+}
+
+fn write_of(w: &Row<'_>) -> rusqlite::Result<WriteRecord> {
+    Ok(WriteRecord {
+        thread_id: w.get(0)?,
+        checkpoint_ns: w.get(1)?,
+        checkpoint_id: w.get(2)?,
+        task_id: w.get(3)?,
+        task_path: w.get(4)?,
+        idx: w.get(5)?,
+        channel: w.get(6)?,
+        kind: w.get(7)?,
+        value: w.get(8)?,
+    })
 }
 
 fn checkpoint_of(r: &Row<'_>) -> rusqlite::Result<(CheckpointRecord, i64)> {
@@ -251,19 +303,7 @@ pub fn read(conn: &Connection, q: &GraphQuery) -> rusqlite::Result<Vec<StoredChe
     for c in &mut out {
         let r = &c.record;
         c.writes = writes
-            .query_map(params![r.thread_id, r.checkpoint_ns, r.checkpoint_id], |w| {
-                Ok(WriteRecord {
-                    thread_id: w.get(0)?,
-                    checkpoint_ns: w.get(1)?,
-                    checkpoint_id: w.get(2)?,
-                    task_id: w.get(3)?,
-                    task_path: w.get(4)?,
-                    idx: w.get(5)?,
-                    channel: w.get(6)?,
-                    kind: w.get(7)?,
-                    value: w.get(8)?,
-                })
-            })?
+            .query_map(params![r.thread_id, r.checkpoint_ns, r.checkpoint_id], write_of)?
             .collect::<rusqlite::Result<_>>()?;
     }
     Ok(out)

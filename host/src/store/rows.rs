@@ -36,13 +36,17 @@ pub(crate) fn insert(
     ])
 }
 
-/// Whether (session, uid) is stored with exactly this object.
-pub(crate) fn same_row(conn: &Connection, session: &str, uid: &str, m: &Message) -> rusqlite::Result<bool> {
-    let stored: Option<String> = conn
-        .prepare_cached("SELECT item FROM messages WHERE session_id = ?1 AND uid = ?2")?
+/// The object stored under (session, uid), as its stored JSON text.
+pub(crate) fn stored_item(conn: &Connection, session: &str, uid: &str) -> rusqlite::Result<Option<String>> {
+    conn.prepare_cached("SELECT item FROM messages WHERE session_id = ?1 AND uid = ?2")?
         .query_row([session, uid], |r| r.get(0))
-        .optional()?;
-    Ok(stored.is_some_and(|s| crate::same::same_object_text(&s, m.item())))
+        .optional()
+}
+
+/// Whether (session, uid) is stored with exactly this object's bytes
+/// ([`crate::same`]).
+pub(crate) fn same_row(conn: &Connection, session: &str, uid: &str, m: &Message) -> rusqlite::Result<bool> {
+    Ok(stored_item(conn, session, uid)?.is_some_and(|s| crate::same::same_object_text(&s, m.item())))
 }
 
 /// The object an older row held in pieces: `extra` with `role` and
