@@ -89,6 +89,71 @@ export function divert(home, session, cause, lines) {
   if (!validSession(session)) {
     throw Object.assign(failed('validate', null, 'invalid session id'), { errno: EINVAL });
   }
+  const at = rfc3339();
+  const batch = randomUUID().replaceAll('-', '');
+  let body;
+  try {
+    body = Buffer.from(lines
+      .map((l) => JSON.stringify({ v: 2, session, uid: l.uid, seq: l.seq, batch, cause, at, message: l.message }) + '\n')
+      .join(''));
+  } catch (e) {
+    throw failed('encode', e);
+  }
+  return appendBytes(home, session, body, lines.length);
+}
+
+/**
+ * Open `<session>.jsonl` for appending and take its flock. A clear or a
+ * replay may take the file (rename it into settling/) between the open
+ * and the lock: then the descriptor is not the file at the path any more,
+ * and lines appended through it would land in a file already read. So the
+ * lock only counts once the locked file is still the one at the path.
+ */
+function openLocked(file) {
+  const { O_RDWR, O_APPEND, O_CREAT, O_NOFOLLOW } = fs.constants;
+  for (let attempt = 0; ; attempt++) {
+    let fd;
+    try {
+      // Node opens every file O_CLOEXEC.
+      fd = fs.openSync(file, O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW, 0o600);
+    } catch (e) {
+      throw failed('open', e);
+    }
+    let same = false;
+    try {
+      try {
+        flockExclusive(fd);
+      } catch (e) {
+        throw failed('lock', e);
+      }
+      const held = fs.fstatSync(fd, { bigint: true });
+      let now = null;
+      try {
+        now = fs.lstatSync(file, { bigint: true });
+      } catch {
+        now = null;
+      }
+      same = now !== null && now.ino === held.ino && now.dev === held.dev;
+      if (!same && attempt >= 100) throw failed('lock', null, 'the divert file kept being taken away while it was being locked');
+    } catch (e) {
+      fs.closeSync(fd);
+      throw e.divert ? e : failed('stat', e);
+    }
+    if (same) return fd;
+    fs.closeSync(fd);
+  }
+}
+
+/**
+ * Append `body` (whole lines, `count` of them) to `home/sessions/<session>.jsonl`
+ * under its flock: every byte written, the file fsynced, then sessions/
+ * and the home; the receipt. On failure the file is cut back to where
+ * the lines began.
+ */
+export function appendBytes(home, session, body, count) {
+  if (!validSession(session)) {
+    throw Object.assign(failed('validate', null, 'invalid session id'), { errno: EINVAL });
+  }
   const folder = path.join(home, 'sessions');
   try {
     fs.mkdirSync(folder, { mode: 0o700 });
@@ -96,20 +161,8 @@ export function divert(home, session, cause, lines) {
     if (e.code !== 'EEXIST') throw failed('mkdir', e);
   }
   const file = path.join(folder, `${session}.jsonl`);
-  const { O_RDWR, O_APPEND, O_CREAT, O_NOFOLLOW } = fs.constants;
-  let fd;
+  const fd = openLocked(file);
   try {
-    // Node opens every file O_CLOEXEC.
-    fd = fs.openSync(file, O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW, 0o600);
-  } catch (e) {
-    throw failed('open', e);
-  }
-  try {
-    try {
-      flockExclusive(fd);
-    } catch (e) {
-      throw failed('lock', e);
-    }
     let size;
     try {
       size = fs.fstatSync(fd).size;
@@ -128,16 +181,6 @@ export function divert(home, session, cause, lines) {
         got = 0;
       }
       if (got !== 1 || last[0] !== 0x0a) prefix = Buffer.from('\n');
-    }
-    const at = rfc3339();
-    const batch = randomUUID().replaceAll('-', '');
-    let body;
-    try {
-      body = Buffer.from(lines
-        .map((l) => JSON.stringify({ v: 2, session, uid: l.uid, seq: l.seq, batch, cause, at, message: l.message }) + '\n')
-        .join(''));
-    } catch (e) {
-      throw failed('encode', e);
     }
     const offset = size + prefix.length;
     try {
@@ -162,7 +205,7 @@ export function divert(home, session, cause, lines) {
       path: path.resolve(file),
       offset,
       length: body.length,
-      count: lines.length,
+      count,
       sha256: createHash('sha256').update(body).digest('hex'),
     };
   } finally {

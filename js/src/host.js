@@ -15,9 +15,11 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 
 import { capture, holds, holdsSession, holdValue } from './captures.js';
-import { divert, divertMaxSeq, flockExclusive, fsyncDir, validSession } from './divert.js';
+import { takeLines, settleLines } from './clear.js';
+import { divert, divertMaxSeq, fsyncDir, validSession } from './divert.js';
 import { Guard, fdsOf } from './guard.js';
 import { codesOf, editNext, flushStep, outcomeText, refused, spent, version } from './policy.js';
+import { sameText } from './same.js';
 
 /**
  * The schema this host writes: the version of the native host it was
@@ -229,11 +231,6 @@ export function textOf(content) {
   }
   if (typeof content === 'object') return typeof content.text === 'string' ? content.text : sortedJson(content);
   return sortedJson(content);
-}
-
-/** Deep equality of two JSON values, key order aside (how the native host compares a resend). */
-export function sameJson(a, b) {
-  return sortedJson(a) === sortedJson(b);
 }
 
 const sleep = (ms) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, Math.max(0, ms));
@@ -709,11 +706,11 @@ export class Host {
           JSON.stringify(m), created);
         seq += 1;
       } catch (e) {
-        // Idempotent resend: an identical stored row counts as committed;
-        // different content is a conflict.
+        // Idempotent resend: a stored row with the same canonical bytes
+        // counts as committed; any other bytes are a conflict.
         if (e.code === 'SQLITE_CONSTRAINT_UNIQUE' && /messages\.session_id, messages\.uid/.test(e.message)) {
           const row = st.stored.get(session, uids[i]);
-          if (row && sameJson(JSON.parse(row.item), m)) return;
+          if (row && sameText(row.item, m)) return;
         }
         throw e;
       }
@@ -749,12 +746,16 @@ export class Host {
     return token;
   }
 
-  /** Which of the batch's uids are stored, on the connection just opened. */
+  /**
+   * Whether a lost COMMIT took effect, on the connection just opened: every
+   * uid of the batch stored with its item's canonical bytes. A uid stored
+   * with other bytes is not this batch's row, so the batch is written
+   * again and meets it as a conflict.
+   */
   resolve(batch, startedMs) {
     try {
-      const q = this.db.prepare('SELECT count(*) AS n FROM messages WHERE session_id = ? AND uid IN (SELECT value FROM json_each(?))');
-      const n = q.get(batch.session, JSON.stringify(batch.uids)).n;
-      return { type: 'resolved', all_stored: n === new Set(batch.uids).size };
+      const rows = batch.uids.map((u) => this.stmts.stored.get(batch.session, u));
+      return { type: 'resolved', all_stored: rows.every((r, i) => r && sameText(r.item, batch.items[i])) };
     } catch (e) {
       return failedEvent(e, startedMs);
     }
@@ -830,17 +831,22 @@ export class Host {
 
   // ---- reads and edits -----------------------------------------------------
 
+  /** A sticky handle refuses every edit before it touches anything. */
+  refuseIfSticky(edit, session) {
+    const sticky = this.stickyCause();
+    if (sticky) {
+      const n = refused(sticky);
+      throw new EditFailure(edit, session, n.cause, n.action, 'the store refuses to touch its database until an operator acts', 0);
+    }
+  }
+
   /**
    * Work outside a flush: each attempt opens the store if needed and runs
    * `f(db)` in one BEGIN IMMEDIATE transaction (the guard and the session's
    * lease checked first when `write`); a failure is answered by the policy.
    */
   edit(edit, session, f, { write = true } = {}) {
-    const sticky = this.stickyCause();
-    if (sticky) {
-      const n = refused(sticky);
-      throw new EditFailure(edit, session, n.cause, n.action, 'the store refuses to touch its database until an operator acts', 0);
-    }
+    this.refuseIfSticky(edit, session);
     const started = performance.now();
     const s = seed();
     let degraded = false;
@@ -896,11 +902,15 @@ export class Host {
     }
   }
 
-  /** Rows of `session` in seq order (the newest `limit`, all when null): `[{uid, seq, item}]`. */
+  /**
+   * Rows of `session` in seq order (the newest `limit`, all when null):
+   * `[{uid, seq, item, text}]`, `text` the stored JSON text (what a
+   * comparison reads: JSON.parse would round its numbers).
+   */
   rows(db, session, limit) {
     return db.prepare(`SELECT uid, seq, item FROM (SELECT id, uid, seq, item FROM messages WHERE session_id = ?
       ORDER BY seq DESC, id DESC LIMIT ?) ORDER BY seq, id`).all(session, limit ?? -1)
-      .map((r) => ({ uid: r.uid, seq: r.seq, item: JSON.parse(r.item) }));
+      .map((r) => ({ uid: r.uid, seq: r.seq, item: JSON.parse(r.item), text: r.item }));
   }
 
   /** The stored items, or Incomplete while an unsettled capture holds rows of the session. */
@@ -946,12 +956,19 @@ export class Host {
 
   /**
    * Remove every stored item of `session` (to the archive with schema 4,
-   * with its pending divert lines), then settle its pending divert lines
-   * as `cleared` (docs/DIVERT.md, "Cleared").
+   * with its pending divert lines) and settle those lines (docs/DIVERT.md,
+   * "Cleared"): the session's divert file is taken into settling/ and read
+   * first (clear.js), so the lines archived and settled are exactly the
+   * lines read; one diverted after that stays pending. A file that cannot
+   * be read fails the clear before the database is touched.
    */
   clear(session) {
+    if (!validSession(session)) throw new Refusal(`invalid session id: ${JSON.stringify(session)}`, { code: 'invalid_session_id' });
+    // A handle that refuses edits takes no file either.
+    this.refuseIfSticky('clear', session);
     const editId = mintId();
-    const lines = pendingLines(this.home, session);
+    const files = takeLines(this.home, session);
+    const lines = files.flatMap((f) => f.lines.filter((l) => l.kind === 'message'));
     const n = this.edit('clear', session, (db) => {
       const taken = this.takeOut(db, session, {}, 'clear', editId);
       if (this.hasArchive(db)) {
@@ -959,82 +976,16 @@ export class Host {
           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'clear', ?, ?)`);
         const now = Date.now();
         for (const l of lines) {
+          // The message's text as it was diverted, byte for byte.
           ins.run(session, l.uid, l.seq ?? 0, typeof l.message.role === 'string' ? l.message.role : null, textOf(l.message.content),
-            JSON.stringify(l.message), now, now, this.holder, editId);
+            l.text, now, now, this.holder, editId);
         }
       }
       return taken;
     });
-    this.settleCleared(session);
+    settleLines(this.home, session, files);
     this.cursor(session).nextSeq = null;
     return n;
-  }
-
-  /**
-   * The session's divert file, if it is turnsafe's (docs/DIVERT.md, "Whose
-   * files these are"), is taken under its flock into sessions/settling/,
-   * one ledger line per line gets state `cleared`, and the file moves to
-   * sessions/settled/, kept. A foreign file is never touched.
-   */
-  settleCleared(session) {
-    const folder = path.join(this.home, 'sessions');
-    const file = path.join(folder, `${session}.jsonl`);
-    let fd;
-    try {
-      fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
-    } catch {
-      return;
-    }
-    let name;
-    const settling = path.join(folder, 'settling');
-    const settledDir = path.join(folder, 'settled');
-    try {
-      if (!fs.fstatSync(fd).isFile()) return;
-      if (!parseLines(fs.readFileSync(fd, 'utf8'), session).length) return;
-      for (const d of [settling, settledDir]) fs.mkdirSync(d, { recursive: true, mode: 0o700 });
-      flockExclusive(fd);
-      name = `${session}@${Date.now()}-${process.pid}.jsonl`;
-      fs.renameSync(file, path.join(settling, name));
-    } finally {
-      fs.closeSync(fd);
-    }
-    fsyncDir(settling);
-    const data = fs.readFileSync(path.join(settling, name));
-    const ledger = [];
-    let offset = 0;
-    let lineNo = 0;
-    for (const line of data.toString('utf8').split(/(?<=\n)/)) {
-      lineNo += 1;
-      const at = offset;
-      offset += Buffer.byteLength(line);
-      if (!line.trim()) continue;
-      let uid = null;
-      try {
-        const u = JSON.parse(line).uid;
-        uid = typeof u === 'string' ? u : null;
-      } catch {
-        uid = null;
-      }
-      ledger.push(JSON.stringify({ file: name, line: lineNo, offset: at, session, uid, state: 'cleared',
-        reason: 'the session was cleared', at_ms: Date.now() }));
-    }
-    const lfd = fs.openSync(path.join(folder, 'ledger.jsonl'),
-      fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW, 0o600);
-    try {
-      fsyncDir(folder);
-      fsyncDir(this.home);
-      if (ledger.length) {
-        const bytes = Buffer.from(ledger.join('\n') + '\n');
-        let done = 0;
-        while (done < bytes.length) done += fs.writeSync(lfd, bytes, done, bytes.length - done);
-      }
-      fs.fsyncSync(lfd);
-    } finally {
-      fs.closeSync(lfd);
-    }
-    fs.renameSync(path.join(settling, name), path.join(settledDir, name));
-    fsyncDir(settledDir);
-    fsyncDir(settling);
   }
 
   /**
@@ -1050,7 +1001,7 @@ export class Host {
     return this.edit(edit, session, (db) => {
       const stored = uids.map((u) => this.stmts.stored.get(session, u));
       if (uids.length > 0 && stored.every(Boolean)) {
-        if (stored.every((r, i) => sameJson(JSON.parse(r.item), replacement[i]))) return { applied: false };
+        if (stored.every((r, i) => sameText(r.item, replacement[i]))) return { applied: false };
         throw userError('Session history operation was already applied with a different transaction.');
       }
       if (stored.some(Boolean)) throw userError('Session history operation was already applied with a different transaction.');
@@ -1058,7 +1009,7 @@ export class Host {
       let from = 0;
       if (expected !== null) {
         from = all.length - expected.length;
-        if (from < 0 || !all.slice(from).every((r, i) => sameJson(r.item, expected[i]))) {
+        if (from < 0 || !all.slice(from).every((r, i) => sameText(r.text, expected[i]))) {
           throw userError('Session history suffix no longer matches the transaction precondition.');
         }
       }
@@ -1088,7 +1039,7 @@ export class Host {
     try {
       if (this.openStore(performance.now())) return 'none';
       const rows = uids.map((u) => this.stmts.stored.get(session, u));
-      if (rows.some((r, i) => r && !sameJson(JSON.parse(r.item), items[i]))) return 'conflict';
+      if (rows.some((r, i) => r && !sameText(r.item, items[i]))) return 'conflict';
       return rows.length > 0 && rows.every(Boolean) ? 'all' : 'none';
     } catch (e) {
       if (e instanceof Refusal) throw e;
@@ -1151,51 +1102,6 @@ export class Host {
 
 /** Connections to retired generations, kept open until the process ends. */
 Host.kept = [];
-
-/** The turnsafe divert lines for `session` in `text` (docs/DIVERT.md): `{uid, seq, message}`. */
-function parseLines(text, session) {
-  const out = [];
-  for (const line of text.split('\n')) {
-    if (!line.trim()) continue;
-    let v;
-    try {
-      v = JSON.parse(line);
-    } catch {
-      continue;
-    }
-    if (v === null || typeof v !== 'object' || (v.v !== 1 && v.v !== 2) || v.session !== session || typeof v.uid !== 'string'
-      || v.message === null || typeof v.message !== 'object' || Array.isArray(v.message)) continue;
-    let message = v.message;
-    if (v.v === 1) {
-      // Version 1 put the uid inside the message.
-      const { uid, ...rest } = message;
-      void uid;
-      message = rest;
-    }
-    out.push({ uid: v.uid, seq: Number.isInteger(v.seq) ? v.seq : null, message });
-  }
-  return out;
-}
-
-/** The divert lines of `session` not yet settled: its file and its files being replayed. */
-function pendingLines(home, session) {
-  const folder = path.join(home, 'sessions');
-  const files = [path.join(folder, `${session}.jsonl`)];
-  try {
-    for (const n of fs.readdirSync(path.join(folder, 'settling'))) {
-      if (n.slice(0, n.indexOf('@')) === session) files.push(path.join(folder, 'settling', n));
-    }
-  } catch {
-    // none being replayed
-  }
-  return files.flatMap((f) => {
-    try {
-      return parseLines(fs.readFileSync(f, 'utf8'), session);
-    } catch {
-      return [];
-    }
-  });
-}
 
 /**
  * Whether a failed statement ends the whole transaction rather than one

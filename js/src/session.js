@@ -6,6 +6,7 @@
 import { createHash, randomUUID } from 'node:crypto';
 
 import { TurnNotPersisted, TurnsafeError } from './errors.js';
+import { NotJson, digest } from './same.js';
 import { Store } from './store.js';
 
 const VALID = /^(?!\.)(?!.*\.\.)[A-Za-z0-9_.:-]{1,128}$/;
@@ -22,12 +23,19 @@ export function safeSessionId(sessionId) {
   return prefix ? `${prefix}-h${digest}` : `h${digest}`;
 }
 
-function sorted(v) {
-  if (Array.isArray(v)) return `[${v.map(sorted).join(',')}]`;
-  if (v !== null && typeof v === 'object') {
-    return `{${Object.keys(v).filter((k) => v[k] !== undefined).sort().map((k) => `${JSON.stringify(k)}:${sorted(v[k])}`).join(',')}}`;
+/**
+ * What a handed-back item is known by until it is resent: the digest of
+ * its canonical bytes (js/src/same.js), so only an item with the same
+ * bytes takes its uid again. null for an item that has no canonical bytes
+ * (a lone surrogate): it never takes an earlier uid.
+ */
+function print(item) {
+  try {
+    return digest(item);
+  } catch (e) {
+    if (e instanceof NotJson) return null;
+    throw e;
   }
-  return JSON.stringify(v);
 }
 
 /** An item as it will be stored: its JSON round trip (undefined fields dropped). */
@@ -92,13 +100,14 @@ export class TurnsafeSession {
     let uids = null;
     if (this.unsettled.size > 0) {
       // A resend after a failure reuses the failed attempt's uids.
-      prints = batch.map(sorted);
-      uids = prints.map((p) => this.takeUnsettled(p));
+      prints = batch.map(print);
+      uids = prints.map((p) => (p === null ? null : this.takeUnsettled(p)));
     }
     const { outcome, text } = await this.store.call('append', { session: this.turnsafeId, items: batch, uids });
     if (outcome.persisted) return;
-    prints ??= batch.map(sorted);
+    prints ??= batch.map(print);
     prints.forEach((p, i) => {
+      if (p === null) return;
       const q = this.unsettled.get(p) ?? [];
       q.push(outcome.uids[i]);
       this.unsettled.set(p, q);

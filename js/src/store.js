@@ -6,6 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Worker } from 'node:worker_threads';
 
+import { createDirAll } from './durable.js';
 import { revive } from './errors.js';
 import { makeOps } from './ops.js';
 
@@ -15,7 +16,9 @@ export class Store {
   /** The shared store for `home` and these options. */
   static for(home, options = {}) {
     const abs = path.resolve(home);
-    fs.mkdirSync(abs, { recursive: true, mode: 0o700 });
+    // Each missing level made durable in its parent (the home's own parent
+    // is fsynced again at the first open).
+    createDirAll(abs, 0o700);
     const key = JSON.stringify([fs.realpathSync(abs), options.thread !== false, options.holder ?? null,
       options.leaseTtlMs ?? null, options.synchronous ?? null]);
     let s = stores.get(key);

@@ -13,7 +13,7 @@ import readline from 'node:readline';
 import { test } from 'node:test';
 
 import { Store, TurnsafeSession } from '../src/index.js';
-import { ROOT, need, tmp } from './helpers.mjs';
+import { ROOT, need, receiptHolds, tmp } from './helpers.mjs';
 
 const CTL = process.env.POWERFS_CTL ?? path.join(process.env.CARGO_TARGET_DIR ?? path.join(ROOT, 'target'), 'debug', 'powerfs-ctl');
 
@@ -131,6 +131,39 @@ test('every acknowledged item survives a power cut at every sync point', { timeo
       for (const mode of ['drop', `torn ${n}`, `reorder ${n}`]) failures = failures.concat(await cutAndCheck(pfs, n, mode));
     }
     assert.deepEqual(failures, []);
+  } finally {
+    await pfs.close();
+  }
+});
+
+test('a new home two levels down keeps every level and its first receipt across a power cut', { timeout: 120_000 }, async (t) => {
+  const pfs = await PowerFs.mount(t);
+  if (!pfs) return;
+  try {
+    await pfs.cmd('remount');
+    // <mount>/a/b/home: three folders the session makes.
+    const home = path.join(pfs.path, 'a', 'b', 'home');
+    const session = new TurnsafeSession('user-42', home);
+    // A folder where state.db should be: the open fails and the batch is diverted.
+    fs.mkdirSync(path.join(home, 'state.db'));
+    let receipt = null;
+    try {
+      await session.addItems(batch('first'));
+    } catch (e) {
+      if (e.name !== 'TurnNotPersisted') throw e;
+      receipt = e.outcome.receipt;
+    }
+    assert.ok(receipt, 'the first batch was diverted with a receipt');
+    assert.equal(receipt.path, path.join(home, 'sessions', 'user-42.jsonl'));
+    assert.ok(await pfs.powered(), 'the receipt was given with the power on');
+    await pfs.cmd('cut drop');
+    await closeDead(session.store);
+    await pfs.cmd('remount');
+    for (const dir of [path.join(pfs.path, 'a'), path.join(pfs.path, 'a', 'b'), home, path.join(home, 'sessions')]) {
+      assert.ok(fs.existsSync(dir), `${dir} survived the cut`);
+    }
+    assert.ok(fs.existsSync(receipt.path), 'the receipt\'s file survived the cut');
+    assert.ok(receiptHolds(receipt), 'the receipt\'s bytes survived the cut');
   } finally {
     await pfs.close();
   }
