@@ -16,7 +16,10 @@ fn sha256_of_canonical(v: &Value) -> String {
             Value::Object(m) => {
                 let mut keys: Vec<&String> = m.keys().collect();
                 keys.sort();
-                let fields: Vec<String> = keys.iter().map(|k| format!("{}:{}", Value::from(k.as_str()), write(&m[*k]))).collect();
+                let fields: Vec<String> = keys
+                    .iter()
+                    .map(|k| format!("{}:{}", Value::from(k.as_str()), write(&m[*k])))
+                    .collect();
                 format!("{{{}}}", fields.join(","))
             }
             Value::Array(items) => format!("[{}]", items.iter().map(write).collect::<Vec<_>>().join(",")),
@@ -140,7 +143,10 @@ fn every_bad_line_is_quarantined_with_a_reason_and_kept() {
     let conflicts: Vec<&Value> = entries.iter().filter(|l| l["state"] == "conflict").collect();
     assert_eq!(conflicts.len(), 1);
     assert_eq!(conflicts[0]["uid"], "stored-0");
-    assert_eq!(conflicts[0]["reason"], "uid conflict: the stored message has different content");
+    assert_eq!(
+        conflicts[0]["reason"],
+        "uid conflict: the stored message has different content"
+    );
     let stored_item: String = home
         .other()
         .query_row("SELECT item FROM messages WHERE uid = 'stored-0'", [], |r| r.get(0))

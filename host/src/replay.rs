@@ -272,7 +272,9 @@ impl Target for Sqlite {
         deleted_ms: Option<i64>,
         over: bool,
     ) -> Result<bool, ReplayError> {
-        Ok(crate::store::graph::replay_put(&self.conn, line, created_ms, deleted_ms, over)?)
+        Ok(crate::store::graph::replay_put(
+            &self.conn, line, created_ms, deleted_ms, over,
+        )?)
     }
     fn finish(&mut self) -> Result<(), ReplayError> {
         // Imported rows land past the index's watermark; index them now. The

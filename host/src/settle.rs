@@ -221,7 +221,10 @@ mod tests {
             Verdict::Apply { deleted_ms: None }
         );
         // Deleted after the line's put: the delete stands, the bytes are stored.
-        assert_eq!(graph("x", true, Some(15), Some(&stored("x", 10, Some(20)))), Verdict::Duplicate);
+        assert_eq!(
+            graph("x", true, Some(15), Some(&stored("x", 10, Some(20)))),
+            Verdict::Duplicate
+        );
         // Other bytes, put between the stored put and the delete: stored, then marked.
         assert_eq!(
             graph("y", true, Some(15), Some(&stored("x", 10, Some(20)))),

@@ -215,8 +215,8 @@ pub(super) fn resolve(client: &mut Client, graph: &GraphBatch) -> Result<bool, p
         GraphBatch::Writes(writes) => writes.iter().cloned().map(GraphLine::Write).collect(),
     };
     for line in &lines {
-        let same = stored(client, line, false)?
-            .is_some_and(|s| s.deleted_ms.is_none() && s.record.digest() == line.digest());
+        let same =
+            stored(client, line, false)?.is_some_and(|s| s.deleted_ms.is_none() && s.record.digest() == line.digest());
         if !same {
             return Ok(false);
         }
@@ -438,7 +438,11 @@ pub(super) fn replay_put(
 ) -> Result<bool, postgres::Error> {
     let n = match line {
         GraphLine::Checkpoint(r) => {
-            let sql = if over { REPLAY_CHECKPOINT_OVER } else { REPLAY_CHECKPOINT };
+            let sql = if over {
+                REPLAY_CHECKPOINT_OVER
+            } else {
+                REPLAY_CHECKPOINT
+            };
             put_checkpoint(c, sql, r, created_ms, Some(deleted_ms))?
         }
         GraphLine::Write(w) => put_write(c, w, created_ms, WriteMode::Replay { deleted_ms, over })?,

@@ -103,7 +103,13 @@ fn insert_checkpoint(conn: &Connection, sql: &str, c: &CheckpointRecord, now: i6
 
 /// A write's statement: `last` is the flush's replace flag, or replay's
 /// `deleted_ms`.
-fn insert_write(conn: &Connection, sql: &str, w: &WriteRecord, now: i64, last: &dyn rusqlite::ToSql) -> rusqlite::Result<usize> {
+fn insert_write(
+    conn: &Connection,
+    sql: &str,
+    w: &WriteRecord,
+    now: i64,
+    last: &dyn rusqlite::ToSql,
+) -> rusqlite::Result<usize> {
     conn.prepare_cached(sql)?.execute(params![
         w.thread_id,
         w.checkpoint_ns,
@@ -147,7 +153,11 @@ pub fn replay_put(
 ) -> rusqlite::Result<bool> {
     let n = match line {
         GraphLine::Checkpoint(c) => {
-            let sql = if over { REPLAY_CHECKPOINT_OVER } else { REPLAY_CHECKPOINT };
+            let sql = if over {
+                REPLAY_CHECKPOINT_OVER
+            } else {
+                REPLAY_CHECKPOINT
+            };
             conn.prepare_cached(sql)?.execute(params![
                 c.thread_id,
                 c.checkpoint_ns,
@@ -221,8 +231,7 @@ pub(super) fn resolve(conn: &Connection, graph: &GraphBatch) -> rusqlite::Result
         GraphBatch::Writes(writes) => writes.iter().cloned().map(GraphLine::Write).collect(),
     };
     for line in &lines {
-        let same = stored(conn, line)?
-            .is_some_and(|s| s.deleted_ms.is_none() && s.record.digest() == line.digest());
+        let same = stored(conn, line)?.is_some_and(|s| s.deleted_ms.is_none() && s.record.digest() == line.digest());
         if !same {
             return Ok(false);
         }
@@ -415,4 +424,64 @@ pub fn counts(conn: &Connection) -> rusqlite::Result<(i64, i64, i64, i64)> {
         [],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cp(blob: &[u8], step: i64) -> CheckpointRecord {
+        CheckpointRecord {
+            thread_id: "t".into(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: "c1".into(),
+            parent_checkpoint_id: None,
+            kind: Some("msgpack".into()),
+            checkpoint: blob.to_vec(),
+            metadata: json!({"step": step}),
+        }
+    }
+
+    fn wr(value: &[u8]) -> WriteRecord {
+        WriteRecord {
+            thread_id: "t".into(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: "c1".into(),
+            task_id: "task".into(),
+            task_path: String::new(),
+            idx: 0,
+            channel: "messages".into(),
+            kind: None,
+            value: value.to_vec(),
+        }
+    }
+
+    /// A lost COMMIT's lookup takes a key for the batch only when the
+    /// whole record's bytes are stored: metadata, value, and not marked.
+    #[test]
+    fn a_lost_commit_is_resolved_by_the_whole_record() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(TABLES).unwrap();
+        write(&conn, &GraphBatch::Checkpoint(cp(b"A", 1)), 1).unwrap();
+        write(&conn, &GraphBatch::Writes(vec![wr(b"X")]), 1).unwrap();
+
+        assert!(resolve(&conn, &GraphBatch::Checkpoint(cp(b"A", 1))).unwrap());
+        assert!(
+            !resolve(&conn, &GraphBatch::Checkpoint(cp(b"A", 2))).unwrap(),
+            "other metadata"
+        );
+        assert!(
+            !resolve(&conn, &GraphBatch::Checkpoint(cp(b"B", 1))).unwrap(),
+            "another blob"
+        );
+        assert!(resolve(&conn, &GraphBatch::Writes(vec![wr(b"X")])).unwrap());
+        assert!(
+            !resolve(&conn, &GraphBatch::Writes(vec![wr(b"Y")])).unwrap(),
+            "another value"
+        );
+
+        conn.execute("UPDATE checkpoints SET deleted_ms = 2", []).unwrap();
+        assert!(!resolve(&conn, &GraphBatch::Checkpoint(cp(b"A", 1))).unwrap(), "marked");
+    }
 }
