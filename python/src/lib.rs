@@ -1476,6 +1476,21 @@ fn search<'py>(
     Ok(list)
 }
 
+/// The canonical JSON text of a JSON text: the bytes every host compares
+/// to decide a record is already stored (`docs/DIVERT.md`, "Canonical
+/// bytes"). Raises ValueError for a text that is not JSON.
+#[pyfunction]
+fn canonical_json(text: &str) -> PyResult<String> {
+    turnsafe_host::same::canonical_text(text).map_err(|e| PyValueError::new_err(format!("not JSON: {e}")))
+}
+
+/// `sha256:<hex>` of a JSON text's canonical bytes. Raises ValueError for
+/// a text that is not JSON.
+#[pyfunction]
+fn digest_json(text: &str) -> PyResult<String> {
+    canonical_json(text).map(|c| turnsafe_host::same::digest_bytes(c.as_bytes()))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
@@ -1485,6 +1500,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(import_hermes, m)?)?;
     m.add_function(wrap_pyfunction!(doctor, m)?)?;
     m.add_function(wrap_pyfunction!(search, m)?)?;
+    m.add_function(wrap_pyfunction!(canonical_json, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_json, m)?)?;
     m.add("SCHEMA_VERSION", turnsafe_host::store::SCHEMA_VERSION)?;
     Ok(())
 }

@@ -12,7 +12,7 @@ an :class:`Outcome` that says plainly that neither happened.
 """
 
 from ._errors import Error, HistoryIncomplete, InvalidSessionId, Refused, TurnNotPersisted
-from ._native import SCHEMA_VERSION, Outcome, Store, doctor, import_hermes, replay, search
+from ._native import SCHEMA_VERSION, Outcome, Store, canonical_json, digest_json, doctor, import_hermes, replay, search
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -23,6 +23,8 @@ __all__ = [
     "Refused",
     "Store",
     "TurnNotPersisted",
+    "canonical_json",
+    "digest_json",
     "doctor",
     "import_hermes",
     "replay",

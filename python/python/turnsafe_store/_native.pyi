@@ -235,6 +235,16 @@ def doctor(home: _Path, *, db: Optional[str] = None) -> Dict[str, Any]:
     """Findings about a home, or about the PostgreSQL server ``db`` (else
     ``TURNSAFE_DB``) names: ``ok``, ``findings``, ``facts``."""
 
+def canonical_json(text: str) -> str:
+    """The canonical JSON text of a JSON text: RFC 8785's key order and
+    string form, numbers as written (an exponent as ``e`` with its sign).
+    Two records are the same only when these bytes are. Raises
+    ``ValueError`` for a text that is not JSON (a lone surrogate included)."""
+
+def digest_json(text: str) -> str:
+    """``sha256:<hex>`` of ``canonical_json(text)``'s UTF-8 bytes. Raises
+    ``ValueError`` for a text that is not JSON."""
+
 def search(
     home: _Path, query: str, *, session: Optional[str] = None, limit: int = 20, archived: bool = False
 ) -> List[Dict[str, Any]]:
