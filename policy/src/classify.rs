@@ -11,6 +11,10 @@
 //!    present, a phrase never yields a sticky cause or `fts_index`;
 //! 6. `unknown`.
 //!
+//! A message is read only from SQLite and only without a SQLSTATE (see
+//! [`Text`]): with a SQLSTATE, the SQLSTATE and the codes the host
+//! translated it onto decide alone.
+//!
 //! `deleted_wal` never comes from a code or a message, and `replaced` comes
 //! only from evidence or `SQLITE_READONLY_DBMOVED`.
 
@@ -19,7 +23,7 @@ use crate::errno::{EDQUOT, ENOSPC};
 use crate::model::{Basis, Cause, Classification, Engine, Evidence, Observation, Operation};
 #[allow(unused_imports)]
 use crate::prelude::*;
-use crate::text::contains;
+use crate::text::find;
 
 /// Classify one observation. Total: every input gets a cause.
 pub fn classify(obs: &Observation) -> Classification {
@@ -29,7 +33,9 @@ pub fn classify(obs: &Observation) -> Classification {
             basis: Basis::Evidence,
         };
     }
-    if let Some(c) = fts_scoped_corruption(obs) {
+    let lowered = Text::lowered(obs);
+    let text = Text::of(&lowered);
+    if let Some(c) = fts_scoped_corruption(obs, &text) {
         return c;
     }
     if let Some(cause) = obs.sqlstate.as_deref().and_then(from_sqlstate) {
@@ -38,10 +44,10 @@ pub fn classify(obs: &Observation) -> Classification {
             basis: Basis::Code,
         };
     }
-    if let Some((cause, basis)) = from_codes(obs) {
+    if let Some((cause, basis)) = from_codes(obs, &text) {
         return Classification { cause, basis };
     }
-    if let Some(cause) = from_message(obs) {
+    if let Some(cause) = from_message(obs.operation, &text) {
         // With a result code present, a phrase only refines that code to a
         // cause it may carry without proof: never a sticky one (which would
         // quarantine the handle for good), and never the index (its scope
@@ -127,7 +133,7 @@ fn codes(obs: &Observation) -> (Option<i64>, Option<i64>) {
     }
 }
 
-fn fts_scoped_corruption(obs: &Observation) -> Option<Classification> {
+fn fts_scoped_corruption(obs: &Observation, text: &Text<'_>) -> Option<Classification> {
     let (primary, ext) = codes(obs);
     if ext == Some(CORRUPT_VTAB) {
         return Some(Classification {
@@ -140,7 +146,7 @@ fn fts_scoped_corruption(obs: &Observation) -> Option<Classification> {
     }
     // A constraint failure inside the index's shadow tables is index damage too.
     let corrupt_code = primary == Some(CORRUPT) || primary == Some(CONSTRAINT);
-    let corrupt_text = primary.is_none() && phrase_is_corrupt(&lower(&obs.message));
+    let corrupt_text = primary.is_none() && text.says_corrupt();
     (corrupt_code || corrupt_text).then_some(Classification {
         cause: Cause::FtsIndex,
         basis: Basis::Evidence,
@@ -149,7 +155,7 @@ fn fts_scoped_corruption(obs: &Observation) -> Option<Classification> {
 
 /// The cause the codes give, and what it rests on: `code`, or `message`
 /// where a generic code is refined by its text.
-fn from_codes(obs: &Observation) -> Option<(Cause, Basis)> {
+fn from_codes(obs: &Observation, text: &Text<'_>) -> Option<(Cause, Basis)> {
     let (primary, ext) = codes(obs);
     if let Some(ext) = ext {
         let by_ext = match ext {
@@ -165,8 +171,7 @@ fn from_codes(obs: &Observation) -> Option<(Cause, Basis)> {
         }
     }
     let primary = primary?;
-    if primary == CANTOPEN && ext.is_none_or(|e| e == CANTOPEN) && contains(&lower(&obs.message), "database is locked")
-    {
+    if primary == CANTOPEN && ext.is_none_or(|e| e == CANTOPEN) && text.has("database is locked") {
         // Generic CANTOPEN is `disk` whatever errno says; only a lock named
         // in the text makes it retryable, and then the text is the basis.
         return Some((Cause::Locked, Basis::Message));
@@ -192,68 +197,182 @@ fn phrase_may_refine_code(cause: Cause) -> bool {
     !(crate::decide::is_sticky(cause) || cause == Cause::FtsIndex)
 }
 
-fn lower(s: &str) -> String {
-    s.to_ascii_lowercase()
+/// The texts SQLite and the OS give, lower-cased, by the cause each names.
+/// Each is matched as a whole part of a message (see [`Text`]), never as a
+/// substring: a path, a file or a table may carry any of these words.
+/// Order matters: a lock first (it is retryable), then corruption, which
+/// outranks anything that merely says "disk", then fullness, then the
+/// generic storage texts.
+const LOCK_TEXTS: &[&str] = &[
+    "database is locked",
+    "database table is locked",
+    "database schema is locked",
+    "locking protocol",
+];
+
+/// SQLite's texts for a damaged file. "malformed JSON" is SQLite's JSON
+/// functions' text, kept from the phrase fallback of hosts without codes.
+const CORRUPT_TEXTS: &[&str] = &[
+    "database disk image is malformed",
+    "file is not a database",
+    "malformed json",
+];
+
+const FULL_TEXTS: &[&str] = &[
+    "database or disk is full",
+    "disk is full",
+    "no space left on device",
+    "disk quota exceeded",
+];
+
+const DISK_TEXTS: &[&str] = &[
+    "disk i/o error",
+    "unable to open database file",
+    "attempt to write a readonly database",
+    "access permission denied",
+    "authorization denied",
+    "read-only file system",
+    "permission denied",
+    "too many open files",
+    "no such file or directory",
+    "is a directory",
+    "not a directory",
+    // better-sqlite3 checks the folder itself and throws without a code.
+    "cannot open database because the directory does not exist",
+];
+
+/// On `append_batch`: SQLite's constraint texts (`UNIQUE constraint
+/// failed: <table>.<column>` has its detail after the colon).
+const FOREIGN_KEY_TEXT: &str = "foreign key constraint failed";
+const UNIQUE_TEXT: &str = "unique constraint failed";
+
+/// FTS5's own label before its texts (`fts5: corruption found reading blob
+/// 17 from table "messages_fts"`), and the start of its corruption texts.
+const FTS5: &str = "fts5";
+const FTS5_CORRUPTION_START: &str = "corruption ";
+
+/// Every text the phrase fallback knows, for the vectors that pin each one
+/// down inside a path, a table name and a SQLSTATE's message.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn known_phrases() -> Vec<&'static str> {
+    let mut all = Vec::new();
+    for list in [LOCK_TEXTS, CORRUPT_TEXTS, FULL_TEXTS, DISK_TEXTS] {
+        all.extend_from_slice(list);
+    }
+    all.extend_from_slice(&[FOREIGN_KEY_TEXT, UNIQUE_TEXT]);
+    all
 }
 
-fn phrase_is_corrupt(m: &str) -> bool {
-    ["malformed", "file is not a database", "corrupt"]
+/// A message's parts, as SQLite's texts and the hosts' messages are shaped:
+/// the text between `": "` separators, each trimmed. Hosts put their own
+/// label before SQLite's text (`sqlite3.OperationalError: database is
+/// locked`), SQLite puts a detail after it (`database table is locked:
+/// messages`), and a host may add the reason after its own (`unable to open
+/// database file: database is locked`). So parts are read from the start
+/// while each is a label (one word) or a text the fallback knows; the first
+/// other part is read too, as the sentence it is, and ends the reading:
+/// what follows it is its detail (`no such table: <a table's name>`). A
+/// part that names a path (a `/` or `\` in it) ends the reading unread: a
+/// path comes after SQLite's text, and may itself hold `": "`.
+///
+/// Only SQLite's messages are read, and only without a SQLSTATE: with one,
+/// the SQLSTATE (and the codes the host translated it onto) decides, and
+/// PostgreSQL's texts (`permission denied for table
+/// checkpoints_corrupt_backup`) name tables and values no phrase may be
+/// read into.
+pub(crate) struct Text<'a> {
+    parts: Vec<&'a str>,
+}
+
+impl<'a> Text<'a> {
+    /// The message, lower-cased, if it may speak; else nothing to read.
+    fn lowered(obs: &Observation) -> String {
+        if obs.sqlstate.is_none() && obs.engine == Engine::Sqlite {
+            obs.message.to_ascii_lowercase()
+        } else {
+            String::new()
+        }
+    }
+
+    fn of(lowered: &'a str) -> Text<'a> {
+        let mut parts = Vec::new();
+        let mut rest = lowered;
+        loop {
+            let (part, next) = match find(rest, ": ") {
+                Some(i) => (rest.get(..i).unwrap_or_default(), rest.get(i + 2..)),
+                None => (rest, None),
+            };
+            let part = part.trim_ascii();
+            let known = known(part);
+            if !known && part.bytes().any(|b| b == b'/' || b == b'\\') {
+                break;
+            }
+            parts.push(part);
+            let label = !part.bytes().any(|b| b.is_ascii_whitespace());
+            match next {
+                Some(n) if known || label => rest = n,
+                _ => break,
+            }
+        }
+        Text { parts }
+    }
+
+    /// Whether `phrase` is a whole part.
+    fn has(&self, phrase: &str) -> bool {
+        self.parts.contains(&phrase)
+    }
+
+    fn any(&self, phrases: &[&str]) -> bool {
+        phrases.iter().any(|p| self.has(p))
+    }
+
+    fn says_corrupt(&self) -> bool {
+        self.any(CORRUPT_TEXTS) || self.fts5_corruption()
+    }
+
+    /// `fts5: corruption ...`, or FTS5's label before a corruption text.
+    fn fts5_corruption(&self) -> bool {
+        self.parts.windows(2).any(|w| match w {
+            [label, text] => {
+                *label == FTS5 && (text.starts_with(FTS5_CORRUPTION_START) || CORRUPT_TEXTS.contains(text))
+            }
+            _ => false,
+        })
+    }
+}
+
+/// Whether a part is one of the texts the fallback knows (so a `/` in it,
+/// as in `disk i/o error`, is no path).
+fn known(part: &str) -> bool {
+    [LOCK_TEXTS, CORRUPT_TEXTS, FULL_TEXTS, DISK_TEXTS]
         .iter()
-        .any(|p| contains(m, p))
+        .any(|l| l.contains(&part))
 }
 
-/// Phrase fallback for hosts without codes. Order matters: a lock first (it
-/// is retryable), then corruption, which outranks anything that merely says
-/// "disk", then fullness, then the generic storage phrases.
-fn from_message(obs: &Observation) -> Option<Cause> {
-    // A blank message matches no phrase below, so it ends in `None`.
-    let m = lower(&obs.message);
-    let any = |ps: &[&str]| ps.iter().any(|p| contains(&m, p));
-    if any(&[
-        "database is locked",
-        "database table is locked",
-        "database schema is locked",
-        "locking protocol",
-    ]) {
+/// Phrase fallback for hosts without codes, in the order of the lists.
+fn from_message(operation: Operation, text: &Text<'_>) -> Option<Cause> {
+    // A blank message has one blank part, which names nothing.
+    if text.any(LOCK_TEXTS) {
         return Some(Cause::Locked);
     }
-    if contains(&m, "fts5") && phrase_is_corrupt(&m) {
+    if text.fts5_corruption() {
         return Some(Cause::FtsIndex);
     }
-    if phrase_is_corrupt(&m) {
+    if text.says_corrupt() {
         return Some(Cause::Corrupt);
     }
-    if any(&[
-        "database or disk is full",
-        "disk is full",
-        "no space left on device",
-        "disk quota exceeded",
-    ]) {
+    if text.any(FULL_TEXTS) {
         return Some(Cause::DiskFull);
     }
-    if obs.operation == Operation::AppendBatch {
-        if contains(&m, "foreign key constraint failed") {
+    if operation == Operation::AppendBatch {
+        if text.has(FOREIGN_KEY_TEXT) {
             return Some(Cause::SessionRowMissing);
         }
-        if contains(&m, "unique constraint failed") {
+        if text.has(UNIQUE_TEXT) {
             return Some(Cause::UidConflict);
         }
     }
-    if any(&[
-        "disk i/o error",
-        "unable to open database file",
-        "readonly database",
-        "read-only file system",
-        "permission denied",
-        "too many open files",
-        "no such file or directory",
-        "is a directory",
-        "not a directory",
-        "authorization denied",
-        // better-sqlite3 checks the folder itself and throws without a code.
-        "directory does not exist",
-        "cannot open database",
-    ]) {
+    if text.any(DISK_TEXTS) {
         return Some(Cause::Disk);
     }
     None

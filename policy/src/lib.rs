@@ -69,6 +69,11 @@ pub mod jsontext_api {
 mod component;
 
 pub use classify::classify;
+/// Every text the phrase fallback knows, for the tests that pin each one
+/// down. Native builds only: the component gains nothing.
+#[doc(hidden)]
+#[cfg(not(target_arch = "wasm32"))]
+pub use classify::known_phrases;
 pub use copy::{
     CopyError, KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, TLS_REMEDIATION, cause_remediation, explain, parse_capture_failure,
     parse_divert_failure,

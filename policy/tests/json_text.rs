@@ -19,7 +19,8 @@ fn whitespace_and_escapes_are_read() {
         " {\n\t\"code\" : 5 ,\r\n \"message\" : \"a\\/b \\\" \\\\ \\n\" } ",
     ));
     assert_eq!(spaced["cause"], "locked", "{spaced}");
-    let text = parsed(&classify_json(r#"{"message": "unable to open database file\/x"}"#));
+    // `\/` is `/`: the path after SQLite's text, which the text names.
+    let text = parsed(&classify_json(r#"{"message": "unable to open database file: \/x"}"#));
     assert_eq!(text["cause"], "disk", "{text}");
 }
 

@@ -114,6 +114,26 @@ proptest! {
         }
     }
 
+    /// With a SQLSTATE, or from PostgreSQL at all, the message adds
+    /// nothing: the SQLSTATE and the codes decide.
+    #[test]
+    fn a_sqlstate_decides_without_the_message(obs in any_observation()) {
+        prop_assume!(obs.sqlstate.is_some() || obs.engine == Engine::Postgres);
+        let silent = Observation { message: String::new(), ..obs.clone() };
+        prop_assert_eq!(classify(&obs), classify(&silent));
+    }
+
+    /// Nothing after a path is read (a path may hold `": "` and any
+    /// phrase), nor anything after a sentence the fallback does not know
+    /// (its detail: a table's name, a column's).
+    #[test]
+    fn text_after_a_path_or_a_sentence_is_not_read(obs in any_observation(), tail in ".{0,60}") {
+        let with = |message: String| classify(&Observation { message, ..obs.clone() });
+        let path = with(format!("{}: /{tail}", obs.message));
+        prop_assert_eq!(path, with(obs.message.clone()));
+        prop_assert_eq!(with(format!("no such table: {tail}")), with("no such table".into()));
+    }
+
     #[test]
     fn explain_is_total(
         cause in prop::sample::select(Cause::ALL.to_vec()),
