@@ -63,8 +63,9 @@ function readAll(fd) {
 /**
  * Take `session`'s divert file into settling/ (read under its flock first;
  * a foreign file is never touched) and read every file of the session in
- * settling/. Returns `[{name, file, data, lines}]`, `lines` as
- * divert_lines.js `readLine` reads them with their line number and offset.
+ * settling/. Returns `[{name, file, data, lines, from}]`, `lines` as
+ * divert_lines.js `readLine` reads them with their line number and
+ * offset, `from` the name in sessions/ of the file this clear took.
  */
 export function takeLines(home, session) {
   const sessions = path.join(home, 'sessions');
@@ -126,9 +127,36 @@ export function takeLines(home, session) {
       data = step(session, 'read', at, () => fs.readFileSync(at));
     }
     const lines = splitLines(data).filter((l) => !l.blank).map((l) => ({ ...l, ...readLine(l.bytes, session) }));
-    out.push({ name, file: at, data, lines });
+    out.push({ name, file: at, data, lines, from: taken.has(name) ? file : null });
   }
   return out;
+}
+
+/**
+ * The clear's edit failed: the file it took goes back to its name, unless
+ * a writer has made a new file there since (it then stays in settling/,
+ * where replay finds it). Pending either way, so nothing here can fail
+ * the clear a second time.
+ */
+export function putBack(home, files) {
+  const sessions = path.join(home, 'sessions');
+  for (const f of files) {
+    if (!f.from) continue;
+    try {
+      // A link never replaces a file at the name (Node has no renameat2).
+      fs.linkSync(f.file, f.from);
+      fs.unlinkSync(f.file);
+    } catch {
+      // stays in settling/, pending
+    }
+  }
+  for (const dir of [path.join(sessions, 'settling'), sessions]) {
+    try {
+      fsyncDir(dir);
+    } catch {
+      // the names are pending in either place
+    }
+  }
 }
 
 /** A settling/ name no file has: `<session>@<ms>-<pid>.jsonl`. */

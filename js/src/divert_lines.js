@@ -4,27 +4,40 @@
 // same reasons for a line that cannot be read. Fields are taken from the
 // line's own text (js/src/same.js `membersOf`), never through JSON.parse
 // alone: a message keeps its bytes, numbers digit for digit.
-import { NotJson, canonicalBytes, membersOf } from './same.js';
+import { safeSessionId } from './safe_id.js';
+import { NotJson, canonicalText, membersOf } from './same.js';
 
 /** host/src/message.rs MAX_UID: a uid is 1 to 256 bytes. */
 const MAX_UID = 256;
 
 const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
-/** The members of one line, or null when it is not a JSON object (`notObject`: JSON, but no object). */
-function membersOfLine(bytes) {
+// Unicode's White_Space property, which Rust's str::trim strips (JavaScript's trim differs: U+FEFF, U+0085).
+const WHITE_SPACE = /^[\t\n\v\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*$/;
+
+/**
+ * The members of one line, or null when it is not a JSON object
+ * (`notObject`: JSON, but no object). `lossy`: bytes that are not UTF-8
+ * read as U+FFFD, as replay reads a line; else they are not JSON, as the
+ * native host decides whose a file is.
+ */
+function membersOfLine(bytes, lossy) {
   let text;
-  try {
-    text = utf8.decode(bytes);
-  } catch {
-    return { members: null, notObject: false };
+  if (lossy) {
+    text = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length).toString('utf8');
+  } else {
+    try {
+      text = utf8.decode(bytes);
+    } catch {
+      return { members: null, notObject: false };
+    }
   }
   try {
     return { members: membersOf(text), notObject: false };
   } catch (e) {
     if (!(e instanceof NotJson)) throw e;
     try {
-      canonicalBytes(bytes);
+      canonicalText(text);
       return { members: null, notObject: true };
     } catch {
       return { members: null, notObject: false };
@@ -54,7 +67,7 @@ function isMessage(members, session) {
 export function ownsLines(data, session) {
   for (const line of splitLines(data)) {
     if (line.blank) continue;
-    const { members } = membersOfLine(line.bytes);
+    const { members } = membersOfLine(line.bytes, false);
     if (members && (isGraph(members, session) || isMessage(members, session))) return true;
   }
   return false;
@@ -73,12 +86,51 @@ export function splitLines(data) {
     const end = nl < 0 ? data.length : nl + 1;
     const bytes = data.subarray(at, end);
     no += 1;
-    // ASCII whitespace as Rust's u8::is_ascii_whitespace counts it.
-    const blank = bytes.every((b) => b === 0x20 || b === 0x09 || b === 0x0a || b === 0x0c || b === 0x0d);
+    // Blank as replay counts it: nothing but Unicode White_Space (Rust's str::trim).
+    const blank = WHITE_SPACE.test(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length).toString('utf8'));
     out.push({ bytes, line: no, offset: at, blank });
     at = end;
   }
   return out;
+}
+
+const B64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+
+/** Standard base64 with padding, as the native host decodes a blob (no stray bits). */
+const isBase64 = (s) => typeof s === 'string' && B64.test(s) && Buffer.from(s, 'base64').toString('base64') === s;
+
+/** A JSON integer that fits an i64, as its text. */
+const isI64 = (m) => {
+  if (!m || !/^-?(0|[1-9][0-9]*)$/.test(m.raw)) return false;
+  const n = BigInt(m.raw);
+  return n >= -(2n ** 63n) && n < 2n ** 63n;
+};
+
+/**
+ * Why a LangGraph line (`kind` checkpoint or write) cannot be read, as
+ * host/src/graph.rs `GraphLine::parse` says it; null when it can.
+ */
+function graphUnreadable(members, kind, session) {
+  if (members.get('v')?.raw !== '3') return 'unsupported or missing format version `v`';
+  if (stringOf(members.get('session')) !== session) return 'line belongs to another session';
+  const unreadable = `\`${kind}\` is missing or cannot be read`;
+  const payload = members.get(kind);
+  if (!isObject(payload)) return unreadable;
+  const r = membersOf(payload.raw);
+  const str = (k) => typeof stringOf(r.get(k)) === 'string';
+  // Optional: absent, or the type (null too for an Option).
+  const optStr = (k, nullable) => !r.has(k) || str(k) || (nullable && r.get(k).raw === 'null');
+  const common = str('thread_id') && optStr('checkpoint_ns', false) && str('checkpoint_id') && optStr('type', true);
+  const ok = kind === 'checkpoint'
+    ? common && optStr('parent_checkpoint_id', true) && isBase64(stringOf(r.get('checkpoint')))
+    : common && str('task_id') && optStr('task_path', false) && isI64(r.get('idx')) && str('channel')
+      && isBase64(stringOf(r.get('value')));
+  if (!ok) return unreadable;
+  if (safeSessionId(stringOf(r.get('thread_id'))) !== session) return "the record's thread is not the file's";
+  if (kind === 'checkpoint' && r.has('metadata') && !r.get('metadata').raw.startsWith('{')) {
+    return 'checkpoint metadata is not a JSON object';
+  }
+  return null;
 }
 
 /**
@@ -88,11 +140,15 @@ export function splitLines(data) {
  * value for the index), or `{kind: 'bad', uid, reason}`.
  */
 export function readLine(bytes, session) {
-  const { members, notObject } = membersOfLine(bytes);
+  const { members, notObject } = membersOfLine(bytes, true);
   if (!members) return { kind: 'bad', uid: null, reason: notObject ? 'not a JSON object' : 'torn or invalid JSON' };
-  if (isGraph(members, session)) return { kind: 'graph' };
   const uid = stringOf(members.get('uid'));
   const bad = (reason) => ({ kind: 'bad', uid, reason });
+  const kind = stringOf(members.get('kind'));
+  if (kind === 'checkpoint' || kind === 'write') {
+    const why = graphUnreadable(members, kind, session);
+    return why ? bad(why) : { kind: 'graph' };
+  }
   const v = members.get('v')?.raw;
   if (v !== '1' && v !== '2') return bad('unsupported or missing format version `v`');
   if (stringOf(members.get('session')) !== session) return bad('line belongs to another session');

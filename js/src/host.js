@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 
 import { capture, holds, holdsSession, holdValue } from './captures.js';
-import { takeLines, settleLines } from './clear.js';
+import { putBack, settleLines, takeLines } from './clear.js';
 import { divert, divertMaxSeq, fsyncDir, validSession } from './divert.js';
 import { Guard, fdsOf } from './guard.js';
 import { codesOf, editNext, flushStep, outcomeText, refused, spent, version } from './policy.js';
@@ -969,23 +969,32 @@ export class Host {
     const editId = mintId();
     const files = takeLines(this.home, session);
     const lines = files.flatMap((f) => f.lines.filter((l) => l.kind === 'message'));
-    const n = this.edit('clear', session, (db) => {
-      const taken = this.takeOut(db, session, {}, 'clear', editId);
-      if (this.hasArchive(db)) {
-        const ins = db.prepare(`INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, reason, holder, edit)
-          VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'clear', ?, ?)`);
-        const now = Date.now();
-        for (const l of lines) {
-          // The message's text as it was diverted, byte for byte.
-          ins.run(session, l.uid, l.seq ?? 0, typeof l.message.role === 'string' ? l.message.role : null, textOf(l.message.content),
-            l.text, now, now, this.holder, editId);
-        }
-      }
-      return taken;
-    });
+    let n;
+    try {
+      n = this.edit('clear', session, (db) => this.clearRows(db, session, lines, editId));
+    } catch (e) {
+      putBack(this.home, files);
+      throw e;
+    }
     settleLines(this.home, session, files);
     this.cursor(session).nextSeq = null;
     return n;
+  }
+
+  /** The clear's transaction: the rows and the lines read to the archive (schema 4), the rows removed. */
+  clearRows(db, session, lines, editId) {
+    const taken = this.takeOut(db, session, {}, 'clear', editId);
+    if (this.hasArchive(db)) {
+      const ins = db.prepare(`INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, reason, holder, edit)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'clear', ?, ?)`);
+      const now = Date.now();
+      for (const l of lines) {
+        // The message's text as it was diverted, byte for byte.
+        ins.run(session, l.uid, l.seq ?? 0, typeof l.message.role === 'string' ? l.message.role : null, textOf(l.message.content),
+          l.text, now, now, this.holder, editId);
+      }
+    }
+    return taken;
   }
 
   /**

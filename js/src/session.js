@@ -6,22 +6,9 @@
 import { createHash, randomUUID } from 'node:crypto';
 
 import { TurnNotPersisted, TurnsafeError } from './errors.js';
+import { safeSessionId } from './safe_id.js';
 import { NotJson, digest } from './same.js';
 import { Store } from './store.js';
-
-const VALID = /^(?!\.)(?!.*\.\.)[A-Za-z0-9_.:-]{1,128}$/;
-
-/**
- * The turnsafe session id for an SDK session id: a valid one as it is; any
- * other string maps to a stable id (a readable prefix of its safe
- * characters and a hash of the whole), as the Python package does.
- */
-export function safeSessionId(sessionId) {
-  if (VALID.test(sessionId)) return sessionId;
-  const digest = createHash('sha256').update(Buffer.from(sessionId, 'utf8')).digest('hex').slice(0, 32);
-  const prefix = Array.from(sessionId).map((c) => (/^[A-Za-z0-9_-]$/.test(c) ? c : '_')).join('').slice(0, 48).replace(/^\.+/, '');
-  return prefix ? `${prefix}-h${digest}` : `h${digest}`;
-}
 
 /**
  * What a handed-back item is known by until it is resent: the digest of
@@ -192,4 +179,4 @@ export class TurnsafeSession {
   }
 }
 
-export { TurnNotPersisted, TurnsafeError };
+export { TurnNotPersisted, TurnsafeError, safeSessionId };

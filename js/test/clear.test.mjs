@@ -68,6 +68,9 @@ test('each line read is settled for what it is: cleared, quarantined with its re
     '\n',
     line({ uid: 'd4', seq: 'seven', message: { role: 'user', content: 'y' } }),
     graph,
+    // LangGraph lines that cannot be read: quarantined, as replay would.
+    graph.replace('"checkpoint":"e30="', '"checkpoint":"not base64"'),
+    graph.replace('"thread_id":"s"', '"thread_id":"another thread"'),
   ];
   const sessions = path.join(home, 'sessions');
   fs.mkdirSync(sessions, { mode: 0o700 });
@@ -86,6 +89,8 @@ test('each line read is settled for what it is: cleared, quarantined with its re
     { n: 3, offset: offsets[2], uid: 'd3', state: 'quarantined', reason: 'line belongs to another session' },
     { n: 4, offset: offsets[3], uid: null, state: 'quarantined', reason: 'not a JSON object' },
     { n: 6, offset: offsets[5], uid: 'd4', state: 'quarantined', reason: '`seq` is not an integer' },
+    { n: 8, offset: offsets[7], uid: 'checkpoint::c1', state: 'quarantined', reason: '`checkpoint` is missing or cannot be read' },
+    { n: 9, offset: offsets[8], uid: 'checkpoint::c1', state: 'quarantined', reason: "the record's thread is not the file's" },
   ]);
   const file = entries[0].file;
   assert.match(file, /^s@\d+-\d+\.jsonl$/);
@@ -190,6 +195,23 @@ divert(process.env.HOME_DIR, 's', 'disk', [{ uid: 'd2', seq: 2, message: { role:
   const takenUids = fs.readFileSync(path.join(home, 'sessions', 'settling', 's@1-1.jsonl'), 'utf8').split('\n').filter(Boolean)
     .map((l) => JSON.parse(l).uid);
   assert.deepEqual(takenUids, ['d1']);
+});
+
+test('a clear the policy refuses puts the file it took back, pending', async () => {
+  const home = tmp();
+  const theirs = new TurnsafeSession('s', home, { holder: 'theirs' });
+  await theirs.addItems([{ role: 'user', content: 'theirs' }]);
+  divert(home, 's', 'disk', [{ uid: 'd1', seq: 2, message: { role: 'user', content: 'pending' } }]);
+  const file = path.join(home, 'sessions', 's.jsonl');
+  const before = fs.readFileSync(file);
+  const ours = new TurnsafeSession('s', home, { holder: 'ours' });
+  await assert.rejects(ours.clearSession(), (e) => e.name === 'TurnsafeError' && e.cause === 'turn_lease');
+  assert.deepEqual(fs.readFileSync(file), before);
+  assert.deepEqual(fs.readdirSync(path.join(home, 'sessions', 'settling')), []);
+  assert.deepEqual(ledger(home), []);
+  assert.equal((await ours.getItems()).length, 1);
+  await theirs.close();
+  await ours.close();
 });
 
 test('a divert file the clear cannot read fails the clear, and nothing is removed', () => {
