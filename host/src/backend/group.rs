@@ -467,9 +467,10 @@ fn write_for<B: Backend + ?Sized>(
 /// After a COMMIT whose answer was lost: which of the batch's uids does
 /// the store hold, on the connection just opened?
 fn resolve<B: Backend + ?Sized>(backend: &mut B, flush: &Flush<'_>) -> Event {
+    crate::failpoint::hit("flush.before_resolve");
     let found = match flush.graph {
         Some(graph) => backend.resolve_graph(graph),
-        None => backend.resolve(flush.session.as_str(), &flush.uids),
+        None => backend.resolve(flush.session.as_str(), &flush.uids, flush.messages),
     };
     match found {
         Ok(all_stored) => {

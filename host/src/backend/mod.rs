@@ -151,9 +151,12 @@ pub trait Backend {
     /// only when the COMMIT succeeded.
     fn write_group(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite;
     /// After a COMMIT whose answer was lost: on the connection just opened,
-    /// whether every one of `uids` is stored for `session`. A failure is
-    /// the policy's to classify, like a failed write.
-    fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure>;
+    /// whether every one of `messages` is stored for `session` under its
+    /// uid (`uids`, in the same order) with its own bytes
+    /// ([`crate::same`]): a uid that holds other bytes was not this
+    /// batch's write. A failure is the policy's to classify, like a failed
+    /// write.
+    fn resolve(&mut self, session: &str, uids: &[String], messages: &[Message]) -> Result<bool, Failure>;
     /// [`Backend::resolve`] for a LangGraph batch: whether every one of its
     /// records is stored.
     fn resolve_graph(&mut self, graph: &GraphBatch) -> Result<bool, Failure>;

@@ -91,7 +91,7 @@ impl Backend for SessionStore {
         let Some(conn) = self.conn.as_ref() else {
             return Err(failure_of(&rusqlite::Error::InvalidQuery, None, Vec::new(), 0));
         };
-        all_stored(conn, session, uids).map_err(|e| failure_of(&e, None, Vec::new(), 0))
+        all_stored(conn, session, uids, messages).map_err(|e| failure_of(&e, None, Vec::new(), 0))
     }
 
     fn resolve_graph(&mut self, graph: &crate::graph::GraphBatch) -> Result<bool, Failure> {
@@ -305,11 +305,19 @@ impl Backend for SessionStore {
     }
 }
 
-/// Whether every one of `uids` is stored for `session`.
-pub(super) fn all_stored(conn: &rusqlite::Connection, session: &str, uids: &[String]) -> rusqlite::Result<bool> {
-    let mut stmt = conn.prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")?;
-    for uid in uids {
-        if !stmt.exists(rusqlite::params![session, uid])? {
+/// Whether every one of `messages` is stored for `session` under its uid
+/// (`uids`, in the same order) with its own bytes ([`crate::same`]).
+pub(super) fn all_stored(
+    conn: &rusqlite::Connection,
+    session: &str,
+    uids: &[String],
+    messages: &[Message],
+) -> rusqlite::Result<bool> {
+    if uids.len() != messages.len() {
+        return Ok(false);
+    }
+    for (uid, m) in uids.iter().zip(messages) {
+        if !super::rows::same_row(conn, session, uid, m)? {
             return Ok(false);
         }
     }
