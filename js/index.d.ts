@@ -84,6 +84,11 @@ export class TurnsafeError extends Error {
   action?: string;
   edit?: string;
   attempts?: number;
+  /** A clear whose divert lines could not be read or settled: the call that failed (`open`, `read`, `lock`, ...). */
+  operation?: string;
+  /** ... on this file or folder. */
+  path?: string;
+  errno?: number | null;
 }
 
 /** Refused before anything was written: a newer schema, an invalid session id. */

@@ -207,7 +207,11 @@ export function settleLines(home, session, files) {
         try {
           const bytes = Buffer.from(`${entries.join('\n')}\n`);
           let done = 0;
-          while (done < bytes.length) done += fs.writeSync(lfd, bytes, done, bytes.length - done);
+          while (done < bytes.length) {
+            const n = fs.writeSync(lfd, bytes, done, bytes.length - done);
+            if (!(n > 0)) throw new Error('the write stored no bytes');
+            done += n;
+          }
           fs.fsyncSync(lfd);
         } finally {
           fs.closeSync(lfd);
