@@ -164,7 +164,11 @@ mod tests {
                 Some(want) => {
                     let got = canonical_text(input).unwrap_or_else(|e| panic!("{name}: refused: {e}"));
                     assert_eq!(got, want, "{name}");
-                    assert_eq!(digest_bytes(got.as_bytes()), v["digest"].as_str().unwrap_or(""), "{name}");
+                    assert_eq!(
+                        digest_bytes(got.as_bytes()),
+                        v["digest"].as_str().unwrap_or(""),
+                        "{name}"
+                    );
                 }
                 None => assert!(canonical_text(input).is_err(), "{name}: must be refused"),
             }
@@ -172,7 +176,10 @@ mod tests {
         // Pairs the file names as one record, or as two.
         for p in doc["pairs"].as_array().expect("a `pairs` array") {
             let (a, b) = (p["a"].as_str().unwrap_or(""), p["b"].as_str().unwrap_or(""));
-            let same = canonical_text(a).ok().zip(canonical_text(b).ok()).is_some_and(|(x, y)| x == y);
+            let same = canonical_text(a)
+                .ok()
+                .zip(canonical_text(b).ok())
+                .is_some_and(|(x, y)| x == y);
             assert_eq!(same, p["same"].as_bool().unwrap_or(false), "{a} vs {b}");
         }
     }
