@@ -12,7 +12,7 @@
 //! 6. `unknown`.
 //!
 //! A message is read only from SQLite and only without a SQLSTATE (see
-//! [`Text`]): with a SQLSTATE, the SQLSTATE and the codes the host
+//! [`said`]): with a SQLSTATE, the SQLSTATE and the codes the host
 //! translated it onto decide alone.
 //!
 //! `deleted_wal` never comes from a code or a message, and `replaced` comes
@@ -33,9 +33,8 @@ pub fn classify(obs: &Observation) -> Classification {
             basis: Basis::Evidence,
         };
     }
-    let lowered = Text::lowered(obs);
-    let text = Text::of(&lowered);
-    if let Some(c) = fts_scoped_corruption(obs, &text) {
+    let said = said(obs);
+    if let Some(c) = fts_scoped_corruption(obs, said) {
         return c;
     }
     if let Some(cause) = obs.sqlstate.as_deref().and_then(from_sqlstate) {
@@ -44,10 +43,10 @@ pub fn classify(obs: &Observation) -> Classification {
             basis: Basis::Code,
         };
     }
-    if let Some((cause, basis)) = from_codes(obs, &text) {
+    if let Some((cause, basis)) = from_codes(obs, said) {
         return Classification { cause, basis };
     }
-    if let Some(cause) = from_message(obs.operation, &text) {
+    if let Some(cause) = from_message(obs.operation, said) {
         // With a result code present, a phrase only refines that code to a
         // cause it may carry without proof: never a sticky one (which would
         // quarantine the handle for good), and never the index (its scope
@@ -133,7 +132,7 @@ fn codes(obs: &Observation) -> (Option<i64>, Option<i64>) {
     }
 }
 
-fn fts_scoped_corruption(obs: &Observation, text: &Text<'_>) -> Option<Classification> {
+fn fts_scoped_corruption(obs: &Observation, said: u8) -> Option<Classification> {
     let (primary, ext) = codes(obs);
     if ext == Some(CORRUPT_VTAB) {
         return Some(Classification {
@@ -146,7 +145,7 @@ fn fts_scoped_corruption(obs: &Observation, text: &Text<'_>) -> Option<Classific
     }
     // A constraint failure inside the index's shadow tables is index damage too.
     let corrupt_code = primary == Some(CORRUPT) || primary == Some(CONSTRAINT);
-    let corrupt_text = primary.is_none() && text.says_corrupt();
+    let corrupt_text = primary.is_none() && said & (says::CORRUPT | says::FTS5_CORRUPT) != 0;
     (corrupt_code || corrupt_text).then_some(Classification {
         cause: Cause::FtsIndex,
         basis: Basis::Evidence,
@@ -155,7 +154,7 @@ fn fts_scoped_corruption(obs: &Observation, text: &Text<'_>) -> Option<Classific
 
 /// The cause the codes give, and what it rests on: `code`, or `message`
 /// where a generic code is refined by its text.
-fn from_codes(obs: &Observation, text: &Text<'_>) -> Option<(Cause, Basis)> {
+fn from_codes(obs: &Observation, said: u8) -> Option<(Cause, Basis)> {
     let (primary, ext) = codes(obs);
     if let Some(ext) = ext {
         let by_ext = match ext {
@@ -171,7 +170,7 @@ fn from_codes(obs: &Observation, text: &Text<'_>) -> Option<(Cause, Basis)> {
         }
     }
     let primary = primary?;
-    if primary == CANTOPEN && ext.is_none_or(|e| e == CANTOPEN) && text.has("database is locked") {
+    if primary == CANTOPEN && ext.is_none_or(|e| e == CANTOPEN) && said & says::IS_LOCKED != 0 {
         // Generic CANTOPEN is `disk` whatever errno says; only a lock named
         // in the text makes it retryable, and then the text is the basis.
         return Some((Cause::Locked, Basis::Message));
@@ -197,183 +196,142 @@ fn phrase_may_refine_code(cause: Cause) -> bool {
     !(crate::decide::is_sticky(cause) || cause == Cause::FtsIndex)
 }
 
-/// The texts SQLite and the OS give, lower-cased, by the cause each names.
-/// Each is matched as a whole part of a message (see [`Text`]), never as a
-/// substring: a path, a file or a table may carry any of these words.
-/// Order matters: a lock first (it is retryable), then corruption, which
-/// outranks anything that merely says "disk", then fullness, then the
-/// generic storage texts.
-const LOCK_TEXTS: &[&str] = &[
-    "database is locked",
-    "database table is locked",
-    "database schema is locked",
-    "locking protocol",
-];
+/// What a message's parts name (see [`said`]), one bit each.
+mod says {
+    pub const LOCK: u8 = 1;
+    /// `database is locked` itself: the one lock CANTOPEN's text may name.
+    pub const IS_LOCKED: u8 = 2;
+    pub const CORRUPT: u8 = 4;
+    /// FTS5's label, then a corruption text.
+    pub const FTS5_CORRUPT: u8 = 8;
+    pub const FULL: u8 = 16;
+    pub const FOREIGN_KEY: u8 = 32;
+    pub const UNIQUE: u8 = 64;
+    pub const DISK: u8 = 128;
+}
 
-/// SQLite's texts for a damaged file. "malformed JSON" is SQLite's JSON
-/// functions' text, kept from the phrase fallback of hosts without codes.
-const CORRUPT_TEXTS: &[&str] = &[
-    "database disk image is malformed",
-    "file is not a database",
-    "malformed json",
-];
-
-const FULL_TEXTS: &[&str] = &[
-    "database or disk is full",
-    "disk is full",
-    "no space left on device",
-    "disk quota exceeded",
-];
-
-const DISK_TEXTS: &[&str] = &[
-    "disk i/o error",
-    "unable to open database file",
-    "attempt to write a readonly database",
-    "access permission denied",
-    "authorization denied",
-    "read-only file system",
-    "permission denied",
-    "too many open files",
-    "no such file or directory",
-    "is a directory",
-    "not a directory",
+/// The texts SQLite and the OS give, lower-cased, and what each names.
+/// Each is matched as a whole part of a message (see [`said`]), never as
+/// a substring: a path, a file or a table may carry any of these words.
+/// Which one wins is [`from_message`]'s order, not this table's.
+const TEXTS: &[(&str, u8)] = &[
+    ("database is locked", says::LOCK | says::IS_LOCKED),
+    ("database table is locked", says::LOCK),
+    ("database schema is locked", says::LOCK),
+    ("locking protocol", says::LOCK),
+    ("database disk image is malformed", says::CORRUPT),
+    ("file is not a database", says::CORRUPT),
+    // SQLite's JSON functions' text, kept from the fallback of hosts
+    // without codes.
+    ("malformed json", says::CORRUPT),
+    ("database or disk is full", says::FULL),
+    ("disk is full", says::FULL),
+    ("no space left on device", says::FULL),
+    ("disk quota exceeded", says::FULL),
+    // Read on `append_batch` only; `UNIQUE constraint failed:
+    // <table>.<column>` has its detail after the colon.
+    ("foreign key constraint failed", says::FOREIGN_KEY),
+    ("unique constraint failed", says::UNIQUE),
+    ("disk i/o error", says::DISK),
+    ("unable to open database file", says::DISK),
+    ("attempt to write a readonly database", says::DISK),
+    ("access permission denied", says::DISK),
+    ("authorization denied", says::DISK),
+    ("read-only file system", says::DISK),
+    ("permission denied", says::DISK),
+    ("too many open files", says::DISK),
+    ("no such file or directory", says::DISK),
+    ("is a directory", says::DISK),
+    ("not a directory", says::DISK),
     // better-sqlite3 checks the folder itself and throws without a code.
-    "cannot open database because the directory does not exist",
+    ("cannot open database because the directory does not exist", says::DISK),
 ];
-
-/// On `append_batch`: SQLite's constraint texts (`UNIQUE constraint
-/// failed: <table>.<column>` has its detail after the colon).
-const FOREIGN_KEY_TEXT: &str = "foreign key constraint failed";
-const UNIQUE_TEXT: &str = "unique constraint failed";
-
-/// FTS5's own label before its texts (`fts5: corruption found reading blob
-/// 17 from table "messages_fts"`), and the start of its corruption texts.
-const FTS5: &str = "fts5";
-const FTS5_CORRUPTION_START: &str = "corruption ";
 
 /// Every text the phrase fallback knows, for the vectors that pin each one
 /// down inside a path, a table name and a SQLSTATE's message.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn known_phrases() -> Vec<&'static str> {
-    let mut all = Vec::new();
-    for list in [LOCK_TEXTS, CORRUPT_TEXTS, FULL_TEXTS, DISK_TEXTS] {
-        all.extend_from_slice(list);
-    }
-    all.extend_from_slice(&[FOREIGN_KEY_TEXT, UNIQUE_TEXT]);
-    all
+    TEXTS.iter().map(|(t, _)| *t).collect()
 }
 
-/// A message's parts, as SQLite's texts and the hosts' messages are shaped:
-/// the text between `": "` separators, each trimmed. Hosts put their own
-/// label before SQLite's text (`sqlite3.OperationalError: database is
-/// locked`), SQLite puts a detail after it (`database table is locked:
-/// messages`), and a host may add the reason after its own (`unable to open
-/// database file: database is locked`). So parts are read from the start
-/// while each is a label (one word) or a text the fallback knows; the first
-/// other part is read too, as the sentence it is, and ends the reading:
-/// what follows it is its detail (`no such table: <a table's name>`). A
-/// part that names a path (a `/` or `\` in it) ends the reading unread: a
-/// path comes after SQLite's text, and may itself hold `": "`.
+/// What the message says, read in parts as SQLite's texts and the hosts'
+/// messages are shaped: the text between `": "` separators, each trimmed.
+/// Hosts put their own label before SQLite's text (`sqlite3.OperationalError:
+/// database is locked`), SQLite puts a detail after it (`database table is
+/// locked: messages`), and a host may add the reason after its own (`unable
+/// to open database file: database is locked`). So parts are read from the
+/// start while each is a label (one word) or a text of [`TEXTS`]; the first
+/// other part is read too, as the sentence it is (`fts5: corruption found
+/// ...`), and ends the reading: what follows it is its detail (`no such
+/// table: <a table's name>`). A part that names a path (a `/` or `\` in it)
+/// ends the reading unread: a path comes after SQLite's text, and may
+/// itself hold `": "`.
 ///
 /// Only SQLite's messages are read, and only without a SQLSTATE: with one,
 /// the SQLSTATE (and the codes the host translated it onto) decides, and
 /// PostgreSQL's texts (`permission denied for table
 /// checkpoints_corrupt_backup`) name tables and values no phrase may be
 /// read into.
-pub(crate) struct Text<'a> {
-    parts: Vec<&'a str>,
+fn said(obs: &Observation) -> u8 {
+    if obs.sqlstate.is_some() || obs.engine != Engine::Sqlite {
+        return 0;
+    }
+    let lowered = obs.message.to_ascii_lowercase();
+    let mut rest = lowered.as_str();
+    let mut said = 0;
+    let mut after_fts5 = false;
+    loop {
+        let (part, next) = match find(rest, ": ") {
+            Some(i) => (rest.get(..i).unwrap_or_default(), rest.get(i + 2..)),
+            None => (rest, None),
+        };
+        let part = part.trim_ascii();
+        let named = TEXTS.iter().find(|(t, _)| *t == part).map_or(0, |(_, n)| *n);
+        // One pass over the part's bytes for both: a plain loop, where two
+        // `any` calls would each bring their own search into the component.
+        let (mut path, mut label) = (false, true);
+        for b in part.bytes() {
+            path |= b == b'/' || b == b'\\';
+            label &= !b.is_ascii_whitespace();
+        }
+        if named == 0 && path {
+            break;
+        }
+        // FTS5's texts: `corruption found reading blob ...`, `corruption on page ...`.
+        if after_fts5 && (named == says::CORRUPT || part.starts_with("corruption ")) {
+            said |= says::FTS5_CORRUPT;
+        }
+        said |= named;
+        after_fts5 = part == "fts5";
+        match next {
+            Some(n) if named != 0 || label => rest = n,
+            _ => break,
+        }
+    }
+    said
 }
 
-impl<'a> Text<'a> {
-    /// The message, lower-cased, if it may speak; else nothing to read.
-    fn lowered(obs: &Observation) -> String {
-        if obs.sqlstate.is_none() && obs.engine == Engine::Sqlite {
-            obs.message.to_ascii_lowercase()
-        } else {
-            String::new()
-        }
-    }
-
-    fn of(lowered: &'a str) -> Text<'a> {
-        let mut parts = Vec::new();
-        let mut rest = lowered;
-        loop {
-            let (part, next) = match find(rest, ": ") {
-                Some(i) => (rest.get(..i).unwrap_or_default(), rest.get(i + 2..)),
-                None => (rest, None),
-            };
-            let part = part.trim_ascii();
-            let known = known(part);
-            if !known && part.bytes().any(|b| b == b'/' || b == b'\\') {
-                break;
-            }
-            parts.push(part);
-            let label = !part.bytes().any(|b| b.is_ascii_whitespace());
-            match next {
-                Some(n) if known || label => rest = n,
-                _ => break,
-            }
-        }
-        Text { parts }
-    }
-
-    /// Whether `phrase` is a whole part.
-    fn has(&self, phrase: &str) -> bool {
-        self.parts.contains(&phrase)
-    }
-
-    fn any(&self, phrases: &[&str]) -> bool {
-        phrases.iter().any(|p| self.has(p))
-    }
-
-    fn says_corrupt(&self) -> bool {
-        self.any(CORRUPT_TEXTS) || self.fts5_corruption()
-    }
-
-    /// `fts5: corruption ...`, or FTS5's label before a corruption text.
-    fn fts5_corruption(&self) -> bool {
-        self.parts.windows(2).any(|w| match w {
-            [label, text] => {
-                *label == FTS5 && (text.starts_with(FTS5_CORRUPTION_START) || CORRUPT_TEXTS.contains(text))
-            }
-            _ => false,
-        })
-    }
-}
-
-/// Whether a part is one of the texts the fallback knows (so a `/` in it,
-/// as in `disk i/o error`, is no path).
-fn known(part: &str) -> bool {
-    [LOCK_TEXTS, CORRUPT_TEXTS, FULL_TEXTS, DISK_TEXTS]
-        .iter()
-        .any(|l| l.contains(&part))
-}
-
-/// Phrase fallback for hosts without codes, in the order of the lists.
-fn from_message(operation: Operation, text: &Text<'_>) -> Option<Cause> {
-    // A blank message has one blank part, which names nothing.
-    if text.any(LOCK_TEXTS) {
-        return Some(Cause::Locked);
-    }
-    if text.fts5_corruption() {
-        return Some(Cause::FtsIndex);
-    }
-    if text.says_corrupt() {
-        return Some(Cause::Corrupt);
-    }
-    if text.any(FULL_TEXTS) {
-        return Some(Cause::DiskFull);
-    }
-    if operation == Operation::AppendBatch {
-        if text.has(FOREIGN_KEY_TEXT) {
-            return Some(Cause::SessionRowMissing);
-        }
-        if text.has(UNIQUE_TEXT) {
-            return Some(Cause::UidConflict);
-        }
-    }
-    if text.any(DISK_TEXTS) {
-        return Some(Cause::Disk);
-    }
-    None
+/// Phrase fallback for hosts without codes. Order matters: a lock first
+/// (it is retryable), then corruption, which outranks anything that merely
+/// says "disk", then fullness, then the generic storage texts.
+fn from_message(operation: Operation, said: u8) -> Option<Cause> {
+    let batch = operation == Operation::AppendBatch;
+    // A blank message says nothing, so it ends in `None`.
+    Some(if said & says::LOCK != 0 {
+        Cause::Locked
+    } else if said & says::FTS5_CORRUPT != 0 {
+        Cause::FtsIndex
+    } else if said & says::CORRUPT != 0 {
+        Cause::Corrupt
+    } else if said & says::FULL != 0 {
+        Cause::DiskFull
+    } else if batch && said & says::FOREIGN_KEY != 0 {
+        Cause::SessionRowMissing
+    } else if batch && said & says::UNIQUE != 0 {
+        Cause::UidConflict
+    } else if said & says::DISK != 0 {
+        Cause::Disk
+    } else {
+        return None;
+    })
 }

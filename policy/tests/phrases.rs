@@ -19,12 +19,15 @@ fn message(v: &Value) -> String {
     v["observation"]["message"].as_str().unwrap_or_default().to_lowercase()
 }
 
+/// How a family of vectors carries a phrase in its message.
+type Shape = dyn Fn(&str) -> String;
+
 /// Each phrase appears alone, inside a path, as a table's name, inside an
 /// identifier, after a SQLSTATE, and from PostgreSQL without one.
 #[test]
 fn the_shared_vectors_cover_every_known_phrase() {
     let vectors = vectors();
-    let families: [(&str, &dyn Fn(&str) -> String); 6] = [
+    let families: [(&str, &Shape); 6] = [
         ("phrase_alone_", &|p| p.to_string()),
         ("phrase_in_a_path_", &|p| format!("/home/ana/{p}/state.db")),
         ("phrase_as_a_table_name_", &|p| format!("no such table: {p}")),
@@ -164,7 +167,7 @@ fn from_sqlite_without_codes_each_phrase_names_its_cause_in_every_shape() {
         for message in [
             format!("sqlite3.OperationalError: {phrase}"),
             format!("SqliteError: {phrase}: messages"),
-            format!("{}", phrase.to_uppercase()),
+            phrase.to_uppercase(),
         ] {
             let c = classify(&Observation {
                 message: message.clone(),
