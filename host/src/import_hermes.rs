@@ -27,9 +27,13 @@
 //! - Messages in `sessions/<id>.jsonl` (Hermes' divert of batches that never
 //!   reached `state.db`: one `json.dumps(message)` line each) and in the
 //!   snapshot `sessions/session_<id>.json` (its `messages` list) are
-//!   imported after the session's rows, divert lines first, unless they
-//!   repeat a message already there ([`Pool`]: the same `role`, `content`
-//!   and `tool_call_id`, each message matched once per file). A line's uid is
+//!   imported after the session's rows, divert lines first, unless the
+//!   session already holds them: a divert line whose bytes equal the row
+//!   it meets where the run joins the rows, a snapshot entry with the role
+//!   and content (as Hermes cleans it) of the message at its position
+//!   ([`align`]: never the same words elsewhere). A line the evidence
+//!   cannot settle is imported and reported as a possible duplicate, with
+//!   the message it may repeat. A line's uid is
 //!   `hermes:jsonl:<line>:<hash>` (a snapshot's entry
 //!   `hermes:json:<index>:<hash>`), from its position and its bytes.
 //! - A line that cannot be read goes to `<home>/import-quarantine/hermes.jsonl`
@@ -43,7 +47,7 @@
 //! earlier one wrote: a row Hermes rewound after it was imported stays
 //! active here.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -60,6 +64,13 @@ use crate::message::Message;
 use crate::store::import::{ImportCounts, ImportRow, ImportSession, import_session};
 use crate::store::schema::NewerSchema;
 use crate::store::{EditError, SessionId, SessionStore, StoreOptions};
+
+pub mod align;
+pub mod clean;
+mod lines;
+
+pub use lines::{Entry, LineKind, line_uid, parse_divert, parse_snapshot};
+use lines::{SessionLines, Target};
 
 /// Hermes' prefix for JSON-encoded structured content (`_CONTENT_JSON_PREFIX`).
 const CONTENT_JSON_PREFIX: &str = "\u{0}json:";
@@ -151,9 +162,14 @@ pub struct SessionReport {
     pub imported: u64,
     /// Inactive rows written to the archive.
     pub archived: u64,
-    /// Already in the session (an earlier import), or a line repeating a
-    /// message already there.
+    /// Already in the session: a row or line an earlier import wrote, or a
+    /// line that is a message already there ([`align`]).
     pub duplicate: u64,
+    /// Lines imported although they may repeat a message already there
+    /// (the evidence cannot tell); counted in `imported` too.
+    pub possible_duplicate: u64,
+    /// Each of those lines.
+    pub possible_duplicates: Vec<PossibleDuplicate>,
     /// Lines that could not be read, copied to the quarantine file.
     pub quarantined: u64,
     /// Torn last lines (left where they are).
@@ -162,6 +178,22 @@ pub struct SessionReport {
     pub refused: bool,
     /// The divert and snapshot files read for it.
     pub files: Vec<String>,
+}
+
+/// A line imported although it may repeat a message already there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PossibleDuplicate {
+    /// The divert or snapshot file.
+    pub file: String,
+    /// Which of the two it is (`divert` or `snapshot`).
+    pub kind: LineKind,
+    /// Its line in a divert file (from 1), its index among a snapshot's
+    /// messages (from 0), as in the quarantine file.
+    pub line: u64,
+    /// The uid it was imported under.
+    pub uid: String,
+    /// The uid of the message it may repeat.
+    pub may_repeat: String,
 }
 
 /// What an import did (or, dry, would do).
@@ -198,6 +230,7 @@ impl Report {
             "copy_attempts": self.copy_attempts, "sessions": self.sessions.len(),
             "rows": sum(|s| s.rows), "lines": sum(|s| s.lines), "imported": sum(|s| s.imported),
             "archived": sum(|s| s.archived), "duplicate": sum(|s| s.duplicate),
+            "possible_duplicate": sum(|s| s.possible_duplicate),
             "quarantined": sum(|s| s.quarantined), "torn": sum(|s| s.torn),
             "renamed": renamed, "refused": refused, "quarantine": self.quarantine,
         })
@@ -217,7 +250,7 @@ impl Report {
 }
 
 // ---------------------------------------------------------------------------
-// Pure parts: ids, decoding, lines, the repeat rule.
+// Pure parts: ids, decoding, lines.
 
 /// The turnsafe session id for a free-form id, exactly as Python's
 /// `turnsafe_store.agents.safe_session_id`: a valid id as it is; any other
@@ -321,192 +354,6 @@ fn sql_value(v: ValueRef<'_>) -> Value {
 /// The uid of a row.
 pub fn row_uid(id: i64) -> String {
     format!("hermes:{id}")
-}
-
-/// Where a line came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LineKind {
-    /// `sessions/<id>.jsonl`, by 1-based line number.
-    Divert,
-    /// `sessions/session_<id>.json`, by 0-based index in `messages`.
-    Snapshot,
-}
-
-/// The uid of a line: its kind, position and a hash of its bytes.
-pub fn line_uid(kind: LineKind, position: u64, bytes: &[u8]) -> String {
-    let tag = match kind {
-        LineKind::Divert => "jsonl",
-        LineKind::Snapshot => "json",
-    };
-    let digest = hex::encode(Sha256::digest(bytes));
-    format!("hermes:{tag}:{position}:{}", &digest[..24])
-}
-
-/// One entry of a divert or snapshot file.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Entry {
-    Message {
-        position: u64,
-        uid: String,
-        item: Map<String, Value>,
-    },
-    /// Not readable: quarantined.
-    Bad {
-        position: u64,
-        bytes: Vec<u8>,
-        reason: String,
-    },
-    /// The last line, cut short (no newline, not JSON).
-    Torn { position: u64, bytes: Vec<u8> },
-}
-
-/// The entries of a divert file (upstream format: one JSON object per
-/// line). Blank lines are skipped.
-pub fn parse_divert(data: &[u8]) -> Vec<Entry> {
-    let mut out = Vec::new();
-    let mut lines = data.split(|b| *b == b'\n').peekable();
-    let mut position = 0u64;
-    while let Some(line) = lines.next() {
-        position += 1;
-        let last = lines.peek().is_none();
-        if last && line.is_empty() {
-            break;
-        }
-        let text = line.strip_suffix(b"\r").unwrap_or(line);
-        if text.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        match serde_json::from_slice::<Value>(text) {
-            Ok(Value::Object(item)) => out.push(Entry::Message {
-                position,
-                uid: line_uid(LineKind::Divert, position, text),
-                item,
-            }),
-            Ok(_) => out.push(Entry::Bad {
-                position,
-                bytes: line.to_vec(),
-                reason: "not a JSON object".into(),
-            }),
-            // No newline after it: the writer stopped in the middle.
-            Err(_) if last => out.push(Entry::Torn {
-                position,
-                bytes: line.to_vec(),
-            }),
-            Err(e) => out.push(Entry::Bad {
-                position,
-                bytes: line.to_vec(),
-                reason: format!("not JSON: {e}"),
-            }),
-        }
-    }
-    out
-}
-
-/// The entries of a snapshot (`{"session_id", ..., "messages": [...]}`),
-/// and the session id it names. A file that is not such an object is one
-/// bad entry (position 0).
-pub fn parse_snapshot(data: &[u8]) -> (Option<String>, Vec<Entry>) {
-    let bad = |reason: String| Entry::Bad {
-        position: 0,
-        bytes: data.to_vec(),
-        reason,
-    };
-    let v: Value = match serde_json::from_slice(data) {
-        Ok(v) => v,
-        Err(e) => return (None, vec![bad(format!("not JSON: {e}"))]),
-    };
-    let id = v.get("session_id").and_then(Value::as_str).map(String::from);
-    let Some(messages) = v.get("messages").and_then(Value::as_array) else {
-        return (id, vec![bad("no `messages` list".into())]);
-    };
-    let entries = messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let bytes = canonical(m).into_bytes();
-            match m {
-                Value::Object(item) => Entry::Message {
-                    position: i as u64,
-                    uid: line_uid(LineKind::Snapshot, i as u64, &bytes),
-                    item: item.clone(),
-                },
-                _ => Entry::Bad {
-                    position: i as u64,
-                    bytes,
-                    reason: "message is not a JSON object".into(),
-                },
-            }
-        })
-        .collect();
-    (id, entries)
-}
-
-/// JSON text with every object's keys sorted.
-fn canonical(v: &Value) -> String {
-    fn sorted(v: &Value) -> Value {
-        match v {
-            Value::Object(m) => {
-                let mut keys: Vec<&String> = m.keys().collect();
-                keys.sort();
-                let mut out = Map::new();
-                for k in keys {
-                    out.insert(k.clone(), sorted(&m[k]));
-                }
-                Value::Object(out)
-            }
-            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
-            other => other.clone(),
-        }
-    }
-    sorted(v).to_string()
-}
-
-/// The repeat rule's key: `role`, `content` and `tool_call_id` (a missing
-/// field as null), hashed.
-pub fn repeat_key(item: &Map<String, Value>) -> [u8; 32] {
-    let field = |k: &str| item.get(k).cloned().unwrap_or(Value::Null);
-    let key = canonical(&json!([field("role"), field("content"), field("tool_call_id")]));
-    Sha256::digest(key.as_bytes()).into()
-}
-
-/// The messages a session already has, by [`repeat_key`], with their
-/// counts. Each file is matched against them on its own (a divert file
-/// and a snapshot may both repeat a row): a line repeats a message when
-/// the file has not yet matched as many lines with its key as the session
-/// holds. The new lines of a file count for the files after it only, so a
-/// message said twice in one file is kept twice.
-#[derive(Debug, Default)]
-pub struct Pool {
-    base: HashMap<[u8; 32], u32>,
-    /// This file's matches, by key.
-    used: HashMap<[u8; 32], u32>,
-    pending: Vec<[u8; 32]>,
-}
-
-impl Pool {
-    /// A message already in the session.
-    pub fn add(&mut self, key: [u8; 32]) {
-        *self.base.entry(key).or_default() += 1;
-    }
-    /// Whether a line of the current file repeats a message already there
-    /// (matching it), or is new (counted for the next files).
-    pub fn repeats(&mut self, key: [u8; 32]) -> bool {
-        let held = self.base.get(&key).copied().unwrap_or(0);
-        let used = self.used.entry(key).or_default();
-        if *used < held {
-            *used += 1;
-            return true;
-        }
-        self.pending.push(key);
-        false
-    }
-    /// A file is done: its new lines count for the next.
-    pub fn end_file(&mut self) {
-        self.used.clear();
-        for key in std::mem::take(&mut self.pending) {
-            self.add(key);
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -712,17 +559,64 @@ struct Run {
     sink: Sink,
     reports: Vec<SessionReport>,
     /// Parts of sessions waiting for their transaction, and each one's
-    /// report (by index).
+    /// owner.
     parts: Vec<ImportSession>,
-    owners: Vec<usize>,
+    owners: Vec<Owner>,
     rows: usize,
+}
+
+/// Whose part it is: its session's report (by index) and, for a part
+/// holding just a line that may repeat a message, that line. The store
+/// counts a part's rows only, so such a line has a part of its own: its
+/// count says whether this import wrote it.
+struct Owner {
+    report: usize,
+    possible: Option<PossibleDuplicate>,
 }
 
 impl Run {
     fn push(&mut self, report: usize, part: ImportSession) -> Result<(), ImportError> {
+        self.push_owned(Owner { report, possible: None }, part)
+    }
+
+    /// The line `row` on its own, which may repeat a message: after what
+    /// `part` holds so far, which is pushed first.
+    fn push_possible(
+        &mut self,
+        report: usize,
+        part: &mut ImportSession,
+        row: ImportRow,
+        possible: PossibleDuplicate,
+    ) -> Result<(), ImportError> {
+        // A first part still holds the session's record: it goes first,
+        // even without rows.
+        if !part.rows.is_empty() || part.meta.is_some() {
+            let next = ImportSession {
+                session: part.session.clone(),
+                created_ms: part.created_ms,
+                meta: None,
+                rows: Vec::new(),
+            };
+            let before = std::mem::replace(part, next);
+            self.push(report, before)?;
+        }
+        let single = ImportSession {
+            session: part.session.clone(),
+            created_ms: part.created_ms,
+            meta: None,
+            rows: vec![row],
+        };
+        let owner = Owner {
+            report,
+            possible: Some(possible),
+        };
+        self.push_owned(owner, single)
+    }
+
+    fn push_owned(&mut self, owner: Owner, part: ImportSession) -> Result<(), ImportError> {
         self.rows += part.rows.len();
         self.parts.push(part);
-        self.owners.push(report);
+        self.owners.push(owner);
         if self.rows >= GROUP_ROWS {
             self.flush()?;
         }
@@ -760,7 +654,7 @@ impl Run {
                         while k < parts.len() {
                             if parts[k].session == first {
                                 parts.remove(k);
-                                self.reports[owners.remove(k)].refused = true;
+                                self.reports[owners.remove(k).report].refused = true;
                             } else {
                                 k += 1;
                             }
@@ -770,12 +664,18 @@ impl Run {
                     Err(e) => return Err(e.into()),
                 },
             };
-            for (i, c) in owners.iter().zip(counts) {
-                let r = &mut self.reports[*i];
+            for (owner, c) in owners.drain(..).zip(counts) {
+                let r = &mut self.reports[owner.report];
                 r.imported += c.imported;
                 r.archived += c.archived;
                 r.duplicate += c.duplicate;
                 r.refused |= c.refused;
+                if let Some(possible) = owner.possible
+                    && c.imported > 0
+                {
+                    r.possible_duplicate += 1;
+                    r.possible_duplicates.push(possible);
+                }
             }
             break;
         }
@@ -1014,7 +914,12 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
                 .collect(),
             ..SessionReport::default()
         });
-        let mut pool = (divert.is_some() || snapshot.is_some()).then(Pool::default);
+        // Its divert and snapshot files are read before its rows: they
+        // decide which rows are kept to settle them against.
+        let mut session_lines = SessionLines::new(
+            lines::read(divert, LineKind::Divert)?,
+            lines::read(snapshot, LineKind::Snapshot)?,
+        );
         let new_part = |meta: Option<String>| ImportSession {
             session: session.clone(),
             created_ms: started_ms,
@@ -1041,19 +946,19 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
                 let item = row_item(fields);
                 let active: i64 = r.get::<_, Option<i64>>(n_cols)?.unwrap_or(1);
                 let compacted: i64 = r.get::<_, Option<i64>>(n_cols + 1)?.unwrap_or(0);
-                if let Some(pool) = pool.as_mut() {
-                    pool.add(repeat_key(&item));
-                }
+                let uid = row_uid(id);
+                let archive = match (active, compacted) {
+                    (0, 0) => Some(Reason::Rewind),
+                    (0, _) => Some(Reason::Compaction),
+                    _ => None,
+                };
+                session_lines.row(&uid, &item, archive.is_none());
                 part.rows.push(ImportRow {
-                    uid: row_uid(id),
+                    uid,
                     seq,
                     message: Message::from_item(item),
                     created_ms,
-                    archive: match (active, compacted) {
-                        (0, 0) => Some(Reason::Rewind),
-                        (0, _) => Some(Reason::Compaction),
-                        _ => None,
-                    },
+                    archive,
                 });
                 seq += 1;
                 run.reports[report].rows += 1;
@@ -1064,48 +969,15 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
             }
         }
         // Divert lines, then the snapshot.
-        for (path, kind) in [(divert, LineKind::Divert), (snapshot, LineKind::Snapshot)] {
-            let Some(path) = path else { continue };
-            let data = std::fs::read(&path).map_err(io_err(format!("read {}", path.display())))?;
-            let entries = match kind {
-                LineKind::Divert => parse_divert(&data),
-                LineKind::Snapshot => parse_snapshot(&data).1,
-            };
-            let pool = pool.get_or_insert_with(Pool::default);
-            for entry in entries {
-                match entry {
-                    Entry::Message { uid, item, .. } => {
-                        run.reports[report].lines += 1;
-                        if pool.repeats(repeat_key(&item)) {
-                            run.reports[report].duplicate += 1;
-                            continue;
-                        }
-                        let created_ms = item
-                            .get("timestamp")
-                            .and_then(Value::as_f64)
-                            .map_or(started_ms, |t| (t * 1000.0) as i64);
-                        part.rows.push(ImportRow {
-                            uid,
-                            seq,
-                            message: Message::from_item(item),
-                            created_ms,
-                            archive: None,
-                        });
-                        seq += 1;
-                    }
-                    Entry::Bad {
-                        position,
-                        bytes,
-                        reason,
-                    } => {
-                        quarantine.keep(&path, &session_id, position, &reason, &bytes)?;
-                        run.reports[report].quarantined += 1;
-                    }
-                    Entry::Torn { .. } => run.reports[report].torn += 1,
-                }
-            }
-            pool.end_file();
-        }
+        session_lines.import(&mut Target {
+            run: &mut run,
+            quarantine: &mut quarantine,
+            part: &mut part,
+            seq: &mut seq,
+            report,
+            session_id: &session_id,
+            started_ms,
+        })?;
         run.push(report, part)?;
     }
     run.flush()?;

@@ -1,9 +1,12 @@
-//! The pure parts of the Hermes import: ids, decoding, lines, the repeat
-//! rule. The import itself is tested against homes the real `hermes-agent`
-//! package writes (`python/tests/test_import_hermes.py`).
+//! The pure parts of the Hermes import: ids, decoding, lines, and how a
+//! line is settled against the rows ([`align`], [`clean`]). The import
+//! itself is tested through the command line
+//! (`host/tests/import_hermes_cli.rs`) and against homes the real
+//! `hermes-agent` package writes (`python/tests/test_import_hermes.py`).
 
 use serde_json::{Value, json};
 
+use super::align::{Reading, Record, Verdict};
 use super::*;
 
 fn obj(v: Value) -> Map<String, Value> {
@@ -120,41 +123,255 @@ fn snapshots_give_their_messages_and_session() {
     assert!(matches!(&entries[0], Entry::Bad { position: 0, .. }));
 }
 
-#[test]
-fn the_repeat_rule_matches_each_message_once() {
-    let yes = obj(json!({"role": "user", "content": "yes"}));
-    let yes_later = obj(json!({"role": "user", "content": "yes", "timestamp": 5.0}));
-    let tool = obj(json!({"role": "tool", "content": "42", "tool_call_id": "c1"}));
-    let tool_other = obj(json!({"role": "tool", "content": "42", "tool_call_id": "c2"}));
-    // Key order and fields outside the rule do not matter.
-    assert_eq!(repeat_key(&yes), repeat_key(&yes_later));
-    assert_eq!(
-        repeat_key(&obj(json!({"content": {"b": 1, "a": 2}, "role": "x"}))),
-        repeat_key(&obj(json!({"role": "x", "content": {"a": 2, "b": 1}})))
-    );
-    assert_ne!(repeat_key(&tool), repeat_key(&tool_other));
+fn record(uid: &str, v: Value) -> Record {
+    Record::new(uid.to_string(), &obj(v))
+}
 
-    let mut pool = Pool::default();
-    pool.add(repeat_key(&yes));
-    pool.add(repeat_key(&tool));
-    // A divert file: "yes" repeats the row; a second "yes" is new; so is c2.
-    assert!(pool.repeats(repeat_key(&yes)));
-    assert!(!pool.repeats(repeat_key(&yes)));
-    assert!(pool.repeats(repeat_key(&tool)));
-    assert!(!pool.repeats(repeat_key(&tool_other)));
-    pool.end_file();
-    // A snapshot holding all of them: the new lines of the file before are
-    // matched too, once each.
-    assert!(pool.repeats(repeat_key(&yes)));
-    assert!(pool.repeats(repeat_key(&tool_other)));
-    assert!(!pool.repeats(repeat_key(&tool_other)));
-    pool.end_file();
-    // Every file is matched against the session on its own: a row both a
-    // divert file and a snapshot repeat is a repeat in both.
-    let mut pool = Pool::default();
-    pool.add(repeat_key(&tool));
-    assert!(pool.repeats(repeat_key(&tool)));
-    pool.end_file();
-    assert!(pool.repeats(repeat_key(&tool)));
-    assert!(!pool.repeats(repeat_key(&tool)));
+fn same(of: &str) -> Verdict {
+    Verdict::Same { of: of.to_string() }
+}
+
+fn possible(of: &str) -> Verdict {
+    Verdict::Possible { of: of.to_string() }
+}
+
+fn call(id: &str) -> Value {
+    json!([{"id": id, "type": "function", "function": {"name": "lookup", "arguments": "{}"}}])
+}
+
+#[test]
+fn a_divert_line_is_a_row_only_by_its_bytes_where_the_run_joins_the_rows() {
+    // The user says "continue" again: the same words, another message.
+    let tail = [
+        record(
+            "hermes:1",
+            json!({"role": "user", "content": "continue", "timestamp": 1.5}),
+        ),
+        record(
+            "hermes:2",
+            json!({"role": "assistant", "content": "On it.", "timestamp": 2.5}),
+        ),
+    ];
+    let lines = [record("l1", json!({"role": "user", "content": "continue"}))];
+    assert_eq!(align::divert(&tail, &lines), [Verdict::New]);
+
+    // Tool calls without content: each calls another tool.
+    let tail = [
+        record("hermes:1", json!({"role": "assistant", "tool_calls": call("c1")})),
+        record(
+            "hermes:2",
+            json!({"role": "tool", "content": "1", "tool_call_id": "c1"}),
+        ),
+        record("hermes:3", json!({"role": "assistant", "tool_calls": call("c2")})),
+        record(
+            "hermes:4",
+            json!({"role": "tool", "content": "2", "tool_call_id": "c2"}),
+        ),
+    ];
+    let lines: Vec<Record> = ["c3", "c4", "c5"]
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| {
+            [
+                record(
+                    &format!("a{i}"),
+                    json!({"role": "assistant", "content": null, "tool_calls": call(c)}),
+                ),
+                record(
+                    &format!("t{i}"),
+                    json!({"role": "tool", "content": "n", "tool_call_id": c}),
+                ),
+            ]
+        })
+        .collect();
+    assert_eq!(align::divert(&tail, &lines), vec![Verdict::New; 6]);
+
+    // The last two rows again, byte for byte (key order is not part of the
+    // bytes), then new lines.
+    let lines = [
+        record("l1", json!({"tool_calls": call("c2"), "role": "assistant"})),
+        record("l2", json!({"tool_call_id": "c2", "content": "2", "role": "tool"})),
+        record("l3", json!({"role": "assistant", "tool_calls": call("c3")})),
+        record("l4", json!({"role": "user", "content": "2"})),
+    ];
+    assert_eq!(
+        align::divert(&tail, &lines),
+        [same("hermes:3"), same("hermes:4"), Verdict::New, Verdict::New]
+    );
+
+    // The same bytes as a row away from the join: another message.
+    let lines = [record("l1", json!({"role": "assistant", "tool_calls": call("c1")}))];
+    assert_eq!(align::divert(&tail, &lines), [Verdict::New]);
+
+    // The evidence cannot tell: the words of the row at the join with other
+    // bytes (no timestamp), and one line's bytes twice.
+    let tail = [
+        record("hermes:1", json!({"role": "user", "content": "hi", "timestamp": 1.5})),
+        record(
+            "hermes:2",
+            json!({"role": "assistant", "content": "hello", "timestamp": 2.5}),
+        ),
+    ];
+    let lines = [
+        record("l1", json!({"role": "assistant", "content": "hello"})),
+        record("l2", json!({"role": "user", "content": "thanks"})),
+        record("l3", json!({"role": "user", "content": "thanks"})),
+    ];
+    assert_eq!(
+        align::divert(&tail, &lines),
+        [possible("hermes:2"), Verdict::New, possible("l2")]
+    );
+    // A line repeating one found to be a row may repeat that row.
+    let lines = [
+        record("l1", json!({"role": "assistant", "content": "hello", "timestamp": 2.5})),
+        record("l2", json!({"role": "assistant", "content": "hello", "timestamp": 2.5})),
+    ];
+    assert_eq!(align::divert(&tail, &lines), [same("hermes:2"), possible("hermes:2")]);
+    // The longest join wins; a number keeps its digits ("2.50" is not "2.5").
+    let lines = [
+        record("l1", json!({"role": "user", "content": "hi", "timestamp": 1.5})),
+        record("l2", json!({"role": "assistant", "content": "hello", "timestamp": 2.5})),
+    ];
+    assert_eq!(align::divert(&tail, &lines), [same("hermes:1"), same("hermes:2")]);
+    let digits: Value =
+        serde_json::from_str(r#"{"role": "assistant", "content": "hello", "timestamp": 2.50}"#).unwrap();
+    assert_eq!(align::divert(&tail, &[record("l1", digits)]), [possible("hermes:2")]);
+    // No rows: every line is new but the repeats.
+    assert_eq!(
+        align::divert(
+            &[],
+            &[
+                record("l1", json!({"content": "x"})),
+                record("l2", json!({"content": "x"}))
+            ]
+        ),
+        [Verdict::New, possible("l1")]
+    );
+}
+
+/// A reading of `rows` for a snapshot of `entries` entries.
+fn reading(rows: &[Record], entries: usize) -> Reading {
+    let mut r = Reading::new(entries);
+    for row in rows {
+        r.push(|| row.clone());
+    }
+    r
+}
+
+#[test]
+fn a_snapshot_entry_is_the_message_at_its_position_by_role_and_cleaned_content() {
+    // A compaction archived the first "continue"; the snapshot has the
+    // user's second one at a later position.
+    let rows = [
+        record(
+            "hermes:1",
+            json!({"role": "user", "content": "continue", "timestamp": 1.5}),
+        ),
+        record(
+            "hermes:2",
+            json!({"role": "assistant", "content": "Done.", "timestamp": 2.5}),
+        ),
+        record(
+            "hermes:3",
+            json!({"role": "user", "content": "[summary] continue", "timestamp": 3.5}),
+        ),
+        record(
+            "hermes:4",
+            json!({"role": "assistant", "content": "ok", "timestamp": 4.5}),
+        ),
+    ];
+    let entries = [
+        record("s0", json!({"role": "user", "content": "[summary] continue"})),
+        record("s1", json!({"role": "assistant", "content": "ok"})),
+        record("s2", json!({"role": "user", "content": "continue"})),
+        record("s3", json!({"role": "assistant", "content": "Continuing."})),
+    ];
+    let (active, every) = (reading(&rows[2..], 4), reading(&rows, 4));
+    assert_eq!(
+        align::snapshot(&[&active, &every], &entries),
+        [same("hermes:3"), same("hermes:4"), Verdict::New, Verdict::New]
+    );
+    // A snapshot Hermes did not rewrite after the compaction (it never
+    // overwrites one with fewer messages) is read against every row.
+    let stale = [
+        record("s0", json!({"role": "user", "content": "continue"})),
+        record("s1", json!({"role": "assistant", "content": "Done."})),
+    ];
+    let (active, every) = (reading(&rows[2..], 2), reading(&rows, 2));
+    assert_eq!(
+        align::snapshot(&[&active, &every], &stale),
+        [same("hermes:1"), same("hermes:2")]
+    );
+
+    // Cleaned as Hermes cleans an assistant's text: the same message. A
+    // redacted secret: the evidence cannot tell. Tool calls without content
+    // at their position: the same.
+    let rows = [
+        record(
+            "hermes:1",
+            json!({"role": "user", "content": "key sk-live-0123456789", "timestamp": 1.5}),
+        ),
+        record(
+            "hermes:2",
+            json!({"role": "assistant", "content": "<REASONING_SCRATCHPAD>hm</REASONING_SCRATCHPAD>\n\n\nNoted. ", "timestamp": 2.5}),
+        ),
+        record(
+            "hermes:3",
+            json!({"role": "assistant", "tool_calls": call("c1"), "timestamp": 3.5}),
+        ),
+    ];
+    let entries = [
+        record("s0", json!({"role": "user", "content": "key sk-liv...6789"})),
+        record(
+            "s1",
+            json!({"role": "assistant", "content": "<think>hm</think>\nNoted."}),
+        ),
+        record(
+            "s2",
+            json!({"role": "assistant", "content": null, "tool_calls": call("c1")}),
+        ),
+        record("s3", json!({"role": "user", "content": "bye"})),
+    ];
+    let active = reading(&rows, 4);
+    assert_eq!(
+        align::snapshot(&[&active, &active.clone()], &entries),
+        [possible("hermes:1"), same("hermes:2"), same("hermes:3"), Verdict::New]
+    );
+    // Another role at a position: the transcripts differ there.
+    let entries = [record(
+        "s0",
+        json!({"role": "assistant", "content": "key sk-live-0123456789"}),
+    )];
+    assert_eq!(align::snapshot(&[&reading(&rows, 1)], &entries), [possible("hermes:1")]);
+    // A user's text is not cleaned: only an assistant's is.
+    let entries = [record(
+        "s0",
+        json!({"role": "user", "content": "key sk-live-0123456789 "}),
+    )];
+    assert_eq!(align::snapshot(&[&reading(&rows, 1)], &entries), [possible("hermes:1")]);
+}
+
+#[test]
+fn content_is_cleaned_as_hermes_cleans_a_snapshot() {
+    let cases = [
+        (
+            "<REASONING_SCRATCHPAD>x</REASONING_SCRATCHPAD>\n\n\nHi  ",
+            "<think>x</think>\nHi",
+        ),
+        ("a\n\n\n<think>b</think>\n\n\nc\n\nd", "a\n<think>b</think>\nc\n\nd"),
+        ("</think>\n\n<think>", "</think>\n<think>"),
+        ("\u{1c} x\u{a0}\u{2003}\u{1f}\n", "x"),
+        ("no tags\n\n", "no tags"),
+        ("", ""),
+    ];
+    for (raw, want) in cases {
+        assert_eq!(clean::clean_session_content(raw), want, "{raw:?}");
+    }
+    let role = json!("assistant");
+    let text = json!("  a  ");
+    assert_eq!(clean::snapshot_content(Some(&role), Some(&text)), json!("a"));
+    assert_eq!(clean::snapshot_content(Some(&json!("user")), Some(&text)), text);
+    let parts = json!([{"type": "text", "text": " a "}]);
+    assert_eq!(clean::snapshot_content(Some(&role), Some(&parts)), parts);
+    assert_eq!(clean::snapshot_content(Some(&role), None), Value::Null);
 }

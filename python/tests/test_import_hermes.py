@@ -46,6 +46,18 @@ def divert_line(message: Any) -> str:
     return json.dumps(message, ensure_ascii=False, default=str) + "\n"
 
 
+def divert_uid(number: int, message: Any) -> str:
+    """The uid of a divert line: its number and its bytes."""
+    text = divert_line(message)[:-1].encode("utf-8")
+    return f"hermes:jsonl:{number}:{hashlib.sha256(text).hexdigest()[:24]}"
+
+
+def snapshot_uid(index: int, message: Dict[str, Any]) -> str:
+    """The uid of a snapshot's entry: its index and its canonical bytes."""
+    text = turnsafe_store.canonical_json(json.dumps(message)).encode("utf-8")
+    return f"hermes:json:{index}:{hashlib.sha256(text).hexdigest()[:24]}"
+
+
 def make_home(root: Path) -> Dict[str, Any]:
     """A Hermes home: several sessions, tool calls, non-ASCII text, a
     compaction, a rewind, a WAL not yet checkpointed (the SessionDB is
@@ -93,9 +105,13 @@ def make_home(root: Path) -> Dict[str, Any]:
 
     sessions = root / "sessions"
     sessions.mkdir(exist_ok=True)
-    # S1's divert: a repeat of a stored row, two lost messages (one not a
-    # dict), an unreadable line, a lost message said twice, a torn last line.
+    # S1's divert: its last stored row again, byte for byte (a batch the
+    # database had taken, sent again), the words of an earlier row (the
+    # user said it again), a lost message, one that is not a dict, an
+    # unreadable line, a lost message said twice, a torn last line.
+    last = [m for m in db.get_messages(S1, include_inactive=True) if m["active"]][-1]
     with open(sessions / f"{S1}.jsonl", "w", encoding="utf-8") as f:
+        f.write(divert_line(expected_item(last)))
         f.write(divert_line({"role": "user", "content": "Und zurück?"}))
         f.write(divert_line({"role": "user", "content": "Und morgen? ☀"}))
         f.write(divert_line("a bare string item"))
@@ -128,7 +144,7 @@ def make_home(root: Path) -> Dict[str, Any]:
     (sessions / "request_dump_1.json").write_text(json.dumps({"messages": [{"role": "user", "content": "dump"}]}))
     wal = root / "state.db-wal"
     assert wal.exists() and wal.stat().st_size > 0, "the WAL must hold frames not yet checkpointed"
-    return {"db": db, "root": root}
+    return {"db": db, "root": root, "snapshot": snapshot}
 
 
 def home_bytes(root: Path) -> Dict[str, bytes]:
@@ -195,14 +211,27 @@ def test_every_message_matches_hermes_field_by_field(tmp_path: Path) -> None:
     archived = {(sid, uid): (seq, json.loads(item), reason, edit) for sid, uid, seq, item, reason, edit in s["archive"]}
 
     db = h["db"]
+    # After each session's rows, the divert and snapshot lines it lacked.
+    ok = {"role": "user", "content": "ok"}
+    lines_after = {
+        S1: [
+            (divert_uid(2, {"role": "user", "content": "Und zurück?"}), {"role": "user", "content": "Und zurück?"}),
+            (divert_uid(3, {"role": "user", "content": "Und morgen? ☀"}), {"role": "user", "content": "Und morgen? ☀"}),
+            (divert_uid(4, "a bare string item"), {"content": "a bare string item"}),
+            (divert_uid(6, ok), ok),
+            (divert_uid(7, ok), ok),
+        ],
+        ODD: [],
+        S3: [(snapshot_uid(2, h["snapshot"]["messages"][2]), h["snapshot"]["messages"][2])],
+    }
     for hermes_id in (S1, ODD, S3):
         sid = safe_session_id(hermes_id)
         rows = db.get_messages(hermes_id, include_inactive=True)
         assert rows, hermes_id
         want_active = [(f"hermes:{m['id']}", expected_item(m)) for m in rows if m["active"]]
-        got_active = [(uid, item) for uid, _, item in active[sid] if uid.startswith("hermes:") and ":" not in uid[7:]]
-        # Hermes' order, field by field.
-        assert got_active == want_active, hermes_id
+        # Hermes' order, field by field, then the lines.
+        got = [(uid, item) for uid, _, item in active[sid]]
+        assert got == want_active + lines_after[hermes_id], hermes_id
         seqs = [seq for uid, seq, _ in active[sid]]
         assert seqs == sorted(seqs)
         for m in rows:
@@ -222,30 +251,33 @@ def test_every_message_matches_hermes_field_by_field(tmp_path: Path) -> None:
     tool_calls = [a[1] for a in archived.values() if a[1].get("tool_calls")]
     assert tool_calls[0]["tool_calls"][0]["function"]["name"] == "distance"
 
-    # S1's divert: the repeat skipped, the lost messages after the rows in
-    # file order (the one said twice kept twice), the bad line quarantined,
-    # the torn line reported.
+    # S1's divert: the last row again settled, the other lines after the
+    # rows in file order (the words of an earlier row kept, the message
+    # said twice kept twice and its second line reported), the bad line
+    # quarantined, the torn line reported.
     r1 = by_hermes[S1]
-    assert (r1["lines"], r1["quarantined"], r1["torn"]) == (5, 1, 1)
-    extra = [item for uid, _, item in active[S1] if uid.startswith("hermes:jsonl:")]
-    assert extra == [
-        {"role": "user", "content": "Und morgen? ☀"},
-        {"content": "a bare string item"},
-        {"role": "user", "content": "ok"},
-        {"role": "user", "content": "ok"},
+    assert (r1["lines"], r1["imported"], r1["duplicate"], r1["quarantined"], r1["torn"]) == (6, 4 + 5, 1, 1, 1)
+    assert r1["possible_duplicate"] == 1
+    assert r1["possible_duplicates"] == [
+        {
+            "file": str(source / "sessions" / f"{S1}.jsonl"),
+            "kind": "divert",
+            "line": 7,
+            "uid": divert_uid(7, ok),
+            "may_repeat": divert_uid(6, ok),
+        }
     ]
-    assert active[S1][-4][2] == extra[0] and active[S1][-5][0].startswith("hermes:")
+    assert end["possible_duplicate"] == 1
     quarantine = Path(end["quarantine"])
     assert quarantine == home / "import-quarantine" / "hermes.jsonl"
     q = json_lines(quarantine.read_text(encoding="utf-8"))
-    assert [(x["line"], x["text"], x["session"]) for x in q] == [(4, "{this line was damaged", S1)]
+    assert [(x["line"], x["text"], x["session"]) for x in q] == [(5, "{this line was damaged", S1)]
     assert oct(quarantine.stat().st_mode & 0o777) == "0o600"
 
-    # S3's snapshot: its two rows repeat, the third is new.
+    # S3's snapshot: its first two entries are the rows at their positions,
+    # the third extends them (checked above, with its uid).
     r3 = by_hermes[S3]
-    assert (r3["lines"], r3["duplicate"], r3["imported"]) == (3, 2, 3)
-    assert active[S3][-1][2] == {"role": "user", "content": "one more, never in state.db"}
-    assert active[S3][-1][0].startswith("hermes:json:2:")
+    assert (r3["lines"], r3["duplicate"], r3["imported"], r3["possible_duplicate"]) == (3, 2, 3, 0)
 
     # The ghost divert is a session of its own.
     assert by_hermes["ghost-session"]["imported"] == 1
@@ -266,19 +298,44 @@ def test_every_message_matches_hermes_field_by_field(tmp_path: Path) -> None:
     h["db"].close()
 
 
+def human_lines(d: Dict[str, Any]) -> List[str]:
+    """A session's lines of the human report, from its JSON report."""
+    line = (
+        f"{d['hermes_id']} -> {d['session']}: {d['rows']} rows, {d['lines']} lines: {d['imported']} imported, "
+        f"{d['archived']} archived, {d['duplicate']} duplicate, {d['quarantined']} quarantined"
+    )
+    if d["torn"]:
+        line += f", {d['torn']} torn"
+    if d["possible_duplicate"]:
+        line += f", {d['possible_duplicate']} possible duplicate"
+    if d["refused"]:
+        line += ", refused"
+    marks = [
+        f"  possible duplicate: {p['file']} {'line' if p['kind'] == 'divert' else 'message'} {p['line']} "
+        f"({p['uid']}) may repeat {p['may_repeat']}"
+        for p in d["possible_duplicates"]
+    ]
+    return [line] + marks
+
+
 def test_human_output_and_json_agree(tmp_path: Path) -> None:
     h = make_home(tmp_path / "hermes")
     dry = run_import(h["root"], tmp_path / "a", "--dry-run", "--json")
     human = run_import(h["root"], tmp_path / "b")
     assert dry.returncode == 0 and human.returncode == 0, (dry.stderr, human.stderr)
-    for l, text in zip(json_lines(dry.stdout)[:-1], human.stdout.splitlines()):
-        d = l["data"]
-        head = (
-            f"{d['hermes_id']} -> {d['session']}: {d['rows']} rows, {d['lines']} lines: {d['imported']} imported, "
-            f"{d['archived']} archived, {d['duplicate']} duplicate, {d['quarantined']} quarantined"
-        )
-        assert text.startswith(head), (text, head)
-    assert "4 sessions" in human.stdout.splitlines()[-2]
+    reports = json_lines(dry.stdout)
+    sessions, end = [l["data"] for l in reports[:-1]], reports[-1]["data"]
+    assert len(sessions) == end["sessions"] == 4
+    want = [text for d in sessions for text in human_lines(d)]
+    want.append(
+        f"{end['sessions']} sessions, {end['rows']} rows, {end['lines']} lines: {end['imported']} imported, "
+        f"{end['archived']} archived, {end['duplicate']} duplicate, {end['quarantined']} quarantined, "
+        f"{end['torn']} torn, {end['possible_duplicate']} possible duplicate"
+    )
+    want.append(f"unreadable lines copied to {tmp_path / 'b' / 'import-quarantine' / 'hermes.jsonl'}")
+    got = human.stdout.splitlines()
+    assert len(got) == len(want), (got, want)
+    assert got == want
     h["db"].close()
 
 
@@ -292,6 +349,8 @@ def test_second_import_adds_nothing(tmp_path: Path) -> None:
     second = turnsafe_store.import_hermes(source, home)
     assert (second["imported"], second["archived"]) == (0, 0)
     assert second["duplicate"] == first["imported"] + first["archived"] + first["duplicate"]
+    # A possible duplicate is reported by the import that wrote it only.
+    assert (first["possible_duplicate"], second["possible_duplicate"]) == (1, 0)
     assert second["quarantined"] == first["quarantined"] == 1
     assert stored(home)["messages"] == snapshot["messages"]
     assert stored(home)["archive"] == snapshot["archive"]
@@ -315,7 +374,7 @@ def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     assert not home.exists()
     assert dry["dry_run"] is True and dry["imported"] > 0
     real = turnsafe_store.import_hermes(h["root"], home)
-    for k in ("imported", "archived", "duplicate", "quarantined", "torn", "rows", "lines"):
+    for k in ("imported", "archived", "duplicate", "possible_duplicate", "quarantined", "torn", "rows", "lines"):
         assert dry[k] == real[k], k
     # A dry run over an imported home changes nothing and finds nothing new.
     before = {p: p.read_bytes() for p in home.rglob("*") if p.is_file() and not p.name.endswith("-shm")}

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::exit;
-use crate::import_hermes::{ImportError, ImportOptions, Report, import};
+use crate::import_hermes::{ImportError, ImportOptions, LineKind, Report, import};
 
 /// Bring another agent runtime's history into a turnsafe home.
 #[derive(Debug, clap::Args)]
@@ -38,21 +38,34 @@ enum What {
 ///
 /// Messages in `sessions/<id>.jsonl` (Hermes' diverted batches) and in the
 /// snapshot `sessions/session_<id>.json` follow the session's rows, unless
-/// they repeat a message already there: the same `role`, `content` and
-/// `tool_call_id`, each message matched once per file. A line that cannot be read
-/// is copied to `<home>/import-quarantine/hermes.jsonl` and counted
-/// `quarantined`; a torn last line is counted `torn`. Every row and line
-/// has a stable uid, so a second import adds nothing.
+/// the session already holds them, which only their place and bytes tell:
+/// a divert line is a duplicate when its bytes equal the row it meets where
+/// the run of lines joins the rows; a snapshot entry when it has the role
+/// and content (as Hermes cleans it) of the message at its position. The
+/// same words elsewhere are another message. A line the evidence cannot
+/// settle (the words of the row it meets but other bytes, a line said
+/// twice in one file, a snapshot entry whose content differs from its
+/// position's, as a redacted secret does) is imported and reported as a
+/// possible duplicate, with the uid of the message it may repeat. A line
+/// that cannot be read is copied to `<home>/import-quarantine/hermes.jsonl`
+/// and counted `quarantined`; a torn last line is counted `torn`. Every
+/// row and line has a stable uid, so a second import adds nothing.
 ///
 /// Output, one line per session:
-/// `<hermes id> -> <session>: <rows> rows, <lines> lines: <imported> imported, <archived> archived, <duplicate> duplicate, <quarantined> quarantined[, <torn> torn][, refused]`
+/// `<hermes id> -> <session>: <rows> rows, <lines> lines: <imported> imported, <archived> archived, <duplicate> duplicate, <quarantined> quarantined[, <torn> torn][, <n> possible duplicate][, refused]`
+/// and under it, for each possible duplicate,
+/// `  possible duplicate: <file> line|message <line> (<uid>) may repeat <uid>`;
 /// then a summary line. With `--json`: one `{"type":"session","data":{...}}`
 /// per session (`hermes_id`, `session`, `renamed`, `parent`, `rows`,
-/// `lines`, `imported`, `archived`, `duplicate`, `quarantined`, `torn`,
-/// `refused`, `files`), then `{"type":"end","data":{...}}` (`source`,
-/// `home`, `dry_run`, `copy_attempts`, `sessions`, the same counts summed,
-/// `renamed`: {hermes id: session}, `refused`: [session], `quarantine`:
-/// the quarantine file or null).
+/// `lines`, `imported`, `archived`, `duplicate`, `possible_duplicate`,
+/// `possible_duplicates`: [{`file`, `kind`, `line`, `uid`, `may_repeat`}],
+/// `quarantined`, `torn`, `refused`, `files`), then
+/// `{"type":"end","data":{...}}` (`source`, `home`, `dry_run`,
+/// `copy_attempts`, `sessions`, the same counts summed, `renamed`: {hermes
+/// id: session}, `refused`: [session], `quarantine`: the quarantine file
+/// or null). A possible duplicate is among `imported`; `kind` is `divert`
+/// or `snapshot`, `line` its line in a divert file (from 1) or its index
+/// among a snapshot's messages (from 0).
 ///
 /// Exit 0 when every session was imported (quarantined lines included); 5
 /// when the import refused (`--home` is or is inside the Hermes home, Hermes kept
@@ -128,8 +141,21 @@ pub(crate) fn print(report: &Report, json: bool) {
             if s.torn > 0 {
                 line.push_str(&format!(", {} torn", s.torn));
             }
+            if s.possible_duplicate > 0 {
+                line.push_str(&format!(", {} possible duplicate", s.possible_duplicate));
+            }
             if s.refused {
                 line.push_str(", refused");
+            }
+            for p in &s.possible_duplicates {
+                let at = match p.kind {
+                    LineKind::Divert => "line",
+                    LineKind::Snapshot => "message",
+                };
+                line.push_str(&format!(
+                    "\n  possible duplicate: {} {at} {} ({}) may repeat {}",
+                    p.file, p.line, p.uid, p.may_repeat
+                ));
             }
             line
         };
@@ -143,7 +169,7 @@ pub(crate) fn print(report: &Report, json: bool) {
         return;
     }
     let n = |k: &str| summary[k].as_u64().unwrap_or_default();
-    super::emit(&format!(
+    let mut last = format!(
         "{}{} sessions, {} rows, {} lines: {} imported, {} archived, {} duplicate, {} quarantined, {} torn",
         if report.dry_run { "dry run: " } else { "" },
         n("sessions"),
@@ -154,7 +180,11 @@ pub(crate) fn print(report: &Report, json: bool) {
         n("duplicate"),
         n("quarantined"),
         n("torn"),
-    ));
+    );
+    if n("possible_duplicate") > 0 {
+        last.push_str(&format!(", {} possible duplicate", n("possible_duplicate")));
+    }
+    super::emit(&last);
     if let Some(q) = &report.quarantine {
         super::emit(&format!("unreadable lines copied to {q}"));
     }

@@ -226,9 +226,10 @@ def import_hermes(
     ``sessions/``) into the turnsafe home ``home`` (``home/state.db``): the
     report of ``turnsafe import hermes --json`` (the ``end`` line's fields:
     ``sessions``, ``rows``, ``lines``, ``imported``, ``archived``,
-    ``duplicate``, ``quarantined``, ``torn``, ``renamed``, ``refused``,
-    ``quarantine``, ``copy_attempts``...; and ``session_reports``, one dict
-    per session). The Hermes home is never written to. Raises ``Refused``
+    ``duplicate``, ``possible_duplicate``, ``quarantined``, ``torn``,
+    ``renamed``, ``refused``, ``quarantine``, ``copy_attempts``...; and
+    ``session_reports``, one dict per session, each listing its
+    ``possible_duplicates``). The Hermes home is never written to. Raises ``Refused``
     when ``home`` is ``source`` or Hermes kept writing during every copy."""
 
 def doctor(home: _Path, *, db: Optional[str] = None) -> Dict[str, Any]:
