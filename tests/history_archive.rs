@@ -104,13 +104,14 @@ fn clear_archives_rows_and_pending_divert_lines_and_restore_brings_all_back() {
     assert!(!out.persisted && out.receipt.is_some(), "{}", out.to_value());
     home.other().execute_batch("DROP TRIGGER refuse").unwrap();
 
-    let cleared = store.clear_archiving(&sid("s1")).unwrap();
+    let report = turnsafe_host::clear::clear(&mut store, home.path(), &sid("s1")).unwrap();
+    let cleared = report.cleared;
     assert_eq!(cleared.rows.len(), 2);
     assert_eq!(
         cleared.pending.iter().map(|m| m.uid.as_str()).collect::<Vec<_>>(),
         ["d-0", "d-1"]
     );
-    turnsafe_host::clear::clear_pending(home.path(), "s1").unwrap();
+    assert_eq!(report.settled.settled, 2);
     assert!(home.rows("s1").is_empty());
     let reasons: Vec<String> = archive(&home, "s1").into_iter().map(|a| a.2).collect();
     assert_eq!(reasons, ["clear"; 4]);

@@ -228,8 +228,12 @@ fn clearing_a_session_keeps_the_pending_lines_of_a_thread_with_its_id() {
     );
     drop(store);
 
-    let cleared = turnsafe_host::clear::clear_pending(home.path(), shared).unwrap();
-    assert_eq!(cleared, 2, "the two message lines are settled as cleared");
+    let cleared = turnsafe_host::clear::clear(&mut home.store(), home.path(), &sid(shared)).unwrap();
+    assert_eq!(
+        cleared.settled.settled, 2,
+        "the two message lines are settled as cleared"
+    );
+    assert_eq!(cleared.settled.kept, 1, "the thread's line is written back");
     let pending = std::fs::read_to_string(home.divert_file(shared)).unwrap();
     let kinds: Vec<Value> = pending
         .lines()

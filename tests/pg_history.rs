@@ -79,7 +79,7 @@ fn pop_clear_restore_fork_and_replace_on_postgres() {
     assert_eq!(rows[2].2, "summary");
 
     // Clear, then restore everything the clear archived.
-    let cleared = store.clear_archiving(&sid("s1")).unwrap();
+    let cleared = store.clear_archiving(&sid("s1"), &[]).unwrap();
     assert_eq!(cleared.rows.len(), 3);
     assert!(pg::rows(&server, &db, "s1").is_empty());
     let r = store

@@ -86,7 +86,7 @@ fn edit(store: &mut SessionStore, k: usize) -> bool {
     match k {
         0 => store.pop_last(&sid("s1")).is_ok_and(|p| p.is_some()),
         1 => store.pop_last(&sid("s1")).is_ok_and(|p| p.is_some()),
-        2 => store.clear_archiving(&sid("s2")).is_ok(),
+        2 => store.clear_archiving(&sid("s2"), &[]).is_ok(),
         3 => store
             .restore(
                 &sid("s1"),

@@ -111,8 +111,8 @@ fn clearing_settles_pending_divert_lines_as_cleared() {
         assert_eq!(store.append_batch(&sid("s1"), &batch("d", 3)).diverted, 3);
         assert_eq!(store.append_batch(&sid("s2"), &batch("e", 1)).diverted, 1);
     }
-    let n = turnsafe_host::clear::clear_pending(home.path(), "s1").unwrap();
-    assert_eq!(n, 3);
+    let n = turnsafe_host::clear::clear(&mut home.store(), home.path(), &sid("s1")).unwrap();
+    assert_eq!(n.settled.settled, 3);
     let ledger = std::fs::read_to_string(home.path().join("sessions/ledger.jsonl")).unwrap();
     let entries: Vec<serde_json::Value> = ledger.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(entries.len(), 3);
@@ -127,5 +127,6 @@ fn clearing_settles_pending_divert_lines_as_cleared() {
     let run = turnsafe_host::replay::replay_run(home.path(), &Default::default()).unwrap();
     assert_eq!(run.summary(false)["replayed"], 1);
     assert!(home.rows("s1").is_empty());
-    assert_eq!(turnsafe_host::clear::clear_pending(home.path(), "s1").unwrap(), 0);
+    let again = turnsafe_host::clear::clear(&mut home.store(), home.path(), &sid("s1")).unwrap();
+    assert_eq!(again.settled.settled, 0);
 }

@@ -61,6 +61,7 @@ pub const IO_POINTS: &[&str] = &[
     "divert.truncate",
     "divert.truncate_fsync",
     "store.no_ckpt_on_close",
+    "clear.read",
 ];
 
 /// Mark an effect boundary: a crash point (with `test-hooks` only).

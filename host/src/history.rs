@@ -15,6 +15,10 @@
 //!   pending divert lines with its rows (reason `clear`, their own uid and
 //!   seq), then settles them as `cleared` in the replay ledger: `restore
 //!   --reason clear` brings them back with the rows.
+//! - **LangGraph deletes.** `delete_thread` marks the thread's rows
+//!   rather than archiving them, and stores its pending divert lines with
+//!   them, marked too, before settling them as `deleted`: `restore
+//!   --reason delete` brings the marked rows back ([`crate::clear`]).
 //! - **Forks** copy the prefix up to and including a seq into a new
 //!   session in one transaction; each copy's uid is derived from the new
 //!   session and the source uid ([`fork_uid`]), so a retried fork stores
@@ -33,15 +37,20 @@ pub enum Reason {
     Compaction,
     Rewind,
     Prune,
+    /// LangGraph's `delete_thread`: its rows are marked rather than
+    /// archived (`docs/LANGGRAPH.md`), its pending divert lines stored with
+    /// them; `restore --reason delete` brings them back.
+    Delete,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 6] = [
         Reason::Pop,
         Reason::Clear,
         Reason::Compaction,
         Reason::Rewind,
         Reason::Prune,
+        Reason::Delete,
     ];
 
     pub fn label(self) -> &'static str {
@@ -51,6 +60,7 @@ impl Reason {
             Reason::Compaction => "compaction",
             Reason::Rewind => "rewind",
             Reason::Prune => "prune",
+            Reason::Delete => "delete",
         }
     }
 
@@ -103,6 +113,9 @@ pub struct RestoreReport {
     pub skipped_active: Vec<String>,
     /// Uids asked for that the archive does not hold.
     pub not_archived: Vec<String>,
+    /// LangGraph checkpoints and writes brought back (`--reason delete`).
+    pub checkpoints_restored: u64,
+    pub writes_restored: u64,
 }
 
 impl RestoreReport {
@@ -111,6 +124,8 @@ impl RestoreReport {
             "restored": self.restored.iter().map(|(u, s)| json!({"uid": u, "seq": s})).collect::<Vec<_>>(),
             "skipped_active": self.skipped_active,
             "not_archived": self.not_archived,
+            "checkpoints_restored": self.checkpoints_restored,
+            "writes_restored": self.writes_restored,
         })
     }
 }

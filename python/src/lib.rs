@@ -407,6 +407,19 @@ impl Failed {
         }
     }
 
+    /// An edit with its pending divert lines: the edit's own failure, or
+    /// the lines could not be read (nothing changed) or settled.
+    fn of_clear(e: &turnsafe_host::clear::ClearError) -> Failed {
+        match e {
+            turnsafe_host::clear::ClearError::Edit(e) => Failed::of_edit(e),
+            other => Failed {
+                message: other.to_string(),
+                cause: None,
+                incomplete: None,
+            },
+        }
+    }
+
     /// A read that found `holds` holding rows of `session` the database
     /// lacks; `rows` is what the read returns otherwise.
     fn incomplete(session: &SessionId, rows: Value, holds: &[turnsafe_host::captures::Hold]) -> Failed {
@@ -882,8 +895,11 @@ impl Store {
     /// transaction: `uids` (each its newest archived copy), or every row
     /// archived for `reason` (`"pop"`, `"clear"`, `"compaction"`,
     /// `"rewind"`, `"prune"`), at or after `since` (seconds since the
-    /// epoch) when given. A uid active again is skipped. Returns
-    /// `{"restored": [{"uid", "seq"}], "skipped_active", "not_archived"}`.
+    /// epoch) when given. A uid active again is skipped. `reason="delete"`
+    /// brings back the LangGraph rows a `delete_thread` of the thread
+    /// whose safe id is `session_id` marked, its pending lines included.
+    /// Returns `{"restored": [{"uid", "seq"}], "skipped_active",
+    /// "not_archived", "checkpoints_restored", "writes_restored"}`.
     #[pyo3(signature = (session_id, *, uids = None, reason = None, since = None))]
     fn restore<'py>(
         &self,
@@ -966,23 +982,21 @@ impl Store {
         let session = parse_session(py, session_id)?;
         let store = self.shared(py)?;
         let home = self.home.clone();
+        // The pending lines read are settled with the delete, exactly those.
         let done = py.detach(move || {
-            store.with_store(|s| s.delete_session(&session)).map(|counts| {
-                let settled = turnsafe_host::clear::clear_pending(&home, session.as_str());
-                (counts, settled)
+            store.with_store(|s| {
+                turnsafe_host::clear::settle_with(
+                    &home,
+                    session.as_str(),
+                    "delete",
+                    turnsafe_host::clear::Settlement::Cleared,
+                    |_| s.delete_session(&session),
+                )
             })
         });
         match done {
-            Ok(((rows, archived), settled)) => {
-                if let Err(e) = settled {
-                    return Err(error(
-                        py,
-                        format!("the session was deleted, but settling its divert lines failed: {e}"),
-                    ));
-                }
-                to_py(py, &serde_json::json!({"deleted": rows, "archived_deleted": archived}))
-            }
-            Err(e) => Err(Failed::of_edit(&e).into_err(py)),
+            Ok(((rows, archived), _)) => to_py(py, &serde_json::json!({"deleted": rows, "archived_deleted": archived})),
+            Err(e) => Err(Failed::of_clear(&e).into_err(py)),
         }
     }
 
@@ -1244,9 +1258,18 @@ impl Store {
             other => return Err(PyValueError::new_err(format!("unknown edit {other:?}"))),
         };
         let store = self.shared(py)?;
+        let home = self.home.clone();
         let done = py
-            .detach(move || store.with_store(|s| s.graph_edit(&edit)))
-            .map_err(|e| Failed::of_edit(&e).into_err(py))?;
+            .detach(move || {
+                store.with_store(|s| match &edit {
+                    // The thread's pending divert lines are settled with it.
+                    GraphEdit::DeleteThread(thread) => {
+                        turnsafe_host::clear::delete_thread(s, &home, thread).map(|d| d.edited)
+                    }
+                    _ => s.graph_edit(&edit).map_err(turnsafe_host::clear::ClearError::Edit),
+                })
+            })
+            .map_err(|e| Failed::of_clear(&e).into_err(py))?;
         to_py(
             py,
             &serde_json::json!({"checkpoints": done.checkpoints, "writes": done.writes}),
@@ -1343,17 +1366,12 @@ fn pop_in(s: &mut dyn Backend, session: &SessionId) -> Result<Value, Failed> {
     }
 }
 
-/// Remove every message, then settle the session's pending divert lines as
-/// `cleared`: only once the rows are gone (the edit checked the lease), so
-/// a fenced clear leaves the divert lines pending too.
+/// Remove every message, with the session's pending divert lines read,
+/// then settle exactly those lines as `cleared`. A fenced clear leaves
+/// them pending, and a read that fails clears nothing.
 fn clear_in(s: &mut dyn Backend, home: &Path, session: &SessionId) -> Result<u64, Failed> {
-    let removed = s.clear_session(session).map_err(|e| Failed::of_edit(&e))?;
-    turnsafe_host::clear::clear_pending(home, session.as_str()).map_err(|e| Failed {
-        message: format!("settling the session's divert lines: {e}"),
-        cause: None,
-        incomplete: None,
-    })?;
-    Ok(removed)
+    let report = turnsafe_host::clear::clear(s, home, session).map_err(|e| Failed::of_clear(&e))?;
+    Ok(report.cleared.rows.len() as u64)
 }
 
 // ---------------------------------------------------------------- functions

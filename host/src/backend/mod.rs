@@ -24,6 +24,7 @@ use turnsafe_policy::Evidence;
 use turnsafe_policy::machine::{Failure, WritePlan};
 
 use crate::capture::{Capture, CaptureError};
+use crate::clear::{PendingMessage, PendingRecord};
 use crate::graph::{GraphBatch, GraphEdit, GraphEdited, GraphQuery, StoredCheckpoint};
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::message::Message;
@@ -164,8 +165,14 @@ pub trait Backend {
     /// their writes. A sticky handle refuses.
     fn graph_read(&mut self, query: &GraphQuery) -> Result<Vec<StoredCheckpoint>, ReadError>;
     /// A LangGraph delete, prune or copy, in one transaction, as the
-    /// policy's edit machine says.
+    /// policy's edit machine says. A `delete_thread` that settles the
+    /// thread's pending divert lines is [`crate::clear::delete_thread`].
     fn graph_edit(&mut self, edit: &GraphEdit) -> Result<GraphEdited, EditError>;
+    /// `delete_thread` with the thread's pending divert lines read by
+    /// [`crate::clear::delete_thread`], in one transaction: each is stored
+    /// as replay would have stored it, then every row of the thread is
+    /// marked, theirs included.
+    fn graph_delete_thread(&mut self, thread: &str, pending: &[PendingRecord]) -> Result<GraphEdited, EditError>;
     /// Capture the retired generation this handle still holds, once, for
     /// the operator (SQLite's WAL through the held descriptor). `trigger`
     /// and `evidence` are the failure that asked for it. A server keeps no
@@ -181,12 +188,14 @@ pub trait Backend {
     /// Remove and return the newest message of `session` (`None` when it
     /// has none). A write: it follows the policy, as replay does.
     fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError>;
-    /// Move every stored message of `session` to the archive; returns how many.
+    /// Move every stored message of `session` to the archive; returns how
+    /// many. Its pending divert lines are not touched: [`crate::clear::clear`]
+    /// archives and settles them with the rows.
     fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError>;
-    /// [`Backend::clear_session`], returning what it archived (the rows,
-    /// and the pending divert lines archived with them; settle those with
-    /// [`crate::clear::clear_pending`] afterwards).
-    fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError>;
+    /// Move every stored message of `session`, and `pending` (the divert
+    /// lines [`crate::clear::clear`] took and read), to the archive in one
+    /// transaction; returns what it archived.
+    fn clear_archiving(&mut self, session: &SessionId, pending: &[PendingMessage]) -> Result<Cleared, EditError>;
     /// The archived rows of `session`, newest archived first.
     fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError>;
     /// Bring archived rows back (see [`crate::history`]).

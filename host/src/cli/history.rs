@@ -43,6 +43,11 @@ pub struct PopArgs {
 /// Move every message of a session, and its pending divert lines, to the
 /// archive, and print what was archived.
 ///
+/// Exactly the lines read are settled: `cleared` in `sessions/ledger.jsonl`,
+/// or `quarantined` (with the reason) for a line that cannot be read; a
+/// line diverted after the read stays pending. If the lines cannot be read
+/// at all, the clear fails (exit 1) and nothing changes.
+///
 /// With `--json`: one `{"type":"archived","data":{"uid","seq","message"}}`
 /// per row (the pending lines with `"pending": true`), then
 /// `{"type":"end","data":{"rows","pending_lines"}}`. `turnsafe restore
@@ -57,8 +62,14 @@ pub struct ClearArgs {
 /// transaction: each uid's newest archived copy. A uid that is active
 /// again is skipped and reported, never overwritten.
 ///
+/// `--reason delete` brings back what a LangGraph `delete_thread` marked
+/// of the thread whose safe id is `--session` (its file in `sessions/`):
+/// its checkpoints and writes, the pending divert lines the delete stored
+/// with them included.
+///
 /// With `--json`: one `{"type":"restored","data":{"uid","seq"}}` per row,
-/// then `{"type":"end","data":{"restored","skipped_active","not_archived"}}`.
+/// then `{"type":"end","data":{"restored","skipped_active","not_archived",
+/// "checkpoints_restored","writes_restored"}}`.
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["uid", "reason"])))]
 pub struct RestoreArgs {
@@ -212,19 +223,26 @@ pub fn clear(args: ClearArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let cleared = match store.clear_archiving(&session) {
-        Ok(c) => c,
-        Err(e) => return failed(&e, args.target.json),
+    // The pending lines read are archived with the rows, then settled as
+    // cleared, so replay does not bring them back into the cleared session.
+    let cleared = match crate::clear::clear(store.as_mut(), &args.target.home, &session) {
+        Ok(report) => report.cleared,
+        Err(crate::clear::ClearError::Edit(e)) => return failed(&e, args.target.json),
+        Err(e @ crate::clear::ClearError::Read { .. }) => {
+            if args.target.json {
+                let data = json!({"edit": "clear", "session": session.as_str(), "message": e.to_string()});
+                super::emit(&super::envelope("error", data));
+            }
+            eprintln!("turnsafe clear: {e}");
+            return exit::FAILURE;
+        }
+        Err(e @ crate::clear::ClearError::Settle { .. }) => {
+            eprintln!(
+                "turnsafe clear: {e}; `turnsafe replay` would bring them back (restore skips a uid active again)"
+            );
+            return exit::FAILURE;
+        }
     };
-    // The pending lines are archived: settle them as cleared, so replay
-    // does not bring them back into the cleared session.
-    if let Err(e) = crate::clear::clear_pending(&args.target.home, session.as_str()) {
-        eprintln!(
-            "turnsafe clear: the rows are archived, but settling the session's divert lines failed: {e}; \
-             `turnsafe replay` would bring them back (restore skips a uid active again)"
-        );
-        return exit::FAILURE;
-    }
     for (m, pending) in cleared
         .rows
         .iter()
@@ -307,6 +325,12 @@ pub fn restore(args: RestoreArgs) -> i32 {
         super::envelope("end", report.to_value())
     } else {
         let mut s = format!("restored {} messages", report.restored.len());
+        if args.reason == Some(Reason::Delete) {
+            s += &format!(
+                ", {} LangGraph checkpoint(s) and {} write(s)",
+                report.checkpoints_restored, report.writes_restored
+            );
+        }
         if !report.skipped_active.is_empty() {
             s += &format!("; skipped (active again): {}", report.skipped_active.join(", "));
         }

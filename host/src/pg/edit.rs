@@ -93,11 +93,14 @@ impl PgStore {
         })
     }
 
-    /// Move every stored message of `session` (and its pending divert
-    /// lines) to the archive.
-    pub(super) fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError> {
+    /// Move every stored message of `session`, and `pending` (the divert
+    /// lines [`crate::clear::clear`] took and read), to the archive.
+    pub(super) fn clear_archiving(
+        &mut self,
+        session: &SessionId,
+        pending: &[crate::clear::PendingMessage],
+    ) -> Result<Cleared, EditError> {
         let stamp = self.stamp(Reason::Clear);
-        let lines = crate::clear::pending_lines(self.home.as_path(), session.as_str()).unwrap_or_default();
         self.edit("clear", session, |tx, session| {
             let rows: Vec<StoredMessage> = tx
                 .query(
@@ -108,8 +111,9 @@ impl PgStore {
                 .map(|r| stored(r.get(0), r.get(1), &r.get::<_, String>(2)))
                 .collect();
             archive_rows(tx, session, None, None, None, &stamp)?;
-            let mut pending = Vec::new();
-            for (uid, seq, m) in &lines {
+            let mut lines = Vec::new();
+            for p in pending {
+                let (uid, seq, m) = (&p.uid, &p.seq, &p.message);
                 tx.execute(
                     "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, \
                      reason, holder, edit) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10)",
@@ -126,13 +130,13 @@ impl PgStore {
                         &stamp.edit,
                     ],
                 )?;
-                pending.push(StoredMessage {
+                lines.push(StoredMessage {
                     uid: uid.clone(),
                     seq: seq.unwrap_or(0),
                     message: m.item().clone(),
                 });
             }
-            Ok(Cleared { rows, pending })
+            Ok(Cleared { rows, pending: lines })
         })
     }
 
@@ -388,6 +392,18 @@ fn lineage(client: &mut impl GenericClient, session: &str) -> Result<Option<Line
 type ArchivedRow = (i64, String, i64, Option<String>, Option<String>, String, i64);
 
 fn restore_in(tx: &mut Transaction<'_>, session: &str, selector: &Selector) -> Result<RestoreReport, postgres::Error> {
+    if let Selector::Reason {
+        reason: Reason::Delete,
+        since_ms,
+    } = selector
+    {
+        let (checkpoints, writes) = super::graph_marks::restore_marked(tx, session, *since_ms)?;
+        return Ok(RestoreReport {
+            checkpoints_restored: checkpoints,
+            writes_restored: writes,
+            ..RestoreReport::default()
+        });
+    }
     let cols = "id, uid, seq, role, content, item, created_ms";
     let row =
         |r: &postgres::Row| -> ArchivedRow { (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)) };

@@ -15,6 +15,7 @@
 pub mod connect;
 mod edit;
 mod graph;
+mod graph_marks;
 pub mod replay;
 pub mod schema;
 pub mod translate;
@@ -831,6 +832,20 @@ impl Backend for PgStore {
         self.edit(edit.name(), &session, |tx, _| graph::edit(tx, edit, now))
     }
 
+    fn graph_delete_thread(
+        &mut self,
+        thread: &str,
+        pending: &[crate::clear::PendingRecord],
+    ) -> Result<crate::graph::GraphEdited, EditError> {
+        let edit = crate::graph::GraphEdit::DeleteThread(thread.to_string());
+        let session = edit.session();
+        let now = crate::store::now_ms();
+        self.edit(edit.name(), &session, |tx, _| {
+            graph_marks::store_pending(tx, pending, now)?;
+            graph::edit(tx, &edit, now)
+        })
+    }
+
     fn capture(&mut self, _trigger: &str, _evidence: &[Evidence]) -> Result<Capture, CaptureError> {
         Err(CaptureError {
             operation: "read",
@@ -874,11 +889,15 @@ impl Backend for PgStore {
     }
 
     fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
-        Ok(self.clear_archiving(session)?.rows.len() as u64)
+        Ok(PgStore::clear_archiving(self, session, &[])?.rows.len() as u64)
     }
 
-    fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError> {
-        PgStore::clear_archiving(self, session)
+    fn clear_archiving(
+        &mut self,
+        session: &SessionId,
+        pending: &[crate::clear::PendingMessage],
+    ) -> Result<Cleared, EditError> {
+        PgStore::clear_archiving(self, session, pending)
     }
 
     fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {

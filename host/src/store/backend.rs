@@ -139,6 +139,20 @@ impl Backend for SessionStore {
         })
     }
 
+    fn graph_delete_thread(
+        &mut self,
+        thread: &str,
+        pending: &[crate::clear::PendingRecord],
+    ) -> Result<crate::graph::GraphEdited, EditError> {
+        let edit = crate::graph::GraphEdit::DeleteThread(thread.to_string());
+        let session = edit.session();
+        self.edit(edit.name(), &session, |conn, _| {
+            let now = super::now_ms();
+            super::graph_marks::store_pending(conn, pending, now)?;
+            super::graph::edit(conn, &edit, now)
+        })
+    }
+
     /// Once per handle: a later ask gets the first capture's result.
     fn capture(&mut self, trigger: &str, evidence: &[Evidence]) -> Result<Capture, CaptureError> {
         match self.retire_generation(trigger, evidence) {
@@ -190,8 +204,12 @@ impl Backend for SessionStore {
         SessionStore::clear_session(self, session)
     }
 
-    fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError> {
-        SessionStore::clear_archiving(self, session)
+    fn clear_archiving(
+        &mut self,
+        session: &SessionId,
+        pending: &[crate::clear::PendingMessage],
+    ) -> Result<Cleared, EditError> {
+        SessionStore::clear_archiving(self, session, pending)
     }
 
     fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {

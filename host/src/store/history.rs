@@ -178,19 +178,23 @@ impl SessionStore {
         })
     }
 
-    /// Move every stored message of `session` to the archive, and with them
-    /// its pending divert lines (settle those as `cleared` afterwards, with
-    /// [`crate::clear::clear_pending`]). Returns the rows archived from the
-    /// database.
+    /// Move every stored message of `session` to the archive. Returns the
+    /// rows archived. Its pending divert lines are not touched:
+    /// [`crate::clear::clear`] archives and settles them with the rows.
     pub fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
-        Ok(self.clear_archiving(session)?.rows.len() as u64)
+        Ok(self.clear_archiving(session, &[])?.rows.len() as u64)
     }
 
-    /// [`Self::clear_session`], returning what it archived.
-    pub fn clear_archiving(&mut self, session: &SessionId) -> Result<Cleared, EditError> {
+    /// Move every stored message of `session`, and `pending` (the divert
+    /// lines [`crate::clear::clear`] took and read), to the archive in one
+    /// transaction; returns what it archived.
+    pub fn clear_archiving(
+        &mut self,
+        session: &SessionId,
+        pending: &[crate::clear::PendingMessage],
+    ) -> Result<Cleared, EditError> {
         let holder = self.stamp_holder();
         let edit_id = mint_id();
-        let lines = crate::clear::pending_lines(&self.home, session.as_str()).unwrap_or_default();
         self.edit("clear", session, |conn, session| {
             let rows = transcript::stored_messages(conn, session, None)?;
             let stamp = Stamp {
@@ -200,16 +204,16 @@ impl SessionStore {
                 at_ms: now_ms(),
             };
             archive_rows(conn, session, Which::All, &stamp)?;
-            let mut pending = Vec::new();
-            for (uid, seq, m) in &lines {
-                archive_line(conn, session, uid, *seq, m, &stamp)?;
-                pending.push(StoredMessage {
-                    uid: uid.clone(),
-                    seq: seq.unwrap_or(0),
-                    message: m.item().clone(),
+            let mut lines = Vec::new();
+            for p in pending {
+                archive_line(conn, session, &p.uid, p.seq, &p.message, &stamp)?;
+                lines.push(StoredMessage {
+                    uid: p.uid.clone(),
+                    seq: p.seq.unwrap_or(0),
+                    message: p.message.item().clone(),
                 });
             }
-            Ok(Cleared { rows, pending })
+            Ok(Cleared { rows, pending: lines })
         })
     }
 
@@ -313,6 +317,18 @@ impl SessionStore {
 }
 
 fn restore_in(conn: &Connection, session: &str, selector: &Selector) -> rusqlite::Result<RestoreReport> {
+    if let Selector::Reason {
+        reason: Reason::Delete,
+        since_ms,
+    } = selector
+    {
+        let (checkpoints, writes) = super::graph_marks::restore_marked(conn, session, *since_ms)?;
+        return Ok(RestoreReport {
+            checkpoints_restored: checkpoints,
+            writes_restored: writes,
+            ..RestoreReport::default()
+        });
+    }
     type Row = (i64, String, i64, Option<String>, Option<String>, String, i64);
     let read = |r: &rusqlite::Row<'_>| -> rusqlite::Result<Row> {
         Ok((

@@ -18,6 +18,7 @@
 mod backend;
 mod edit;
 pub mod graph;
+mod graph_marks;
 pub mod history;
 pub mod import;
 pub mod index;

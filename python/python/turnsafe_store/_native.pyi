@@ -123,7 +123,10 @@ class Store:
         since: Optional[float] = None,
     ) -> Dict[str, Any]:
         """Bring archived rows back at their seqs, in one transaction; a uid
-        active again is skipped. ``{"restored", "skipped_active", "not_archived"}``."""
+        active again is skipped. ``reason="delete"`` brings back what a
+        LangGraph ``delete_thread`` of the thread whose safe id is
+        ``session_id`` marked. ``{"restored", "skipped_active", "not_archived",
+        "checkpoints_restored", "writes_restored"}``."""
     def fork(self, session_id: str, at_seq: int, new_session: str) -> Dict[str, Any]:
         """Copy the messages up to and including ``at_seq`` into ``new_session``,
         keeping the lineage; idempotent. Raises ``Refused`` when it exists otherwise."""
