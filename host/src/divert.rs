@@ -5,7 +5,7 @@
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
@@ -249,9 +249,7 @@ pub(crate) fn append_lines(dir: &Path, session: &str, values: &[Value]) -> Resul
         Err(e) => return Err(DivertError::io("mkdir", dir, &e)),
     }
     let path = dir.join(format!("{session}.jsonl"));
-    let (mut file, _created) = open_append(&path).map_err(|e| DivertError::io("open", &path, &e))?;
-    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-        .map_err(|e| DivertError::io("lock", &path, &io::Error::from(e)))?;
+    let mut file = open_locked(&path)?;
 
     let mut buf = Vec::with_capacity(values.len() * 256);
     // A torn last line from an earlier crash stays detectable: start ours
@@ -330,6 +328,37 @@ fn ends_with_newline(file: &File, size: u64) -> bool {
 }
 
 /// Open for append without following a symlink; report whether we created it.
+/// How often a divert opens its file again when the one it locked was
+/// taken from its path meanwhile.
+const LOCK_TRIES: usize = 8;
+
+/// Open `path` for appending and lock it, holding the file that is at
+/// `path` once the lock is held. Replay and clear take a divert file by
+/// renaming it under this same lock: a writer that opened the file before
+/// the rename and locked it after would otherwise append to the taken
+/// file, behind the reader's back, with a receipt naming `path`.
+fn open_locked(path: &Path) -> Result<File, DivertError> {
+    for _ in 0..LOCK_TRIES {
+        let (file, _created) = open_append(path).map_err(|e| DivertError::io("open", path, &e))?;
+        crate::failpoint::hit("divert.before_lock");
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| DivertError::io("lock", path, &io::Error::from(e)))?;
+        let held = file.metadata().map_err(|e| DivertError::io("stat", path, &e))?;
+        match std::fs::symlink_metadata(path) {
+            Ok(at) if at.dev() == held.dev() && at.ino() == held.ino() => return Ok(file),
+            // Taken (or replaced) since it was opened: open what is there now.
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(DivertError::io("stat", path, &e)),
+        }
+    }
+    Err(DivertError::io(
+        "lock",
+        path,
+        &io::Error::other("the divert file was taken from its path at every try"),
+    ))
+}
+
 fn open_append(path: &Path) -> io::Result<(File, bool)> {
     let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
     match OpenOptions::new()

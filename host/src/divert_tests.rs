@@ -564,3 +564,39 @@ fn sync_dir_and_sync_path_entries_report_a_missing_folder() {
     assert!(sync_path_entries(&dir.path().join("missing")).is_err());
     sync_path_entries(dir.path()).unwrap();
 }
+
+/// A divert file taken from its path (as replay and clear take it, by a
+/// rename under the lock) between the writer's open and its lock: the
+/// writer appends to the file now at the path, never to the taken one,
+/// and its receipt names what it wrote.
+#[test]
+fn a_file_taken_between_open_and_lock_is_not_appended_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = dir.path().join("sessions");
+    divert_n(&sessions, "s1", "first", 1).unwrap();
+    let taken = dir.path().join("taken.jsonl");
+    let before = std::fs::read(sessions.join("s1.jsonl")).unwrap();
+
+    let (from, to) = (sessions.join("s1.jsonl"), taken.clone());
+    let once = std::sync::atomic::AtomicBool::new(true);
+    let _hook = crate::failpoint::on("divert.before_lock", move || {
+        if once.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            // Taken as replay's `take` does: under the file's own lock.
+            let f = std::fs::File::open(&from).unwrap();
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
+            std::fs::rename(&from, &to).unwrap();
+        }
+    });
+    let r = divert_n(&sessions, "s1", "second", 2).unwrap();
+
+    assert_eq!(
+        std::fs::read(&taken).unwrap(),
+        before,
+        "the taken file is not written to"
+    );
+    let now = std::fs::read(sessions.join("s1.jsonl")).unwrap();
+    assert_eq!(r.offset, 0, "the receipt is of the new file at the path");
+    assert_eq!(r.length, now.len() as u64);
+    assert_eq!(r.sha256, sha(&now));
+    assert_eq!(String::from_utf8_lossy(&now).lines().count(), 2);
+}
