@@ -107,6 +107,11 @@ pub enum ConnectError {
 /// timeout times the number of hosts; a connection that completes later
 /// is closed by that thread. A stalled first host of a multi-host URL is
 /// not skipped: the attempt fails as a whole and the policy retries it.
+///
+/// This is the transport alone. A store's handle never uses a connection
+/// straight from here: [`super::Postgres::open`] makes every one of its
+/// connections, for a write or a read, ready first (`lock_timeout`, the
+/// generation, the identity guard, the durability).
 pub fn connect(url: &DbUrl) -> Result<postgres::Client, ConnectError> {
     let hosts = url.config().get_hosts().len().max(1) as u32;
     let per_host = url

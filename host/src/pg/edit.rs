@@ -25,10 +25,7 @@ impl super::Postgres {
     pub fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
         let target = self.url.display().to_string();
         let limit = limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
-        let client = self.reader().map_err(|e| ReadError {
-            message: e.to_string(),
-            cause: Some(Cause::Unavailable),
-        })?;
+        let client = self.read_client()?;
         archived(client, session, limit).map_err(|e| ReadError {
             message: format!("reading {target}: {e}"),
             cause: Some(cause_of(&translate::failure(&Fault::Client(&e), 0))),
@@ -56,10 +53,7 @@ impl PgStore {
         }
         let target = self.pg.url.display().to_string();
         let limit = limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
-        let client = self.pg.reader().map_err(|e| ReadError {
-            message: e.to_string(),
-            cause: Some(Cause::Unavailable),
-        })?;
+        let client = self.pg.read_client()?;
         let rows = client
             .query(
                 "SELECT uid, seq, item FROM \

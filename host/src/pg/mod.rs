@@ -16,6 +16,7 @@ pub mod connect;
 mod edit;
 mod graph;
 mod graph_marks;
+mod guard;
 pub mod replay;
 pub mod schema;
 pub mod translate;
@@ -67,53 +68,29 @@ pub struct Postgres {
     /// The generation of the database the first open found; a later open
     /// that finds another is a replaced store.
     generation: Option<String>,
-    /// The server this handle last connected to (see [`ServerMark`]).
-    server: Option<ServerMark>,
-    /// The last batch this handle stored: its session and uids.
-    last_stored: Option<(String, Vec<String>)>,
-    /// The server's WAL position read inside the last batch stored.
-    last_lsn: Option<i64>,
+    /// What the last batch stored left for the check of every new
+    /// connection (see [`guard`]).
+    guard: guard::Guard,
     /// Whether this connection's COMMIT waits for its WAL flush
     /// (`synchronous_commit`), read at every connect.
     durability: Durability,
 }
 
-/// What says whether a server is the one a handle wrote to before: its
-/// `system_identifier` and timeline (a failover moves to a new timeline),
-/// and its WAL position (a restore from an older backup keeps both the
-/// identifier and the timeline, and only its WAL position goes back).
-/// Reading the control data may need `pg_monitor` or a superuser; without
-/// it the other marks are compared.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ServerMark {
-    system_identifier: Option<String>,
-    timeline: Option<i64>,
-    lsn: Option<i64>,
+/// Why no connection was made ready.
+enum Unready {
+    Failed(Failure),
+    /// The database was written by a newer turnsafe: a read says so as
+    /// such, a write takes it as the policy's failure.
+    NewerSchema {
+        found: i64,
+    },
 }
 
-impl ServerMark {
-    fn read(client: &mut Client) -> ServerMark {
-        let one =
-            |client: &mut Client, sql: &str| -> Option<postgres::Row> { client.query_opt(sql, &[]).ok().flatten() };
-        let system_identifier =
-            one(client, "SELECT system_identifier::text FROM pg_control_system()").map(|r| r.get(0));
-        // The timeline of the WAL being written: the checkpoint's lags
-        // behind a promotion until the next checkpoint.
-        let timeline = one(
-            client,
-            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
-             ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END",
-        )
-        .and_then(|r| r.get(0));
-        let lsn = one(
-            client,
-            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8 END",
-        )
-        .and_then(|r| r.get(0));
-        ServerMark {
-            system_identifier,
-            timeline,
-            lsn,
+impl Unready {
+    fn into_failure(self) -> Failure {
+        match self {
+            Unready::Failed(f) => f,
+            Unready::NewerSchema { found } => translate::failure(&Fault::NewerSchema { found }, 0),
         }
     }
 }
@@ -126,62 +103,9 @@ impl Postgres {
             client: None,
             prepared: write::Prepared::default(),
             generation: None,
-            server: None,
-            last_stored: None,
-            last_lsn: None,
+            guard: guard::Guard::default(),
             durability: Durability::Synced,
         }
-    }
-
-    /// After connecting: if the server is not the one this handle last
-    /// wrote to (another identity or timeline, or a WAL position behind the
-    /// one read inside the last batch stored), the last batch stored must
-    /// still be there. It is after a failover with synchronous replication;
-    /// it is not after a restore from an older backup, and then the store
-    /// is `replaced`: every later batch is diverted.
-    // A `Failure`, as `Backend::open` returns it: see there.
-    #[allow(clippy::result_large_err)]
-    fn check_server(&mut self, client: &mut Client) -> Result<(), Failure> {
-        let now = ServerMark::read(client);
-        let changed = match &self.server {
-            None => false,
-            Some(before) => {
-                let differs = |a: &Option<String>, b: &Option<String>| a.is_some() && b.is_some() && a != b;
-                differs(&before.system_identifier, &now.system_identifier)
-                    || (before.timeline.is_some() && now.timeline.is_some() && before.timeline != now.timeline)
-                    || matches!((self.last_lsn, now.lsn), (Some(seen), Some(lsn)) if lsn < seen)
-            }
-        };
-        self.server = Some(now.clone());
-        let Some((session, uids)) = self.last_stored.clone().filter(|_| changed) else {
-            return Ok(());
-        };
-        let stored =
-            write::stored_uids(client, &session, &uids).map_err(|e| translate::failure(&Fault::Client(&e), 0))?;
-        if stored.len() == uids.len() {
-            tracing::warn!(
-                target_db = self.url.display(),
-                "another server now, and it holds the last batch stored"
-            );
-            return Ok(());
-        }
-        tracing::error!(
-            target_db = self.url.display(),
-            missing = uids.len() - stored.len(),
-            "the server lacks the last batch this handle stored"
-        );
-        Err(Failure {
-            evidence: vec![Evidence::DbReplaced],
-            message: format!(
-                "turnsafe guard: {} lacks {} of the {} messages of the last batch this handle stored there \
-                 (a restore from an older backup, or a failover that lost commits)",
-                self.url.display(),
-                uids.len() - stored.len(),
-                uids.len()
-            ),
-            engine: turnsafe_policy::Engine::Postgres,
-            ..Failure::default()
-        })
     }
 
     pub fn url(&self) -> &DbUrl {
@@ -193,26 +117,41 @@ impl Postgres {
         self.client.as_mut()
     }
 
-    /// A connection for a read: the live one, or a new one.
+    /// A connection for a read: the live one, or a new one made ready as
+    /// a writer's is ([`Postgres::open`]).
     fn reader(&mut self) -> Result<&mut Client, BackendError> {
-        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
-            let mut client = connect::connect(&self.url).map_err(|e| self.unavailable(&e.to_string()))?;
-            match schema::migrate(&mut client).map_err(|e| self.unavailable(&e.to_string()))? {
-                Migrated::Ready { .. } => {}
-                Migrated::Newer { found } => {
-                    return Err(BackendError::NewerSchema {
-                        target: self.url.display().to_string(),
-                        found,
-                        known: schema::VERSION,
-                    });
-                }
-            }
-            self.prepared.clear();
-            self.client = Some(client);
+        if !self.is_open() {
+            self.ready().map_err(|u| match u {
+                Unready::Failed(f) => self.unavailable(&f.message),
+                Unready::NewerSchema { found } => BackendError::NewerSchema {
+                    target: self.url.display().to_string(),
+                    found,
+                    known: schema::VERSION,
+                },
+            })?;
         }
         self.client.as_mut().ok_or_else(|| BackendError::Unavailable {
             target: String::new(),
             message: "no connection".into(),
+        })
+    }
+
+    /// [`Postgres::reader`] for the reads that answer a [`ReadError`]: a
+    /// connection refused says its cause (`replaced` when the guard
+    /// refused the server).
+    pub(super) fn read_client(&mut self) -> Result<&mut Client, ReadError> {
+        if !self.is_open() {
+            self.ready().map_err(|u| {
+                let f = u.into_failure();
+                ReadError {
+                    message: format!("reading {}: {}", self.url.display(), f.message),
+                    cause: Some(edit::cause_of(&f)),
+                }
+            })?;
+        }
+        self.client.as_mut().ok_or_else(|| ReadError {
+            message: format!("reading {}: no connection", self.url.display()),
+            cause: Some(turnsafe_policy::Cause::Unavailable),
         })
     }
 
@@ -252,27 +191,44 @@ impl Postgres {
         self.durability
     }
 
+    /// Connect, for a write or a read alike, and make the connection ready
+    /// (see [`Postgres::ready`]).
     // A `Failure`, as `Backend::open` returns it.
     #[allow(clippy::result_large_err)]
     pub fn open(&mut self) -> Result<(), Failure> {
+        self.ready().map_err(Unready::into_failure)
+    }
+
+    /// The one way this handle connects. Before its first use a connection
+    /// gets the writer's `lock_timeout`, is migrated, must hold the
+    /// generation this handle first found, passes the identity guard, and
+    /// tells whether its COMMIT waits for the WAL flush. A read that
+    /// connects does it all too: its connection is the one the next batch
+    /// writes on. Once the guard or the generation refused a server, no
+    /// connection is made again.
+    // A `Failure` inside, as `Backend::open` returns it.
+    #[allow(clippy::result_large_err)]
+    fn ready(&mut self) -> Result<(), Unready> {
         self.client = None;
+        if let Some(f) = self.guard.refused() {
+            return Err(Unready::Failed(f.clone()));
+        }
+        let failed = |fault: Fault<'_>| Unready::Failed(translate::failure(&fault, 0));
         let mut client = match connect::connect(&self.url) {
             Ok(c) => c,
-            Err(connect::ConnectError::Url(e)) => return Err(translate::failure(&Fault::Config(&e), 0)),
-            Err(connect::ConnectError::Postgres(e)) => return Err(translate::failure(&Fault::Connect(&e), 0)),
-            Err(connect::ConnectError::Stalled { after }) => {
-                return Err(translate::failure(&Fault::ConnectStalled { after }, 0));
-            }
-            Err(connect::ConnectError::Thread(e)) => return Err(translate::failure(&Fault::NoThread(&e), 0)),
+            Err(connect::ConnectError::Url(e)) => return Err(failed(Fault::Config(&e))),
+            Err(connect::ConnectError::Postgres(e)) => return Err(failed(Fault::Connect(&e))),
+            Err(connect::ConnectError::Stalled { after }) => return Err(failed(Fault::ConnectStalled { after })),
+            Err(connect::ConnectError::Thread(e)) => return Err(failed(Fault::NoThread(&e))),
         };
         let lock_timeout = format!("SET lock_timeout = {}", self.opts.lock_timeout.as_millis().max(1));
         if let Err(e) = client.batch_execute(&lock_timeout) {
-            return Err(translate::failure(&Fault::Client(&e), 0));
+            return Err(failed(Fault::Client(&e)));
         }
         let generation = match schema::migrate(&mut client) {
             Ok(Migrated::Ready { generation }) => generation,
-            Ok(Migrated::Newer { found }) => return Err(translate::failure(&Fault::NewerSchema { found }, 0)),
-            Err(e) => return Err(translate::failure(&Fault::Client(&e), 0)),
+            Ok(Migrated::Newer { found }) => return Err(Unready::NewerSchema { found }),
+            Err(e) => return Err(failed(Fault::Client(&e))),
         };
         match &self.generation {
             Some(known) if *known != generation => {
@@ -280,11 +236,13 @@ impl Postgres {
                     target_db = self.url.display(),
                     "the database at the URL is not the one this handle wrote to"
                 );
-                return Err(replaced(&self.url, known, &generation));
+                let f = replaced(&self.url, known, &generation);
+                self.guard.refuse(&f);
+                return Err(Unready::Failed(f));
             }
             _ => {}
         }
-        self.check_server(&mut client)?;
+        self.guard.check(&mut client, &self.url).map_err(Unready::Failed)?;
         // `off` returns from COMMIT before the WAL is flushed: a crash of
         // the server may lose it. A setting that cannot be read claims the
         // less.
@@ -313,15 +271,45 @@ impl Postgres {
     }
 
     #[allow(clippy::result_large_err)]
-    pub fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
+    pub fn resolve(
+        &mut self,
+        session: &str,
+        uids: &[String],
+        messages: &[crate::message::Message],
+    ) -> Result<bool, Failure> {
         let Some(client) = self.client.as_mut() else {
             return Err(translate::failure(&Fault::NotConnected, 0));
         };
-        match write::stored_uids(client, session, uids) {
-            Ok(stored) => {
-                let all = stored.len() == uids.len();
+        match write::stored_same(client, session, uids, messages) {
+            Ok(all) => {
                 if all {
-                    self.last_stored = Some((session.to_string(), uids.to_vec()));
+                    // Committed after all: the last batch stored, at a WAL
+                    // position read now (the one read inside its
+                    // transaction went with the answer).
+                    let lsn = guard::wal_position(client);
+                    let last = guard::LastStored::Messages {
+                        session: session.to_string(),
+                        uids: uids.to_vec(),
+                    };
+                    self.guard.committed(last, lsn);
+                }
+                Ok(all)
+            }
+            Err(e) => Err(self.client_failure(&e, Fault::Client(&e))),
+        }
+    }
+
+    /// [`Postgres::resolve`] for a LangGraph batch.
+    #[allow(clippy::result_large_err)]
+    pub fn resolve_graph(&mut self, batch: &crate::graph::GraphBatch) -> Result<bool, Failure> {
+        let Some(client) = self.client.as_mut() else {
+            return Err(translate::failure(&Fault::NotConnected, 0));
+        };
+        match graph::resolve(client, batch) {
+            Ok(all) => {
+                if all {
+                    let lsn = guard::wal_position(client);
+                    self.guard.committed(guard::LastStored::Graph(batch.clone()), lsn);
                 }
                 Ok(all)
             }
@@ -675,12 +663,33 @@ impl Drop for PgStore {
 }
 
 impl PgStore {
+    /// Write a group: its messages, or its LangGraph batches and messages
+    /// ([`PgStore::write_mixed`]). Once a transaction of it stored a batch,
+    /// the guard learns the last batch stored and the server's WAL
+    /// position, read after the last COMMIT: one round trip per group.
+    fn write_any(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
+        let (write, last) = if batches.iter().any(|(f, _)| f.graph.is_some()) {
+            self.write_mixed(batches)
+        } else {
+            self.write_messages(batches)
+        };
+        if let Some(last) = last {
+            // Read after the COMMIT, so the position is past the batch's own
+            // WAL: a server restored from a backup taken just before it
+            // starts behind it even with the checkpoint its recovery adds.
+            let lsn = self.pg.client.as_mut().and_then(guard::wal_position);
+            self.pg.guard.committed(last, lsn);
+        }
+        write
+    }
+
     /// A group with LangGraph batches: those are written in a transaction
     /// of their own (no lease, no seq), the messages in theirs. With both
     /// kinds there are two transactions, so a failure that ends one is each
     /// of its batches' own failure; with graph batches only, it is the
-    /// group's.
-    fn write_mixed(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
+    /// group's. Returns the last batch stored, the messages' if their
+    /// transaction stored one (it commits after the graph one).
+    fn write_mixed(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> (GroupWrite, Option<guard::LastStored>) {
         let (graphs, messages): (Vec<usize>, Vec<usize>) =
             (0..batches.len()).partition(|&k| batches[k].0.graph.is_some());
         let flushes: Vec<&Flush<'_>> = graphs.iter().map(|&k| batches[k].0).collect();
@@ -697,6 +706,15 @@ impl PgStore {
                 graph::write_group(client, &flushes, &generation)
             }
         };
+        let graph_last = match written.group {
+            Some(_) => None,
+            None => written
+                .each
+                .iter()
+                .rposition(Option::is_none)
+                .and_then(|j| flushes[j].graph)
+                .map(|g| guard::LastStored::Graph(g.clone())),
+        };
         let graph_write = GroupWrite {
             group: written.group.map(|stop| self.failure_of(stop)),
             each: written
@@ -706,17 +724,58 @@ impl PgStore {
                 .collect(),
         };
         if messages.is_empty() {
-            return graph_write;
+            return (graph_write, graph_last);
         }
         let subset: Vec<(&Flush<'_>, WritePlan)> = messages.iter().map(|&k| batches[k]).collect();
-        let message_write = self.write_group(&subset);
+        let (message_write, message_last) = self.write_messages(&subset);
         let mut each = vec![None; batches.len()];
         for (write, places) in [(graph_write, &graphs), (message_write, &messages)] {
             for (own, &k) in write.each.into_iter().zip(places.iter()) {
                 each[k] = own.or_else(|| write.group.clone());
             }
         }
-        GroupWrite { group: None, each }
+        (GroupWrite { group: None, each }, message_last.or(graph_last))
+    }
+
+    /// A group of message batches, in one transaction. Returns the last
+    /// batch it stored.
+    fn write_messages(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> (GroupWrite, Option<guard::LastStored>) {
+        let Some(client) = self.pg.client.as_mut() else {
+            return (
+                GroupWrite::failed(batches.len(), translate::failure(&Fault::NotConnected, 0)),
+                None,
+            );
+        };
+        let prepared = &mut self.pg.prepared;
+        let generation = self.pg.generation.clone().unwrap_or_default();
+        let divert_dir = self.ledger.divert_dir.clone();
+        let promised = |session: &str| crate::backend::group::divert_max_seq(&divert_dir, session).map(|m| m + 1);
+        let written = write::write_group(
+            client,
+            prepared,
+            batches,
+            &mut self.ledger.sessions,
+            &self.lease,
+            &generation,
+            &promised,
+        );
+        let last = match written.group {
+            Some(_) => None,
+            None => written.each.iter().rposition(Option::is_none).map(|k| {
+                let f = batches[k].0;
+                guard::LastStored::Messages {
+                    session: f.session.as_str().to_string(),
+                    uids: f.uids.clone(),
+                }
+            }),
+        };
+        let group = written.group.map(|stop| self.failure_of(stop));
+        let each = written
+            .each
+            .into_iter()
+            .map(|e| e.map(|stop| self.failure_of(stop)))
+            .collect();
+        (GroupWrite { group, each }, last)
     }
 }
 
@@ -753,53 +812,20 @@ impl Backend for PgStore {
     }
 
     fn write_group(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
-        if batches.iter().any(|(f, _)| f.graph.is_some()) {
-            return self.write_mixed(batches);
-        }
-        let Some(client) = self.pg.client.as_mut() else {
-            return GroupWrite::failed(batches.len(), translate::failure(&Fault::NotConnected, 0));
-        };
-        let prepared = &mut self.pg.prepared;
-        let generation = self.pg.generation.clone().unwrap_or_default();
-        let divert_dir = self.ledger.divert_dir.clone();
-        let promised = |session: &str| crate::backend::group::divert_max_seq(&divert_dir, session).map(|m| m + 1);
-        let written = write::write_group(
-            client,
-            prepared,
-            batches,
-            &mut self.ledger.sessions,
-            &self.lease,
-            &generation,
-            &promised,
-        );
-        if written.group.is_none() {
-            // The last batch stored, for the server check at the next connect.
-            if let Some(k) = written.each.iter().rposition(Option::is_none) {
-                let f = batches[k].0;
-                self.pg.last_stored = Some((f.session.as_str().to_string(), f.uids.clone()));
-            }
-            if written.lsn.is_some() {
-                self.pg.last_lsn = written.lsn;
-            }
-        }
-        let group = written.group.map(|stop| self.failure_of(stop));
-        let each = written
-            .each
-            .into_iter()
-            .map(|e| e.map(|stop| self.failure_of(stop)))
-            .collect();
-        GroupWrite { group, each }
+        self.write_any(batches)
     }
 
-    fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
-        self.pg.resolve(session, uids)
+    fn resolve(
+        &mut self,
+        session: &str,
+        uids: &[String],
+        messages: &[crate::message::Message],
+    ) -> Result<bool, Failure> {
+        self.pg.resolve(session, uids, messages)
     }
 
     fn resolve_graph(&mut self, batch: &crate::graph::GraphBatch) -> Result<bool, Failure> {
-        let Some(client) = self.pg.client.as_mut() else {
-            return Err(translate::failure(&Fault::NotConnected, 0));
-        };
-        graph::resolve(client, batch).map_err(|e| self.pg.client_failure(&e, Fault::Client(&e)))
+        self.pg.resolve_graph(batch)
     }
 
     fn graph_read(
@@ -816,10 +842,7 @@ impl Backend for PgStore {
             });
         }
         let target = self.pg.url.display().to_string();
-        let client = self.pg.reader().map_err(|e| ReadError {
-            message: e.to_string(),
-            cause: Some(turnsafe_policy::Cause::Unavailable),
-        })?;
+        let client = self.pg.read_client()?;
         graph::read(client, query).map_err(|e| ReadError {
             message: format!("reading {target}: {e}"),
             cause: Some(edit::cause_of(&translate::failure(&Fault::Client(&e), 0))),

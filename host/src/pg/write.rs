@@ -80,8 +80,6 @@ pub(super) struct Written {
     pub group: Option<Stop>,
     /// Each batch's own failure, in order.
     pub each: Vec<Option<Stop>>,
-    /// The server's WAL position, read inside the transaction.
-    pub lsn: Option<i64>,
 }
 
 /// A message of the batch as it is inserted.
@@ -112,9 +110,9 @@ pub(super) fn write_group(
     let n = batches.len();
     let mut each: Vec<Option<Stop>> = (0..n).map(|_| None).collect();
     let mut pending: HashMap<String, Cursor> = HashMap::new();
-    let result = (|| -> Result<Option<i64>, Stop> {
+    let result = (|| -> Result<(), Stop> {
         let mut tx = client.transaction()?;
-        let lsn = take_leases(
+        take_leases(
             &mut tx,
             prepared,
             batches,
@@ -128,17 +126,16 @@ pub(super) fn write_group(
         insert_rows(&mut tx, prepared, batches.len(), &rows, &mut each)?;
         crate::failpoint::hit("pg.before_commit");
         tx.commit().map_err(Stop::Commit)?;
-        Ok(lsn)
+        Ok(())
     })();
     match result {
-        Ok(lsn) => {
+        Ok(()) => {
             cursors.extend(pending);
-            Written { group: None, each, lsn }
+            Written { group: None, each }
         }
         Err(stop) => Written {
             group: Some(stop),
             each,
-            lsn: None,
         },
     }
 }
@@ -146,7 +143,7 @@ pub(super) fn write_group(
 /// Lock every session's row, check the database's generation, and take or
 /// renew each lease. Sessions whose lease another writer holds get
 /// [`Stop::LeaseLost`] in `each`; the others' cursors, with their lease
-/// token, go to `pending`. Returns the WAL position.
+/// token, go to `pending`.
 #[allow(clippy::too_many_arguments)]
 fn take_leases(
     tx: &mut Transaction<'_>,
@@ -157,7 +154,7 @@ fn take_leases(
     generation: &str,
     each: &mut [Option<Stop>],
     pending: &mut HashMap<String, Cursor>,
-) -> Result<Option<i64>, Stop> {
+) -> Result<(), Stop> {
     let sessions: BTreeSet<&str> = batches.iter().map(|(f, _)| f.session.as_str()).collect();
     let recreate: HashSet<&str> = batches
         .iter()
@@ -165,12 +162,12 @@ fn take_leases(
         .map(|(f, _)| f.session.as_str())
         .collect();
     let ids: Vec<&str> = sessions.iter().copied().collect();
-    // The generation and the WAL position always come back (the left side
-    // is one row); the sessions' rows that no other transaction holds come
-    // locked, in id order, so two groups never wait on each other in a cycle.
+    // The generation always comes back (the left side is one row); the
+    // sessions' rows that no other transaction holds come locked, in id
+    // order, so two groups never wait on each other in a cycle.
     let lock = prepared.get(
         tx,
-        "SELECT g.value, (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, s.id, s.lease_token, s.lease_expires_ms \
+        "SELECT g.value, s.id, s.lease_token, s.lease_expires_ms \
          FROM (SELECT (SELECT value FROM state_meta WHERE key = 'generation') AS value) g \
          LEFT JOIN LATERAL (SELECT id, lease_token, lease_expires_ms FROM sessions \
              WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED) s ON true",
@@ -180,10 +177,9 @@ fn take_leases(
     if found_generation.as_deref() != Some(generation) {
         return Err(Stop::Replaced(found_generation.unwrap_or_default()));
     }
-    let lsn: Option<i64> = found.first().and_then(|r| r.get(1));
     let locked: BTreeMap<String, (Option<String>, Option<i64>)> = found
         .iter()
-        .filter_map(|r| Some((r.get::<_, Option<String>>(2)?, (r.get(3), r.get(4)))))
+        .filter_map(|r| Some((r.get::<_, Option<String>>(1)?, (r.get(2), r.get(3)))))
         .collect();
 
     let now = now_ms();
@@ -277,7 +273,7 @@ fn take_leases(
     for id in fenced {
         fail_session(batches, each, id, || Stop::LeaseLost);
     }
-    Ok(lsn)
+    Ok(())
 }
 
 enum Decision {
@@ -621,4 +617,30 @@ pub(super) fn stored_uids(client: &mut Client, session: &str, uids: &[String]) -
         .map(|r| r.get(0))
         .collect();
     Ok(uids.iter().filter(|u| stored.contains(*u)).cloned().collect())
+}
+
+/// Whether every one of `messages` is stored for `session` under its uid
+/// (`uids`, in the same order) with its own bytes ([`crate::same`]): the
+/// lookup after a lost COMMIT.
+pub(super) fn stored_same(
+    client: &mut Client,
+    session: &str,
+    uids: &[String],
+    messages: &[crate::message::Message],
+) -> Result<bool, postgres::Error> {
+    if uids.len() != messages.len() {
+        return Ok(false);
+    }
+    let stored: std::collections::HashMap<String, String> = client
+        .query(
+            "SELECT uid, item FROM messages WHERE session_id = $1 AND uid = ANY($2)",
+            &[&session, &uids],
+        )?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    Ok(uids
+        .iter()
+        .zip(messages)
+        .all(|(u, m)| stored.get(u).is_some_and(|s| super::same_item(s, m))))
 }
