@@ -1,9 +1,11 @@
 //! Builds the policy WASM component that the `turnsafe` binary embeds.
 //!
 //! The policy crate is compiled for `wasm32-unknown-unknown` (no WASI, so
-//! the core module imports nothing), stripped of debug and name sections,
-//! and wrapped into a component with `wit-component`, whose own name and
-//! producer sections go too. The result has no imports at all, which
+//! the core module imports nothing), optimised for size by binaryen's
+//! `wasm-opt -Oz` (required: the build fails and says how to install it
+//! when it is missing), stripped of debug and name sections, and wrapped
+//! into a component with `wit-component`, whose own name and producer
+//! sections go too. The result has no imports at all, which
 //! `wasm32-wasip2` cannot give: Rust's std there imports `wasi:cli` and
 //! `wasi:io`.
 //!
@@ -102,13 +104,37 @@ fn run() -> Result<(), String> {
     let core = std::fs::read(&core_path).map_err(|e| format!("reading {}: {e}", core_path.display()))?;
 
     let raw = encode(&core)?;
-    let stripped_core = strip_custom_sections(&core)?;
+    let optimized = wasm_opt(&core_path)?;
+    let stripped_core = strip_custom_sections(&optimized)?;
     let component = strip_component_custom_sections(&encode(&stripped_core)?)?;
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     write(&out_dir.join("turnsafe_policy.component.wasm"), &component)?;
     println!("cargo:rustc-env=TURNSAFE_COMPONENT_UNSTRIPPED_LEN={}", raw.len());
     Ok(())
+}
+
+/// The core module after `wasm-opt -Oz`: 12 KB less than rustc's own
+/// `opt-level = "z"` gives (docs/EMBEDDING.md, "Size"). The custom section
+/// wit-component reads (`component-type`) is kept; the rest is stripped after.
+fn wasm_opt(core_path: &Path) -> Result<Vec<u8>, String> {
+    let out = core_path.with_extension("opt.wasm");
+    let status = Command::new("wasm-opt")
+        .arg("-Oz")
+        .arg(core_path)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => "`wasm-opt` was not found: the policy component is optimised with \
+                 binaryen's wasm-opt. Install binaryen (Debian: `apt-get install binaryen`) and build again."
+                .to_string(),
+            _ => format!("could not run wasm-opt: {e}"),
+        })?;
+    if !status.success() {
+        return Err(format!("`wasm-opt -Oz {}` failed ({status})", core_path.display()));
+    }
+    std::fs::read(&out).map_err(|e| format!("reading {}: {e}", out.display()))
 }
 
 fn encode(core: &[u8]) -> Result<Vec<u8>, String> {

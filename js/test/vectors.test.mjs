@@ -2,13 +2,15 @@
 // through the component this package ships: every step, down to the
 // outcome, must be the one the vectors hold (the Rust runner checks the
 // same file natively and in wasmtime, the examples in wasmtime-py and jco).
+// The classification vectors (every other tests/vectors/*.json) give the
+// same cause, basis and action through it too.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 
 import { Host } from '../src/host.js';
-import { flushStep, version } from '../src/policy.js';
+import { classifyJson, flushStep, version } from '../src/policy.js';
 import { ROOT, tmp, turnsafe } from './helpers.mjs';
 
 const cases = JSON.parse(fs.readFileSync(path.join(ROOT, 'tests', 'vectors', 'flush_sequences.json'), 'utf8'));
@@ -30,6 +32,24 @@ test('every flush sequence gives the expected steps', () => {
       assert.deepEqual(steps, turn.steps, `${c.name} turn ${i}`);
     });
   }
+});
+
+test('every classification vector gives its cause, basis and action', () => {
+  const dir = path.join(ROOT, 'tests', 'vectors');
+  const vectors = fs
+    .readdirSync(dir)
+    .filter((f) => f.endsWith('.json') && f !== 'flush_sequences.json')
+    .sort()
+    .flatMap((f) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')));
+  assert.ok(vectors.length >= 300, `only ${vectors.length} vectors`);
+  const failures = [];
+  for (const v of vectors) {
+    const got = JSON.parse(classifyJson(JSON.stringify(v.observation)));
+    const have = `${got.cause}/${got.basis}/${got.action}`;
+    const want = `${v.expected.cause}/${v.expected.basis}/${v.expected.action}`;
+    if (have !== want) failures.push(`${v.name}: expected ${want}, got ${have}`);
+  }
+  assert.deepEqual(failures, []);
 });
 
 test('the component is the one the native binary carries', () => {

@@ -247,11 +247,19 @@ const TEXTS: &[(&str, u8)] = &[
     ("cannot open database because the directory does not exist", says::DISK),
 ];
 
+/// Every text the phrase fallback knows, with the cause it names alone on
+/// `append_batch`: for `docs/POLICY.md` (the component never renders it).
+pub(crate) fn phrase_causes() -> impl Iterator<Item = (&'static str, Cause)> {
+    TEXTS
+        .iter()
+        .filter_map(|(text, names)| Some((*text, from_message(Operation::AppendBatch, *names)?)))
+}
+
 /// Every text the phrase fallback knows, for the vectors that pin each one
 /// down inside a path, a table name and a SQLSTATE's message.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn known_phrases() -> Vec<&'static str> {
-    TEXTS.iter().map(|(t, _)| *t).collect()
+    phrase_causes().map(|(text, _)| text).collect()
 }
 
 /// What the message says, read in parts as SQLite's texts and the hosts'

@@ -371,6 +371,8 @@ impl Guest for Component {
             divert_residue: context.divert_residue.map(divert_residue),
             pending_capture: context.pending_capture,
             durability: durability_in(context.durability),
+            // The WIT context names no engine: `explain-json` takes one.
+            engine: m::Engine::Sqlite,
         };
         crate::explain(cause_in(cause), outcome_in(outcome), &ctx)
             .map(|c| UserCopy {

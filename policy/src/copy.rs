@@ -14,10 +14,14 @@
 //! - A `persisted` copy says "saved" only of commits the host syncs
 //!   ([`Durability::Synced`]); an unsynced commit is told as written, not
 //!   yet safe from a power cut.
+//! - The copy of a failure from PostgreSQL ([`Engine::Postgres`]) names no
+//!   SQLite command or file (`turnsafe recover`, `turnsafe capture`,
+//!   `--repair-fts`, state.db, the fd limit): its steps are PostgreSQL's,
+//!   and `turnsafe doctor` and `turnsafe replay` take `--db URL`.
 
 use crate::decide::is_producible;
 use crate::errno;
-use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Durability, Outcome, TlsFailure};
+use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Durability, Engine, Outcome, TlsFailure};
 #[allow(unused_imports)]
 use crate::prelude::*;
 use crate::text::{cat, find};
@@ -84,6 +88,8 @@ pub(crate) struct Facts<'a> {
     pub(crate) durability: Durability,
     /// Why the connection failed its TLS handshake, for a `disk` copy.
     pub(crate) tls: Option<TlsFailure>,
+    /// The engine the failure came from: the steps a copy names are its own.
+    pub(crate) engine: Engine,
 }
 
 impl<'a> Facts<'a> {
@@ -105,6 +111,7 @@ impl<'a> Facts<'a> {
             pending_capture: ctx.pending_capture.as_deref(),
             durability: ctx.durability,
             tls: None,
+            engine: ctx.engine,
         }
     }
 }
@@ -205,14 +212,56 @@ fn cause_steps(cause: Cause) -> &'static [&'static str] {
     }
 }
 
+/// [`cause_steps`] for a store on `engine`. PostgreSQL's name no SQLite
+/// command or file: no `turnsafe recover` (it reads SQLite files), no
+/// `--repair-fts`, no state.db, no fd limit (a connection is one socket),
+/// and `turnsafe doctor` with `--db`, which examines the server instead.
+fn steps_on(cause: Cause, engine: Engine) -> &'static [&'static str] {
+    if engine == Engine::Sqlite {
+        return cause_steps(cause);
+    }
+    match cause {
+        Cause::Locked => &[
+            "Check for another process writing the same sessions (`turnsafe doctor --db URL` lists the \
+             live turn leases).",
+        ],
+        Cause::Disk => &[
+            "Check that the URL names a database that exists, a user that may connect and a readable \
+             `sslrootcert`, then run `turnsafe doctor --db URL`.",
+        ],
+        Cause::DiskFull => &["Free space on the disk or tablespace that holds the PostgreSQL database."],
+        Cause::Replaced | Cause::DeletedWal => &[
+            "Check which database the URL leads to now (a failover to a fresh server, a restore); turnsafe will not \
+             write to it again from this handle.",
+        ],
+        Cause::Corrupt => &[
+            "Stop writing to this database.",
+            "Have its administrator restore it from a backup, or rebuild a damaged index with `REINDEX`.",
+        ],
+        Cause::FtsIndex => {
+            &["Run `turnsafe doctor --db URL` to see the messages the search index has not caught up with."]
+        }
+        Cause::SessionRowMissing => &["Run `turnsafe doctor --db URL` if sessions keep disappearing."],
+        Cause::OutcomeUnknown => &[
+            "Check that the database server is reachable; `turnsafe replay --db URL` then stores each kept message \
+             once, and settles as a duplicate any message the lost commit did store.",
+        ],
+        Cause::Unknown => &["Run `turnsafe doctor --db URL` and report the details below."],
+        _ => cause_steps(cause),
+    }
+}
+
 fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
     if outcome == Outcome::Persisted {
         return match ctx.durability {
             Durability::Synced => Vec::new(),
-            Durability::Unsynced => alloc::vec![String::from(
-                "To keep turns across a power cut, use synchronous=FULL (the default; PostgreSQL: \
-                 synchronous_commit=on).",
-            )],
+            Durability::Unsynced => alloc::vec![String::from(match ctx.engine {
+                Engine::Sqlite => {
+                    "To keep turns across a power cut, use synchronous=FULL (the default; PostgreSQL: \
+                     synchronous_commit=on)."
+                }
+                Engine::Postgres => "To keep turns across a power cut, use synchronous_commit=on (the default).",
+            })],
         };
     }
     if let Some(path) = ctx.pending_capture {
@@ -220,8 +269,9 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
     }
     // With the capture failed, the retired frames live only in the writer's
     // open files: stopping it first would destroy them, so that step comes
-    // after the one that keeps them.
-    let capture_lost = ctx.capture_path.is_none() && ctx.capture_failure.is_some();
+    // after the one that keeps them. (Not on PostgreSQL: no frames there.)
+    let sqlite = ctx.engine == Engine::Sqlite;
+    let capture_lost = sqlite && ctx.capture_path.is_none() && ctx.capture_failure.is_some();
     let mut steps = if capture_lost && crate::decide::needs_capture(cause) {
         Vec::new()
     } else {
@@ -229,12 +279,14 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
         let steps = if ctx.tls.is_some() {
             &[TLS_REMEDIATION]
         } else {
-            cause_steps(cause)
+            steps_on(cause, ctx.engine)
         };
         crate::collect::map(steps, |s| String::from(*s))
     };
     // What the operator does about the retired generation depends on what
-    // is really on disk: a receipt, a failed capture, or nothing known.
+    // is really on disk: a receipt, a failed capture, or nothing known. A
+    // PostgreSQL store keeps no generation on the host's disk: nothing to
+    // capture, so nothing to say of one unless one was captured.
     match (ctx.capture_path, ctx.capture_failure) {
         (Some(path), _) => steps.push(cat(&[
             "The retired generation was captured at ",
@@ -243,7 +295,7 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
             path,
             " --inspect-only`.",
         ])),
-        (None, Some(_)) => {
+        (None, Some(_)) if sqlite => {
             steps.push(
                 "Before you stop any process, run `turnsafe capture --pid <pid> --home <home>` for each pid \
                  `turnsafe doctor` names as holding a deleted state.db file: its open files hold the only copy."
@@ -253,11 +305,11 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
                 steps.push("Then stop every process using this state.db.".to_string());
             }
         }
-        (None, None) if crate::decide::needs_capture(cause) => steps.push(
+        (None, None) if sqlite && crate::decide::needs_capture(cause) => steps.push(
             "Run `turnsafe doctor` to list any capture of the retired generation before anything else touches state.db."
                 .to_string(),
         ),
-        (None, None) => {}
+        _ => {}
     }
     match outcome {
         Outcome::Persisted | Outcome::HandedBack => {}
@@ -275,16 +327,22 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
                 home_of(path),
                 "` to import the kept copy.",
             ]),
+            None if !sqlite => "When storage is fixed, run `turnsafe replay --db URL` to import the kept copy.".into(),
             None if crate::decide::needs_capture(cause) => "When storage is fixed and every capture `turnsafe doctor` \
                 lists is settled, run `turnsafe replay` to import the kept copy."
                 .into(),
             None => "When storage is fixed, run `turnsafe replay` to import the kept copy.".into(),
         }),
-        Outcome::DivertFailed if ctx.divert_residue => steps.push(
+        Outcome::DivertFailed if ctx.divert_residue => steps.push(cat(&[
             "Some lines of this turn may remain in the session's divert file: when you send the messages again, \
-             send them with the uids this outcome lists, so that a later `turnsafe replay` cannot store them twice."
-                .into(),
-        ),
+             send them with the uids this outcome lists, so that a later `",
+            if sqlite {
+                "turnsafe replay"
+            } else {
+                "turnsafe replay --db URL"
+            },
+            "` cannot store them twice.",
+        ])),
         Outcome::DivertFailed if cause == Cause::OutcomeUnknown => steps.push(
             "Fix the cause above for the session folder too, then send the messages again with the uids this \
              outcome lists: any the lost commit stored count as stored, and none is stored twice."
@@ -642,13 +700,14 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
     let body = match (ctx.capture_path, ctx.capture_failure, outcome) {
         (_, _, Outcome::Persisted) => body,
         (Some(path), _, _) => cat(&[&body, " The retired database generation was captured at ", path, "."]),
-        (None, Some(f), _) => cat(&[
+        // On PostgreSQL there was no generation on this host to capture.
+        (None, Some(f), _) if ctx.engine == Engine::Sqlite => cat(&[
             &body,
             " Capturing the retired database generation failed (",
             &failed_step(f.operation, f.errno),
             "), so it exists only in the files still open in the writing process.",
         ]),
-        (None, None, _) => body,
+        _ => body,
     };
     Ok(Copy {
         code: cat(&[cause.label(), ".", outcome.label()]),

@@ -189,7 +189,8 @@ pub fn classify_json(observation: &str) -> String {
 /// `capture_failure` / `capture_error` as `true`, a string or
 /// `{operation, errno}`; `divert_residue` as `{path, offset}`;
 /// `pending_capture` as the capture folder's path; `durability` as
-/// `synced` (the default) or `unsynced`.
+/// `synced` (the default) or `unsynced`; `engine` as `sqlite` (the default)
+/// or `postgres`.
 fn context_from_json(v: Option<&Json>) -> Result<CopyContext, String> {
     let Some(obj) = v.filter(|v| !v.is_null()) else {
         return Ok(CopyContext::default());
@@ -213,6 +214,7 @@ fn context_from_json(v: Option<&Json>) -> Result<CopyContext, String> {
         divert_residue: f.check(divert_residue(obj.get("divert_residue"))),
         pending_capture: f.opt_string("pending_capture"),
         durability: f.durability("durability"),
+        engine: f.check(engine_value(obj.get("engine"), false)),
     };
     f.done(ctx)
 }
@@ -357,6 +359,8 @@ pub fn evaluate_json(request: &str) -> String {
         if ctx.errno.is_none() {
             ctx.errno = obs.errno;
         }
+        // The copy names the steps of the engine the failure came from.
+        ctx.engine = obs.engine;
         let d = decide(&obs);
         let cause = d.classification.cause;
         // The copy the flush machine would give this failure: its TLS

@@ -550,6 +550,9 @@ pub struct CopyContext {
     /// How the host's commits reach the disk: a `persisted` copy says
     /// "saved" only of synced commits.
     pub durability: Durability,
+    /// The engine the failure came from: a PostgreSQL cause's copy names
+    /// PostgreSQL's steps, never a SQLite command.
+    pub engine: Engine,
 }
 
 /// User-facing copy: a structured value that hosts render as they like.

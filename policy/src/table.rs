@@ -18,18 +18,18 @@ fn basis_of(cause: Cause) -> &'static str {
         Cause::CompressionClosed => "evidence `compression_closed`",
         Cause::Compression => "evidence `compression_in_progress`",
         Cause::FtsIndex => {
-            "code 267 `SQLITE_CORRUPT_VTAB`; code 11 or 19 with evidence `fts_scope`; phrase `fts5` + corruption from a host with no code at all"
+            "code 267 `SQLITE_CORRUPT_VTAB`; code 11 or 19 with evidence `fts_scope`; FTS5's `fts5: corruption ...` from a host with no code at all"
         }
         Cause::Locked => {
             "codes 5, 6, 15 and their extended codes (517 included); CANTOPEN whose text says `database is locked`; \
-             SQLSTATE 40001, 40P01, 55P03; lock phrases"
+             SQLSTATE 40001, 40P01, 55P03; SQLite's lock texts"
         }
-        Cause::DiskFull => "code 13 `SQLITE_FULL`; IOERR with errno ENOSPC/EDQUOT; SQLSTATE 53100; fullness phrases",
+        Cause::DiskFull => "code 13 `SQLITE_FULL`; IOERR with errno ENOSPC/EDQUOT; SQLSTATE 53100; fullness texts",
         Cause::Corrupt => {
-            "codes 11, 26, 523, 779, 8458; SQLSTATE XX001, XX002; corruption phrases (before any `disk` phrase) \
-             from a host with no code at all"
+            "codes 11, 26, 523, 779, 8458; SQLSTATE XX001, XX002; SQLite's corruption texts (before any `disk` \
+             text) from a host with no code at all"
         }
-        Cause::Disk => "codes 3, 8, 10, 14, 22, 23 (any errno but ENOSPC/EDQUOT with IOERR); storage phrases",
+        Cause::Disk => "codes 3, 8, 10, 14, 22, 23 (any errno but ENOSPC/EDQUOT with IOERR); storage texts",
         Cause::SessionRowMissing => "code 787 `SQLITE_CONSTRAINT_FOREIGNKEY` on `append_batch`",
         Cause::UidConflict => {
             "code 2067 `SQLITE_CONSTRAINT_UNIQUE` on `append_batch` (the host passes it only for a stored uid with different content)"
@@ -60,6 +60,9 @@ pub fn render_markdown() -> String {
     s.push_str("and never scopes a failure to the index (`SQLITE_ERROR` with a corruption phrase is `unknown`). ");
     s.push_str("errno decides a cause only with IOERR; ");
     s.push_str("with CANTOPEN it only shapes the copy.\n\n");
+    s.push_str("A message is read only from SQLite and only without a SQLSTATE: with a SQLSTATE, the SQLSTATE ");
+    s.push_str("and the codes the host translated it onto decide, and no phrase adds anything (see \"Message ");
+    s.push_str("texts\" below).\n\n");
     s.push_str("| cause | rests on | actions (open, append_batch) | outcomes | sticky | capture |\n");
     s.push_str("|---|---|---|---|---|---|\n");
     for cause in Cause::ALL {
@@ -81,6 +84,22 @@ pub fn render_markdown() -> String {
             if needs_capture(cause) { "yes" } else { "no" },
         ));
     }
+    s.push_str("\n## Message texts\n\n");
+    s.push_str("A phrase is one of SQLite's texts (or the OS's, as a host passes them), matched as a whole part ");
+    s.push_str("of the message, never as a substring. The message is cut at each `: ` and each part trimmed and ");
+    s.push_str("read in lower case: a host's label may come before the text (`sqlite3.OperationalError: `, one ");
+    s.push_str("word), SQLite's detail after it (`database table is locked: messages`), and a host's reason ");
+    s.push_str("after its own (`unable to open database file: database is locked`). Parts are read while each is ");
+    s.push_str("a label or a text below; the first other part ends the reading, and what follows it is its ");
+    s.push_str("detail (`no such table: <name>`); a part holding a path (`/` or `\\`) ends the reading unread. ");
+    s.push_str("So a text inside a path, a file name, a table's name or an identifier names nothing. When ");
+    s.push_str("several texts are read, the first cause in this order wins: a lock, FTS5's corruption, ");
+    s.push_str("corruption, fullness, the constraints (on `append_batch` only), storage.\n\n");
+    s.push_str("| text | cause |\n|---|---|\n");
+    for (text, cause) in crate::classify::phrase_causes() {
+        s.push_str(&format!("| `{text}` | `{}` |\n", cause.label()));
+    }
+    s.push_str("| `fts5`, then a part that starts `corruption ` or is a corruption text | `fts_index` |\n");
     let p = RetryPlan::DEFAULT;
     s.push_str("\n## Operations\n\n");
     s.push_str("- `open`, `append_batch`, `checkpoint`: as the table says.\n");
@@ -143,5 +162,10 @@ pub fn render_markdown() -> String {
     }
     s.push_str(") keeps the cause its code gives; a `disk` copy then names the handshake, the reason (detail `tls`) ");
     s.push_str("and the URL's `sslmode` and `sslrootcert`. The text alone makes no cause.\n");
+    s.push_str("\nThe copy of a PostgreSQL failure (the flush machine's, and `evaluate-json`'s, from the ");
+    s.push_str("observation's `engine`; `explain-json` takes `engine` in its context) names PostgreSQL's steps, ");
+    s.push_str("never a SQLite command or file: no `turnsafe recover`, `turnsafe capture`, `--repair-fts`, ");
+    s.push_str("state.db or fd limit, and `turnsafe doctor` and `turnsafe replay` with `--db URL`. A handle ");
+    s.push_str("keeps the engine of its failures, so a sticky handle's later batches are told the same way.\n");
     s
 }

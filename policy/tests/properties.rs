@@ -43,6 +43,20 @@ fn any_message() -> impl Strategy<Value = String> {
     ]
 }
 
+/// What may follow a path or a sentence: anything, or one of the texts the
+/// fallback knows, alone or as a part of its own.
+fn any_tail() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ".{0,60}",
+        (
+            prop::sample::select(turnsafe_policy::known_phrases()),
+            prop::sample::select(vec!["", "x: ", "agents: ", "a b: "]),
+            ".{0,8}"
+        )
+            .prop_map(|(phrase, before, after)| format!("{before}{phrase}{after}")),
+    ]
+}
+
 prop_compose! {
     fn any_observation()(
         operation in prop::sample::select(Operation::ALL.to_vec()),
@@ -127,7 +141,7 @@ proptest! {
     /// phrase), nor anything after a sentence the fallback does not know
     /// (its detail: a table's name, a column's).
     #[test]
-    fn text_after_a_path_or_a_sentence_is_not_read(obs in any_observation(), tail in ".{0,60}") {
+    fn text_after_a_path_or_a_sentence_is_not_read(obs in any_observation(), tail in any_tail()) {
         let with = |message: String| classify(&Observation { message, ..obs.clone() });
         let path = with(format!("{}: /{tail}", obs.message));
         prop_assert_eq!(path, with(obs.message.clone()));
@@ -179,6 +193,7 @@ proptest! {
         divert_op in prop::sample::select(KNOWN_DIVERT_OPS.to_vec()),
         pending in any::<bool>(),
         unsynced in any::<bool>(),
+        engine in prop::sample::select(Engine::ALL.to_vec()),
     ) {
         let durability = if unsynced { Durability::Unsynced } else { Durability::Synced };
         let ctx = CopyContext {
@@ -198,6 +213,7 @@ proptest! {
             divert_residue: residue.then(|| DivertResidue { path: "/h/sessions/s1.jsonl".into(), offset: 7 }),
             pending_capture: pending.then(|| "/h/state.db.retired-20261201T000000Z-9".to_string()),
             durability,
+            engine,
         };
         // Every pair sampled is producible: an `Err` here is a failure, not a pass.
         let copy = explain(cause, outcome, &ctx);
@@ -229,6 +245,13 @@ proptest! {
             if unsynced && outcome == Outcome::Persisted {
                 prop_assert!(!text.contains("saved"), "unsynced commit called saved: {}", text);
                 prop_assert!(text.contains("power cut"), "{}", text);
+            }
+            // PostgreSQL's copy names no SQLite command, but for a SQLite
+            // capture the context hands it (a receipt, a pending capture).
+            if engine == Engine::Postgres && capture_path.is_none() && !pending {
+                for sqlite_only in ["turnsafe recover", "turnsafe capture", "--repair-fts", "state.db", "ulimit"] {
+                    prop_assert!(!text.contains(sqlite_only), "{}: {}", sqlite_only, text);
+                }
             }
             if residue && outcome == Outcome::DivertFailed {
                 prop_assert!(!text.contains("not stored anywhere"), "{}", text);

@@ -64,8 +64,8 @@ pub enum Fault<'a> {
 ///   `SQLITE_CONSTRAINT_FOREIGNKEY` (787), so `session_row_missing`.
 /// - a uid stored with different content: `SQLITE_CONSTRAINT_UNIQUE`
 ///   (2067), so `uid_conflict`, handed back as with SQLite.
-/// - anything else: no code; the policy reads the text, then says `unknown`
-///   (diverted).
+/// - anything else: no code, and the policy reads no text beside a
+///   SQLSTATE: `unknown` (diverted).
 pub fn sqlite_codes(sqlstate: Option<&str>) -> (Option<i64>, Option<i64>) {
     let primary = |c: i64| (Some(c), None);
     match sqlstate {

@@ -267,6 +267,7 @@ impl FlushMachine {
             seed: self.start.seed,
         };
         let d = crate::decide(&obs);
+        handle.engine = obs.engine;
         self.last = Some((d.classification.cause, operation));
         self.errno = obs.errno;
         self.tls = TlsFailure::of(&obs);
@@ -363,6 +364,7 @@ impl FlushMachine {
             tls: self.tls,
             capture_now: self.capture,
             capture_known: handle.capture.as_ref(),
+            engine: handle.engine,
             ending,
         })
     }

@@ -250,6 +250,10 @@ pub struct HandleState {
     /// The capture of the retired generation, once tried: the copy of every
     /// later batch names it (or its failure), and it is never tried twice.
     pub capture: Option<CaptureReport>,
+    /// The engine of the last failure seen: the copy of every later batch
+    /// names that engine's steps (a sticky PostgreSQL handle's too).
+    #[serde(default)]
+    pub engine: crate::model::Engine,
 }
 
 /// The handle machine: state across batches, and the flush in progress.

@@ -210,6 +210,8 @@ pub(super) struct Parts<'a> {
     pub tls: Option<crate::model::TlsFailure>,
     pub capture_now: Option<CaptureReport>,
     pub capture_known: Option<&'a CaptureReport>,
+    /// The engine the handle's failures came from.
+    pub engine: crate::model::Engine,
     pub ending: Ending,
 }
 
@@ -227,6 +229,7 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
         // handshake gets (not for a lost COMMIT whose lookup then failed).
         tls: p.tls.filter(|_| p.cause == Some(Cause::Disk)),
         pending_capture: p.start.pending_capture.as_ref().map(|c| c.path.as_str()),
+        engine: p.engine,
         ..known
     };
     let (outcome, facts) = match &p.ending {
@@ -235,6 +238,7 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
             Facts {
                 session,
                 durability: p.start.durability,
+                engine: p.engine,
                 ..Facts::default()
             },
         ),

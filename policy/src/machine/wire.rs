@@ -36,7 +36,7 @@ use crate::jsontext::{Json, parse};
 use super::{CaptureReport, DivertReceipt, Event, Failure, FlushStart, Handle, HandleState, Step};
 use crate::collect::{map, try_map};
 use crate::fields::Fields;
-use crate::model::{CaptureFailure, CaptureReceipt, CapturedFile, Cause, DivertFailure, DivertResidue};
+use crate::model::{CaptureFailure, CaptureReceipt, CapturedFile, Cause, DivertFailure, DivertResidue, Engine};
 use crate::text::{cat, unsigned};
 use crate::value as v;
 
@@ -352,6 +352,10 @@ fn handle_fields(s: &HandleState) -> v::Obj {
     o.uint("v", STATE_FORMAT);
     o.bool("open", s.open);
     o.opt_str("sticky", s.sticky.map(Cause::label));
+    // Written only for PostgreSQL, so a SQLite host's state reads as before.
+    if s.engine != Engine::Sqlite {
+        o.str("engine", s.engine.label());
+    }
     o.field(
         "capture",
         match &s.capture {
@@ -407,6 +411,13 @@ fn read_state(o: &Value) -> Result<Read, String> {
                 .ok_or("`sticky` is not a cause")?,
         ),
     };
+    let engine = match field(o, "engine") {
+        None => Engine::Sqlite,
+        Some(e) => e
+            .as_str()
+            .and_then(Engine::from_label)
+            .ok_or("`engine` is not an engine")?,
+    };
     let capture = match field(o, "capture") {
         None => None,
         Some(c) => Some(match event_from_value(c)? {
@@ -430,7 +441,12 @@ fn read_state(o: &Value) -> Result<Read, String> {
         }
     };
     Ok(Read {
-        state: HandleState { open, sticky, capture },
+        state: HandleState {
+            open,
+            sticky,
+            capture,
+            engine,
+        },
         flush,
     })
 }
