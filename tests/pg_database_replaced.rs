@@ -16,6 +16,17 @@ use common::*;
 use std::time::Duration;
 use turnsafe_policy::{Cause, Operation};
 
+/// A PostgreSQL outcome's copy names no SQLite command or file: its
+/// store keeps no generation on this host to capture or recover.
+fn assert_postgres_copy(outcome: &serde_json::Value) {
+    let copy = outcome["copy"].to_string();
+    assert!(outcome["copy"].is_object(), "{outcome}");
+    for sqlite_only in ["turnsafe capture", "turnsafe recover", "state.db", "ulimit"] {
+        assert!(!copy.contains(sqlite_only), "names `{sqlite_only}`: {copy}");
+    }
+    assert!(copy.contains("turnsafe replay --db URL"), "{copy}");
+}
+
 /// Connections the proxy has accepted, read once a connection already
 /// made has had time to be accepted (the listener polls every 100 ms).
 fn connections(proxy: &PgProxy) -> usize {
@@ -77,6 +88,10 @@ fn another_database_at_the_url_is_replaced() {
         .get(0);
     assert_eq!(n, 0, "nothing was written into the new database");
     assert_eq!(receipt_lines(d.receipt.as_ref().unwrap()).len(), 2);
+    // The sticky handle's later batches are told as PostgreSQL's too.
+    for outcome in [&b, &c, &d] {
+        assert_postgres_copy(&outcome.to_value());
+    }
 }
 
 /// The tables are dropped and made again (a restore with `--clean`, say)
@@ -114,6 +129,7 @@ fn a_database_rebuilt_under_a_live_connection_is_replaced() {
         "{v}"
     );
     assert_eq!(store.sticky(), Some(Cause::Replaced));
+    assert_postgres_copy(&v);
     let n: i64 = server
         .admin(&db)
         .query_one("SELECT count(*) FROM messages WHERE session_id = 's1'", &[])
