@@ -718,11 +718,7 @@ fn settle_graph_line(
         if !dry {
             let created = at_ms.unwrap_or_else(now_ms);
             match verdict {
-                Verdict::Insert => {
-                    if !conn.graph_put(line, created, None, false)? {
-                        continue;
-                    }
-                }
+                Verdict::Insert if !conn.graph_put(line, created, None, false)? => continue,
                 Verdict::Apply { deleted_ms } => {
                     conn.graph_put(line, created, deleted_ms, true)?;
                 }

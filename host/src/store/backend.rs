@@ -11,9 +11,10 @@ use turnsafe_policy::machine::{Failure, WritePlan};
 use turnsafe_policy::Evidence;
 
 use super::{EditError, SessionId, SessionStore, failure_of};
-use crate::backend::{Backend, BackendError, Flush, GroupWrite, Identity, Ledger, ReadError, SearchReport};
+use crate::backend::{Backend, BackendError, Flush, GroupWrite, Identity, Ledger, ReadError, SearchReport, readable};
 use crate::capture::{Capture, CaptureError};
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
+use crate::message::Message;
 use crate::transcript::StoredMessage;
 
 impl SessionStore {
@@ -87,7 +88,7 @@ impl Backend for SessionStore {
     /// SQLite always knows how its COMMIT ended, so the machine asks this
     /// only of hosts that lost an answer; it is answered all the same, from
     /// the live connection.
-    fn resolve(&mut self, session: &str, uids: &[String]) -> Result<bool, Failure> {
+    fn resolve(&mut self, session: &str, uids: &[String], messages: &[Message]) -> Result<bool, Failure> {
         let Some(conn) = self.conn.as_ref() else {
             return Err(failure_of(&rusqlite::Error::InvalidQuery, None, Vec::new(), 0));
         };
