@@ -35,7 +35,7 @@ test('items come back exactly as added, newest `limit` in order', async () => {
   await s.close();
 });
 
-test('rows are the native schema: version, session row, uid and seq, item verbatim, lease released at close', async () => {
+test('rows are the native schema: version, session row, uid and seq, item verbatim, owner-only WAL files, lease released at close', async () => {
   const home = tmp();
   const s = new TurnsafeSession('s1', home, { holder: 'js-test' });
   await s.addItems([user('a'), call('c1')]);
@@ -54,14 +54,22 @@ test('rows are the native schema: version, session row, uid and seq, item verbat
   let lease = db.prepare('SELECT lease_token, lease_holder FROM sessions WHERE id = ?').get('s1');
   assert.equal(lease.lease_holder, 'js-test');
   assert.ok(lease.lease_token);
+  // The database is in WAL mode: it, its WAL and its shm are there, each
+  // readable by its owner only, while the writer is open and after (the
+  // read-only reader above never checkpoints them away).
+  const ownerOnly = (when) => {
+    for (const f of ['state.db', 'state.db-wal', 'state.db-shm']) {
+      const p = path.join(home, f);
+      assert.ok(fs.existsSync(p), `${f} exists ${when}`);
+      assert.equal(fs.statSync(p).mode & 0o777, 0o600, `${f} ${when}`);
+    }
+  };
+  ownerOnly('while the writer is open');
   await s.close();
   lease = db.prepare('SELECT lease_token, lease_holder FROM sessions WHERE id = ?').get('s1');
   assert.equal(lease.lease_token, null);
   db.close();
-  for (const f of ['state.db', 'state.db-wal', 'state.db-shm']) {
-    const p = path.join(home, f);
-    if (fs.existsSync(p)) assert.equal(fs.statSync(p).mode & 0o777, 0o600, f);
-  }
+  ownerOnly('after close');
 });
 
 test('a newer schema is refused before anything is written', async () => {
