@@ -20,8 +20,14 @@ def test_pop_clear_show_archived_and_restore(store: Store):
     assert store.clear("s1") == 2
     assert store.show("s1") == []
     archived = store.show("s1", archived=True)
-    assert [a["uid"] for a in archived][0] in {"a-0", "a-1"}
-    assert {a["reason"] for a in archived} == {"pop", "clear"}
+    # Newest archived first: the clear's two rows (the later seq first),
+    # then the pop's.
+    assert [(a["uid"], a["seq"], a["reason"]) for a in archived] == [
+        ("a-1", 2, "clear"),
+        ("a-0", 1, "clear"),
+        ("a-2", 3, "pop"),
+    ]
+    assert [a["message"]["content"] for a in archived] == ["a 1", "a 0", "a 2"]
     assert set(archived[0]) == {"uid", "seq", "message", "archived_at", "reason"}
     report = store.restore("s1", reason="clear")
     assert [r["uid"] for r in report["restored"]] == ["a-0", "a-1"]
