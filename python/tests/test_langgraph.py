@@ -7,8 +7,10 @@ graph resumes where it stopped."""
 
 from __future__ import annotations
 
+import base64
 import json
 import operator
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +57,78 @@ def three_steps(ran: list, between: Optional[Callable[[], None]] = None):
 
 def cfg(thread: str) -> dict:
     return {"configurable": {"thread_id": thread}}
+
+
+class Recorder:
+    """Stands between a saver and its store and keeps every record the
+    saver hands over and the store takes (a put's or a put_writes' batch,
+    exactly as passed), so a test compares what is read back with what it
+    stored, not with another read."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.batches = 0
+        self.checkpoints: dict = {}
+        self.writes: dict = {}
+
+    @classmethod
+    def around(cls, saver) -> "Recorder":
+        saver.store = cls(saver.store)
+        return saver.store
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def _lg_put_checkpoint(self, thread_id, checkpoint_ns, checkpoint_id, parent_id, type_, blob, metadata):
+        outcome = self._store._lg_put_checkpoint(thread_id, checkpoint_ns, checkpoint_id, parent_id, type_, blob, metadata)
+        self.batches += 1
+        if outcome.persisted:
+            # A put replaces the checkpoint it meets.
+            self.checkpoints[(thread_id, checkpoint_ns, checkpoint_id)] = {
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "checkpoint_id": checkpoint_id,
+                "parent_checkpoint_id": parent_id,
+                "type": type_,
+                "checkpoint": base64.b64encode(bytes(blob)).decode(),
+                "metadata": json.loads(metadata),
+            }
+        return outcome
+
+    def _lg_put_writes(self, thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, records):
+        outcome = self._store._lg_put_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, records)
+        self.batches += 1
+        if outcome.persisted:
+            # LangGraph's rule: special writes only (negative indices)
+            # replace; otherwise the first copy is kept.
+            replace = all(idx < 0 for idx, _, _, _ in records)
+            for idx, channel, type_, blob in records:
+                key = (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+                if replace or key not in self.writes:
+                    self.writes[key] = {
+                        "task_id": task_id,
+                        "task_path": task_path,
+                        "idx": idx,
+                        "channel": channel,
+                        "type": type_,
+                        "value": base64.b64encode(bytes(blob)).decode(),
+                    }
+        return outcome
+
+    def thread(self, thread_id: str) -> list:
+        """The thread's checkpoints as `show --thread --json` prints them
+        (without `created_ms`): every namespace, newest first, each with
+        its pending writes in (task_path, task_id, idx) order."""
+        rows = []
+        for (thread, ns, cid), record in self.checkpoints.items():
+            if thread != thread_id:
+                continue
+            writes = [w for (t, n, c, _, _), w in self.writes.items() if (t, n, c) == (thread, ns, cid)]
+            writes.sort(key=lambda w: (w["task_path"], w["task_id"], w["idx"]))
+            rows.append({**record, "pending_writes": writes})
+        rows.sort(key=lambda r: r["checkpoint_ns"])
+        rows.sort(key=lambda r: r["checkpoint_id"], reverse=True)
+        return rows
 
 
 def test_interrupt_and_resume_across_savers(home: Path) -> None:
@@ -125,6 +199,7 @@ def test_subgraph_checkpoints_live_under_their_namespace(home: Path) -> None:
     parent.add_edge("outer", "child")
     parent.add_edge("child", END)
     with TurnsafeSaver(home) as saver:
+        stored = Recorder.around(saver)
         graph = parent.compile(checkpointer=saver)
         graph.invoke({"log": []}, cfg("sub"))
         state = graph.get_state(cfg("sub"), subgraphs=True)
@@ -146,11 +221,14 @@ def test_subgraph_checkpoints_live_under_their_namespace(home: Path) -> None:
     )
     assert shown.returncode == 0, shown.stderr
     lines = [json.loads(x) for x in shown.stdout.splitlines()]
-    assert lines[-1]["type"] == "end" and lines[-1]["data"]["checkpoints"] == len(lines) - 1
-    rows = [x["data"] for x in lines[:-1]]
-    assert {r["checkpoint_ns"] for r in rows} == namespaces | {r["checkpoint_ns"] for r in rows}
-    assert [r["checkpoint_id"] for r in rows] == sorted((r["checkpoint_id"] for r in rows), reverse=True)
-    assert all(r["thread_id"] == "sub" and "metadata" in r and "pending_writes" in r for r in rows)
+    # Exactly the records the graph stored: each checkpoint (its bytes,
+    # metadata and parent) with its pending writes, and the count.
+    expected = stored.thread("sub")
+    assert {r["checkpoint_ns"] for r in expected} == namespaces, namespaces
+    assert [x["type"] for x in lines] == ["checkpoint"] * len(expected) + ["end"], lines
+    assert lines[-1]["data"] == {"thread_id": "sub", "checkpoints": len(expected)}
+    rows = [{k: v for k, v in x["data"].items() if k != "created_ms"} for x in lines[:-1]]
+    assert rows == expected
 
 
 def run_through_a_failure(home: Path, thread: str, fail: Callable[[], None], lift: Callable[[], None], *, db=None, replay_db=None):
@@ -243,20 +321,69 @@ def test_a_postgres_outage_diverts_the_step_and_replay_brings_it_to_the_server(t
     assert facts["pending_divert_lines"] == {"message": 0, "checkpoint": 0, "write": 0}, facts
 
 
+def wal_commits(wal: Path) -> tuple:
+    """Read from outside the store: the WAL's salts, its checkpoint
+    sequence (how often it restarted) and how many transactions its valid
+    frames commit (frames whose salts and running checksum hold, a commit
+    frame being one that gives the database's size), as SQLite's
+    documented WAL format defines them. `(None, None, 0)` without a WAL."""
+    data = wal.read_bytes() if wal.exists() else b""
+    if len(data) < 32:
+        return None, None, 0
+    magic, _, page_size, restarts, salt1, salt2, c1, c2 = struct.unpack(">8I", data[:32])
+    assert magic in (0x377F0682, 0x377F0683), hex(magic)
+    words = (">" if magic & 1 else "<") + "2I"
+
+    def checksum(s0: int, s1: int, chunk: bytes) -> tuple:
+        for x0, x1 in struct.iter_unpack(words, chunk):
+            s0 = (s0 + x0 + s1) & 0xFFFFFFFF
+            s1 = (s1 + x1 + s0) & 0xFFFFFFFF
+        return s0, s1
+
+    s = checksum(0, 0, data[:24])
+    assert s == (c1, c2), "the WAL header's checksum"
+    commits, off = 0, 32
+    while off + 24 + page_size <= len(data):
+        _, db_size, f1, f2, fc1, fc2 = struct.unpack(">6I", data[off : off + 24])
+        if (f1, f2) != (salt1, salt2):
+            break
+        s = checksum(*checksum(*s, data[off : off + 8]), data[off + 24 : off + 24 + page_size])
+        if s != (fc1, fc2):
+            break
+        commits += db_size != 0
+        off += 24 + page_size
+    return (salt1, salt2), restarts, commits
+
+
 def test_async_saver_runs_a_graph_and_groups_its_threads(home: Path) -> None:
+    """Eight graphs at once on one async saver: what their tasks send
+    together is committed together. Batches are counted as the saver
+    hands them to the store, transactions from the WAL's commit frames."""
     import asyncio
 
     async def main():
         async with AsyncTurnsafeSaver(home) as saver:
+            sent = Recorder.around(saver)
             ran: list = []
             graph = three_steps(ran).compile(checkpointer=saver)
             outs = await asyncio.gather(*(graph.ainvoke({"log": []}, cfg(f"t{k}")) for k in range(8)))
+            # Read while the saver is open: its close checkpoints the WAL away.
+            salts, restarts, commits = wal_commits(home / "state.db-wal")
             assert all(o["log"] == ["a", "b", "c"] for o in outs)
             for k in range(8):
                 state = await graph.aget_state(cfg(f"t{k}"))
                 assert state.values["log"] == ["a", "b", "c"]
+                assert len(sent.thread(f"t{k}")) == 5
+            return sent.batches, salts, restarts, commits
 
-    asyncio.run(main())
+    batches, salts, restarts, commits = asyncio.run(main())
+    # Per graph: five checkpoints, and the writes of the input and of a, b
+    # and c: nine batches, each its own transaction if none were grouped.
+    assert batches == 8 * 9, batches
+    # The WAL never restarted, so its frames hold every commit of the run
+    # (the schema's included).
+    assert salts is not None and restarts == 0, (salts, restarts)
+    assert 1 <= commits <= batches // 2, f"{batches} batches took {commits} transactions"
     facts = turnsafe_store.doctor(home)["facts"]
     assert facts["langgraph"]["checkpoints"] == 8 * 5, facts["langgraph"]
 
