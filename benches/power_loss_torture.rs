@@ -1,11 +1,13 @@
 //! The long power-loss torture (`scripts/power-loss-torture`): the flows of
 //! `tests/power_loss/` cut at random sync points (or after the flow) with
 //! random modes (`DropPending`, `TornPrefix`, `Reorder`), each cut checked,
-//! settled, replayed and recounted. 10,000 cuts unless `ITERATIONS`; a seed
-//! from the clock unless `SEED`; every flow unless `FLOWS` (names, comma
-//! separated). Prints cuts, flows, acknowledged
-//! messages, lost and duplicated, and the seed; exits 1 on any loss,
-//! duplicate or broken claim, 2 when powerfs cannot run here.
+//! settled, replayed and recounted by the records' bytes. 10,000 cuts
+//! unless `ITERATIONS`; a seed from the clock unless `SEED`; every flow
+//! unless `FLOWS` (names, comma separated). Prints cuts, flows,
+//! acknowledged records, lost, changed (stored with other bytes than
+//! sent) and duplicated, the problems a flow's known hole explains, and
+//! the seed; exits 1 on any loss, change, duplicate or broken claim, 2
+//! when powerfs cannot run here.
 #[path = "../tests/power_loss/mod.rs"]
 mod power_loss;
 
@@ -48,29 +50,42 @@ fn main() {
     let (total, per_flow) = power_loss::long_run(&flows, iterations, seed);
     for (name, t) in &per_flow {
         println!(
-            "power loss: {name}: {} cuts {:?}, {} acknowledged, {} lost, {} duplicated, {} problems",
+            "power loss: {name}: {} cuts {:?}, {} acknowledged, {} lost, {} changed, {} duplicated, {} problems, {} known",
             t.cuts,
             t.by_mode,
             t.acked,
             t.lost,
+            t.changed,
             t.duplicated,
-            t.problems.len()
+            t.problems.len(),
+            t.known.len()
         );
+    }
+    for flow in &flows {
+        if let (Some(hole), Some(t)) = (flow.known, per_flow.get(flow.name)) {
+            println!(
+                "power loss: {}: {} problems of a known hole: {}",
+                flow.name,
+                t.known.len(),
+                hole.why
+            );
+        }
     }
     for p in total.problems.iter().take(50) {
         println!("power loss: problem: {p}");
     }
     println!(
-        "power loss: cuts {}, flows {}, acknowledged messages {}, lost {}, duplicated {}, problems {}, seed {seed}, {:.0} s",
+        "power loss: cuts {}, flows {}, acknowledged records {}, lost {}, changed {}, duplicated {}, problems {}, seed {seed}, {:.0} s",
         total.cuts,
         per_flow.len(),
         total.acked,
         total.lost,
+        total.changed,
         total.duplicated,
         total.problems.len(),
         started.elapsed().as_secs_f64()
     );
-    if total.lost > 0 || total.duplicated > 0 || !total.problems.is_empty() {
+    if total.lost > 0 || total.changed > 0 || total.duplicated > 0 || !total.problems.is_empty() {
         std::process::exit(1);
     }
 }

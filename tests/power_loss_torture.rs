@@ -51,8 +51,25 @@ fn torture(flow: &Flow) {
         tally.problems.len(),
         tally.problems.join("\n")
     );
-    assert_eq!((tally.lost, tally.duplicated), (0, 0));
+    assert_eq!((tally.lost, tally.changed, tally.duplicated), (0, 0, 0));
     assert!(points > 0, "{}: the flow made no sync request", flow.name);
+    if let Some(hole) = flow.known {
+        // Cut at every sync point, the flow finds its hole every time: the
+        // day it does not, the hole is closed and the flow is made strict.
+        println!(
+            "power loss: {}: {} problems of a known hole: {}; for example: {}",
+            flow.name,
+            tally.known.len(),
+            hole.why,
+            tally.known.first().map_or("none", String::as_str)
+        );
+        assert!(
+            !tally.known.is_empty(),
+            "{}: no cut found the known hole ({}): it is closed, drop `known` from the flow",
+            flow.name,
+            hole.why
+        );
+    }
 }
 
 #[test]
@@ -143,7 +160,8 @@ fn every_flow_is_tortured() {
             "recover_install",
             "recover_dismiss",
             "migrate_v2_v3",
-            "langgraph"
+            "langgraph",
+            "clear"
         ]
     );
 }
@@ -151,4 +169,9 @@ fn every_flow_is_tortured() {
 #[test]
 fn langgraph_checkpoints() {
     torture(&flows::LANGGRAPH);
+}
+
+#[test]
+fn clear_with_pending_message_and_graph_lines() {
+    torture(&flows::CLEAR);
 }

@@ -1,27 +1,38 @@
 //! The power-loss torture: each flow of turnsafe that makes a claim (an
 //! append into a new home, the many-session group commit, a divert into a
 //! new file and into an existing one, replay, the capture of a deleted WAL,
-//! `recover --install` and `--dismiss`, the v2→v3 migration) runs on
-//! powerfs, the filesystem that forgets what was not fsynced, and the power
-//! is cut at each of its sync points in turn, with each mode of cut, and at
-//! random points. Shared by `tests/power_loss_torture.rs` (every sync point
-//! of every flow, in the test command) and the long run
+//! `recover --install` and `--dismiss`, the v2→v3 migration, LangGraph's
+//! checkpoints, a clear with pending lines) runs on powerfs, the filesystem
+//! that forgets what was not fsynced, and the power is cut at each of its
+//! sync points in turn, with each mode of cut, and at random points.
+//! Shared by `tests/power_loss_torture.rs` (every sync point of every
+//! flow, in the test command) and the long run
 //! (`benches/power_loss_torture.rs`, `scripts/power-loss-torture`).
 //!
 //! A flow starts from a home built off the mount (its *setup*, durable from
 //! the start, with the claims made while building it) and records each
 //! claim it makes only while the power is still on (no sync point frozen
 //! yet: in a real power loss the process would not have lived to make a
-//! later one). After the cut and a remount, our own readers (a read-only
-//! rusqlite connection, the divert files' bytes, the capture folders'
-//! manifests), never `turnsafe show`, check:
+//! later one). It keeps every record it sends as it sent it (a message's
+//! object, a checkpoint's or a write's fields), and an outcome must name
+//! exactly the uids it sent. After the cut and a remount, the test's own
+//! readers (`content`: a read-only rusqlite connection and its own
+//! queries, its own JSONL parsing and sha256; the capture folders'
+//! manifests), never turnsafe's, check:
 //!
-//! - every message claimed in `state.db` (an outcome said `persisted`,
-//!   replay or an install returned) is there exactly once; a persisted
-//!   message of a generation retired under its writer (its WAL deleted) is
-//!   in `state.db` or in a capture folder;
-//! - every receipt's byte range holds exactly its lines, with its sha256,
-//!   at its path or where replay moved the file;
+//! - every record claimed in `state.db` (an outcome said `persisted`,
+//!   replay or an install returned) is there exactly once with the bytes
+//!   sent (a message's `item`; a checkpoint's blob, type, parent and
+//!   metadata; a write's value, channel, type and task path; neither
+//!   marked deleted); a persisted message of a generation retired under
+//!   its writer (its WAL deleted) is in `state.db` or in a capture folder,
+//!   with its bytes;
+//! - every receipt's byte range, at its path or where replay or a clear
+//!   moved the file, hashes to its sha256 and is its lines, each the
+//!   record sent under its uid; every receipted line is still somewhere:
+//!   pending (a divert file, `settling/`), stored or archived;
+//! - a line a clear may have taken is in exactly one place, never both
+//!   pending and cleared, and one the clear returned with is archived;
 //! - every capture receipt's folder holds its manifest (sha256) and files;
 //!   every capture claimed settled has its `SETTLED`; every file replay
 //!   settled is in `settled/` with its ledger lines;
@@ -30,11 +41,13 @@
 //!
 //! Then, as an operator would, every pending capture is settled (installed
 //! with `recover --install` when it has its manifest, dismissed otherwise)
-//! and `replay` runs: every acknowledged message (persisted, receipted, or
-//! in the setup) must be stored exactly once, nothing at all twice,
-//! `integrity_check` ok and `doctor` clean.
+//! and `replay` runs: every acknowledged record (persisted, receipted, or
+//! in the setup) must be stored exactly once with the bytes sent (or, for
+//! what a clear took, archived instead), nothing stored that was never
+//! sent, nothing at all twice, `integrity_check` ok and `doctor` clean.
 #![allow(dead_code)]
 
+pub mod content;
 pub mod flows;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,17 +55,17 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use powerfs::{CutMode, PowerFs, SyncPoint};
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::Digest;
 use turnsafe_host::capture::Capture;
 use turnsafe_host::divert::Receipt;
+use turnsafe_host::graph::GraphBatch;
 use turnsafe_host::message::Message;
 use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_host::replay::{FileReport, ReplayOptions};
 use turnsafe_host::store::SessionId;
 
-/// A stored message: (session, uid).
-pub type Key = (String, String);
+pub use content::{Key, Sent};
 
 /// Whether the power is still on: no sync point frozen yet.
 pub struct Power<'a>(Option<&'a PowerFs>);
@@ -67,13 +80,15 @@ impl Power<'_> {
     }
 }
 
-/// What a flow claimed while the power was on (and what its setup had
-/// claimed before it started).
+/// What a flow sent, and what it claimed while the power was on (and what
+/// its setup had sent and claimed before it started).
 #[derive(Debug, Clone, Default)]
 pub struct Claims {
-    /// Every acknowledged message: persisted, in a receipt, or in the
+    /// Every record sent, as the test sent it, by key.
+    pub sent: BTreeMap<Key, Sent>,
+    /// Every acknowledged record: persisted, in a receipt, or in the
     /// setup's database. Once settled and replayed, each is stored exactly
-    /// once.
+    /// once, with the bytes sent.
     pub acked: BTreeSet<Key>,
     /// Claimed in `state.db` now.
     pub in_db: BTreeSet<Key>,
@@ -88,37 +103,58 @@ pub struct Claims {
     /// synced survives) they must survive all the same: turnsafe's own
     /// syncs never make the deletion durable before the capture is.
     pub at_risk: BTreeSet<Key>,
+    /// Each receipt, with the keys of the batch it was given for.
     pub receipts: Vec<(Receipt, Vec<Key>)>,
     pub captures: Vec<Capture>,
     /// Capture folders claimed settled (`SETTLED` written).
     pub settled: Vec<PathBuf>,
     /// Files replay settled: the file's name in `settled/`, its lines.
     pub ledger: Vec<(String, u64)>,
+    /// Acknowledged messages a clear started on may have taken: each is in
+    /// exactly one place, stored or archived (reason `clear`), never both,
+    /// and never pending while archived.
+    pub clearable: BTreeSet<Key>,
+    /// Messages a clear returned with: archived (reason `clear`), neither
+    /// stored nor pending.
+    pub cleared: BTreeSet<Key>,
+    /// What the code under test got wrong while the flow ran (an outcome
+    /// naming other uids than the test sent).
+    pub problems: Vec<String>,
 }
 
 impl Claims {
-    /// An append's outcome, if the power is still on: a persisted batch is
+    /// An outcome of the batch `sent`: its uids must be the ones sent, one
+    /// per record. If the power is still on, a persisted batch is
     /// acknowledged and in `state.db`; a diverted one is acknowledged by
     /// its receipt; a capture receipt is a claim of its own.
-    pub fn outcome(&mut self, session: &SessionId, out: &FlushOutcome, power: &Power<'_>) {
+    pub fn outcome(&mut self, sent: &[(Key, Sent)], out: &FlushOutcome, power: &Power<'_>) {
+        let keys: Vec<Key> = sent.iter().map(|(k, _)| k.clone()).collect();
+        if !out.uids.iter().eq(keys.iter().map(|k| &k.1)) {
+            self.problems.push(format!(
+                "an outcome names the uids {:?}; the test sent {} records, {:?}",
+                out.uids,
+                keys.len(),
+                keys.iter().map(|k| &k.1).collect::<Vec<_>>()
+            ));
+        }
+        for (k, s) in sent {
+            self.sent.insert(k.clone(), s.clone());
+        }
         if !power.on() {
             return;
         }
-        let keys: Vec<Key> = out
-            .uids
-            .iter()
-            .map(|u| (session.as_str().to_string(), u.clone()))
-            .collect();
         if out.persisted {
             self.acked.extend(keys.iter().cloned());
             self.in_db.extend(keys.iter().cloned());
         }
         if let Some(r) = &out.receipt {
-            assert_eq!(
-                r.count as usize,
-                keys.len(),
-                "a receipt covers the whole batch: {out:?}"
-            );
+            if r.count as usize != keys.len() {
+                self.problems.push(format!(
+                    "a receipt covers {} lines of a batch of {}: {r:?}",
+                    r.count,
+                    keys.len()
+                ));
+            }
             self.acked.extend(keys.iter().cloned());
             self.receipts.push((r.clone(), keys));
         }
@@ -142,6 +178,33 @@ impl Claims {
         }
     }
 
+    /// A clear of `session` is about to start, with the power on: from now
+    /// on its acknowledged messages (stored, or pending lines) may be
+    /// archived instead of stored.
+    pub fn clearing(&mut self, session: &str, power: &Power<'_>) {
+        if !power.on() {
+            return;
+        }
+        let taken: Vec<Key> = self
+            .acked
+            .iter()
+            .filter(|k| k.0 == session && matches!(self.sent.get(*k), Some(Sent::Message(_))))
+            .cloned()
+            .collect();
+        for k in taken {
+            self.acked.remove(&k);
+            self.in_db.remove(&k);
+            self.clearable.insert(k);
+        }
+    }
+
+    /// The clear returned: what it may have taken is archived.
+    pub fn cleared(&mut self, power: &Power<'_>) {
+        if power.on() {
+            self.cleared.append(&mut self.clearable);
+        }
+    }
+
     /// What must be in `state.db` or a capture after a cut with `mode`.
     fn retired_after(&self, mode: CutMode) -> BTreeSet<Key> {
         let mut keys = self.retired.clone();
@@ -161,15 +224,18 @@ impl Claims {
         keys
     }
 
-    /// A replay of every pending file returned: every receipted message is
-    /// in `state.db`, and every file it settled is in `settled/` with its
-    /// ledger lines.
+    /// A replay of every pending file returned: every receipted record
+    /// (but what a clear took) is in `state.db`, and every file it settled
+    /// is in `settled/` with its ledger lines.
     pub fn replayed(&mut self, files: &[FileReport], power: &Power<'_>) {
         if !power.on() {
             return;
         }
         for (_, keys) in &self.receipts {
-            self.in_db.extend(keys.iter().cloned());
+            let live = keys
+                .iter()
+                .filter(|k| !self.clearable.contains(*k) && !self.cleared.contains(*k));
+            self.in_db.extend(live.cloned());
         }
         for f in files {
             self.ledger.push((f.file.clone(), f.lines));
@@ -190,6 +256,24 @@ impl Claims {
         if power.on() {
             self.settled.push(capture.to_path_buf());
         }
+    }
+
+    /// How many of each claim, for a message.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} sent, {} acknowledged, {} in state.db, {} retired, {} at risk, {} receipts, {} captures, \
+             {} clearable, {} cleared, problems {:?}",
+            self.sent.len(),
+            self.acked.len(),
+            self.in_db.len(),
+            self.retired.len(),
+            self.at_risk.len(),
+            self.receipts.len(),
+            self.captures.len(),
+            self.clearable.len(),
+            self.cleared.len(),
+            self.problems
+        )
     }
 
     /// The same claims with every path under `from` moved under `to` (the
@@ -213,15 +297,46 @@ impl Claims {
     }
 }
 
-/// `n` messages of about 200 bytes with uids `<tag>-<i>`.
-pub fn batch(tag: &str, n: usize) -> Vec<Message> {
-    (0..n)
-        .map(|i| {
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            Message::new(role, &format!("{tag} message {i}: {}", "lorem ipsum ".repeat(16)))
-                .with_uid(&format!("{tag}-{i}"))
-        })
-        .collect()
+/// A batch of messages as the test sends it: the records it keeps, and the
+/// messages handed to the store, made from the same objects.
+pub struct Batch {
+    pub session: SessionId,
+    pub sent: Vec<(Key, Sent)>,
+    pub messages: Vec<Message>,
+}
+
+/// `n` messages of `session`, of about 200 bytes, with uids `<tag>-<i>`.
+pub fn batch(session: &str, tag: &str, n: usize) -> Batch {
+    let mut sent = Vec::new();
+    let mut messages = Vec::new();
+    for i in 0..n {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        let object = json!({
+            "role": role,
+            "content": format!("{tag} message {i}: {}", "lorem ipsum ".repeat(16)),
+        });
+        let uid = format!("{tag}-{i}");
+        if let Value::Object(item) = &object {
+            messages.push(Message::from_item(item.clone()).with_uid(&uid));
+        }
+        sent.push(((session.to_string(), uid), Sent::Message(object)));
+    }
+    Batch {
+        session: sid(session),
+        sent,
+        messages,
+    }
+}
+
+/// The records of a LangGraph batch, as the test sends them.
+pub fn graph_sent(g: &GraphBatch) -> Vec<(Key, Sent)> {
+    match g {
+        GraphBatch::Checkpoint(c) => vec![(content::checkpoint_key(c), Sent::Checkpoint(c.clone()))],
+        GraphBatch::Writes(ws) => ws
+            .iter()
+            .map(|w| (content::write_key(w), Sent::Write(w.clone())))
+            .collect(),
+    }
 }
 
 pub fn sid(s: &str) -> SessionId {
@@ -275,6 +390,18 @@ pub struct Flow {
     pub run: fn(&Path, &Power<'_>, &mut Claims),
     /// The claims a run without a cut must make: (acknowledged, in_db).
     pub expect: fn(&Claims) -> Result<(), String>,
+    /// A hole of the code under test this flow is known to find: the
+    /// problems it explains are counted apart (`Tally::known`), every
+    /// other one still fails. The test command requires it to be found,
+    /// so the day it is closed the flow is made strict again.
+    pub known: Option<KnownHole>,
+}
+
+/// A hole a flow finds, described, with the problems it explains.
+#[derive(Clone, Copy)]
+pub struct KnownHole {
+    pub why: &'static str,
+    pub explains: fn(&str) -> bool,
 }
 
 /// The home under a root: a folder of its own, so a new home's entry in
@@ -289,9 +416,18 @@ pub struct Cut {
     pub frozen: Option<String>,
     pub acked: u64,
     pub lost: u64,
+    /// Acknowledged records stored (or archived) with other bytes than sent.
+    pub changed: u64,
     pub duplicated: u64,
     pub problems: Vec<String>,
+    /// The problems the flow's known hole explains.
+    pub known: Vec<String>,
 }
+
+/// A change made to what a cut left (the files under the home, or the
+/// claims recorded) before it is checked: how the tests show the recount
+/// failing on a stored byte changed, a stale blob, a receipt off by one.
+pub type Tamper<'t> = &'t dyn Fn(&Path, &mut Claims);
 
 /// A flow ready to be cut: its setup built once, its sync points counted.
 pub struct Prepared<'a> {
@@ -316,8 +452,8 @@ impl<'a> Prepared<'a> {
             base,
             points: Vec::new(),
         };
-        let (cut, points, claims) = prepared.cut_with(None, CutMode::DropPending);
-        (flow.expect)(&claims).map_err(|e| format!("{}: a run without a cut: {e}: {claims:?}", flow.name))?;
+        let (cut, points, claims) = prepared.cut_with(None, CutMode::DropPending, None);
+        (flow.expect)(&claims).map_err(|e| format!("{}: a run without a cut: {e}: {}", flow.name, claims.summary()))?;
         Ok((Prepared { points, ..prepared }, cut))
     }
 
@@ -329,10 +465,16 @@ impl<'a> Prepared<'a> {
     /// (none: after the flow), run the flow, cut with `mode`, remount,
     /// check, settle, replay, recount.
     pub fn cut(&self, at: Option<u64>, mode: CutMode) -> Cut {
-        self.cut_with(at, mode).0
+        self.cut_with(at, mode, None).0
     }
 
-    fn cut_with(&self, at: Option<u64>, mode: CutMode) -> (Cut, Vec<SyncPoint>, Claims) {
+    /// [`Prepared::cut`], with `tamper` applied after the remount, before
+    /// anything is checked.
+    pub fn cut_tampered(&self, at: Option<u64>, mode: CutMode, tamper: Tamper<'_>) -> Cut {
+        self.cut_with(at, mode, Some(tamper)).0
+    }
+
+    fn cut_with(&self, at: Option<u64>, mode: CutMode, tamper: Option<Tamper<'_>>) -> (Cut, Vec<SyncPoint>, Claims) {
         let dir = tempfile::tempdir().expect("tempdir");
         let backing = dir.path().join("backing");
         copy_tree(self.template.path(), &backing).expect("copy the setup into the backing folder");
@@ -352,11 +494,14 @@ impl<'a> Prepared<'a> {
         };
         fs.cut(mode).expect("cut");
         fs.remount().expect("remount");
+        let home = home(&root);
+        if let Some(tamper) = tamper {
+            tamper(&home, &mut claims);
+        }
         let mut cut = Cut {
             frozen: frozen.map(|p| p.to_string()),
             ..Cut::default()
         };
-        let home = home(&root);
         for p in check(&home, &claims, mode) {
             cut.problems
                 .push(format!("{}: {what}: after the cut: {p}", self.flow.name));
@@ -365,13 +510,19 @@ impl<'a> Prepared<'a> {
         if let Err(p) = &settled {
             cut.problems.push(format!("{}: {what}: settling: {p}", self.flow.name));
         }
-        let (acked, lost, duplicated, problems) = recount(&home, &claims, mode);
-        cut.acked = acked;
-        cut.lost = lost;
-        cut.duplicated = duplicated;
-        for p in problems {
+        let counted = recount(&home, &claims, mode);
+        cut.acked = counted.acked;
+        cut.lost = counted.lost;
+        cut.changed = counted.changed;
+        cut.duplicated = counted.duplicated;
+        for p in counted.problems {
             cut.problems
                 .push(format!("{}: {what}: once settled and replayed: {p}", self.flow.name));
+        }
+        if let Some(hole) = self.flow.known {
+            let (known, problems) = cut.problems.into_iter().partition(|p| (hole.explains)(p));
+            cut.known = known;
+            cut.problems = problems;
         }
         drop(fs);
         (cut, points, claims)
@@ -395,67 +546,6 @@ pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// How many times each (session, uid) is in the database at `db`, read
-/// with our own read-only connection. No file, or no schema yet: none.
-pub fn stored(db: &Path) -> Result<BTreeMap<Key, u64>, String> {
-    if !db.is_file() {
-        return Ok(BTreeMap::new());
-    }
-    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(|e| format!("open {} read-only: {e}", db.display()))?;
-    c.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(|e| e.to_string())?;
-    let has_table: i64 = c
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'messages'",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| format!("read {}: {e}", db.display()))?;
-    if has_table == 0 {
-        return Ok(BTreeMap::new());
-    }
-    let mut s = c
-        .prepare("SELECT session_id, uid, count(*) FROM messages GROUP BY session_id, uid")
-        .map_err(|e| format!("read {}: {e}", db.display()))?;
-    let rows = s
-        .query_map([], |r| {
-            Ok(((r.get::<_, String>(0)?, r.get::<_, String>(1)?), r.get::<_, i64>(2)?))
-        })
-        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("read {}: {e}", db.display()))?;
-    let mut counts: BTreeMap<Key, u64> = rows.into_iter().map(|(k, n)| (k, n as u64)).collect();
-    // LangGraph's records, keyed as the flush machine keys them: the
-    // thread's safe id and the record's uid (unique by their tables' keys).
-    let has_graph: i64 = c
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| format!("read {}: {e}", db.display()))?;
-    if has_graph > 0 {
-        let mut q = c
-            .prepare(
-                "SELECT thread_id, 'checkpoint:' || checkpoint_ns || ':' || checkpoint_id FROM checkpoints
-                 UNION ALL
-                 SELECT thread_id, 'write:' || checkpoint_ns || ':' || checkpoint_id || ':' || task_id || ':' || idx
-                   FROM checkpoint_writes",
-            )
-            .map_err(|e| format!("read {}: {e}", db.display()))?;
-        let graph = q
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("read {}: {e}", db.display()))?;
-        for (thread, uid) in graph {
-            *counts
-                .entry((turnsafe_host::graph::thread_session(&thread), uid))
-                .or_default() += 1;
-        }
-    }
-    Ok(counts)
-}
-
 /// `PRAGMA integrity_check` on the database at `db` (none: ok).
 pub fn integrity(db: &Path) -> Result<(), String> {
     if !db.is_file() {
@@ -473,22 +563,6 @@ pub fn integrity(db: &Path) -> Result<(), String> {
     } else {
         Err(format!("integrity_check: {}", rows.join("; ")))
     }
-}
-
-/// Does the receipt's file (at its path, or where replay moved it) hold
-/// the receipt's range with its sha256 and line count?
-pub fn receipt_holds(home: &Path, r: &Receipt) -> bool {
-    let mut candidates = vec![PathBuf::from(&r.path)];
-    for dir in ["sessions/settling", "sessions/settled"] {
-        if let Ok(entries) = std::fs::read_dir(home.join(dir)) {
-            candidates.extend(entries.flatten().map(|e| e.path()));
-        }
-    }
-    candidates.iter().any(|p| {
-        let mut moved = r.clone();
-        moved.path = p.to_string_lossy().into_owned();
-        turnsafe_host::divert::verify_receipt(&moved).unwrap_or(false)
-    })
 }
 
 /// Whether a capture receipt's folder holds its manifest (with the
@@ -521,15 +595,16 @@ pub fn capture_holds(c: &Capture) -> Result<(), String> {
     Ok(())
 }
 
-/// The messages every capture folder under `home` holds (read from a copy).
-fn held_by_captures(home: &Path) -> BTreeSet<Key> {
-    let mut held = BTreeSet::new();
+/// What every capture folder under `home` holds (read from a copy, with
+/// the test's own reader).
+fn held_by_captures(home: &Path) -> content::Stored {
+    let mut held = content::Stored::default();
     for c in turnsafe_host::captures::list(home).unwrap_or_default() {
         let Ok(work) = tempfile::tempdir() else { continue };
         if turnsafe_host::recover::copy_source(&c.path, work.path()).is_ok()
-            && let Ok(rows) = stored(&work.path().join("state.db"))
+            && let Ok(rows) = content::read(&work.path().join("state.db"))
         {
-            held.extend(rows.into_keys());
+            held.extend(rows);
         }
     }
     held
@@ -570,6 +645,78 @@ fn roll_back_hot_journal(db: &Path) -> Result<(), String> {
         .map_err(|e| format!("roll back {}: {e}", journal.display()))
 }
 
+/// Whether every copy of `k` in `stored` holds the record sent under it.
+fn holds(claims: &Claims, stored: &content::Stored, k: &Key) -> Result<(), String> {
+    let sent = claims.sent.get(k).ok_or("the test has no record of sending it")?;
+    stored.holds(k, sent)
+}
+
+/// How many of the pending lines of `k` hold the record sent; the first
+/// that does not, as an error.
+fn pending_copies(claims: &Claims, pending: &BTreeMap<Key, Vec<(Value, String)>>, k: &Key) -> Result<u64, String> {
+    let Some(sent) = claims.sent.get(k) else {
+        return Err("the test has no record of sending it".into());
+    };
+    let mut n = 0;
+    for (line, session) in pending.get(k).into_iter().flatten() {
+        content::line_holds(line, k, session, sent)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Where each receipted line and each message a clear may have taken is,
+/// right after a cut: a receipted line is pending, stored or archived,
+/// never nowhere; what a clear may have taken is never both pending and
+/// cleared nor both stored and cleared, and what it returned with is
+/// archived (reason `clear`) and nowhere else. Every copy holds the bytes
+/// sent.
+fn places(claims: &Claims, stored: &content::Stored, pending: &BTreeMap<Key, Vec<(Value, String)>>) -> Vec<String> {
+    let mut bad = Vec::new();
+    let receipted = claims.receipts.iter().flat_map(|(_, keys)| keys);
+    let taken: BTreeSet<&Key> = claims.clearable.iter().chain(&claims.cleared).collect();
+    let every: BTreeSet<&Key> = receipted.chain(taken.iter().copied()).collect();
+    for k in every {
+        let pend = pending_copies(claims, pending, k).unwrap_or_else(|d| {
+            bad.push(format!("a pending line of {k:?} holds other bytes than sent: {d}"));
+            1
+        });
+        let live = stored.count(k);
+        let archived = stored.archived(k, "clear");
+        if let Some(sent) = claims.sent.get(k) {
+            for row in &archived {
+                if let Err(d) = content::row_holds(row, sent) {
+                    bad.push(format!("{k:?} is archived with other bytes than sent: {d}"));
+                }
+            }
+        }
+        let archived = archived.len() as u64;
+        if pend + live + archived == 0 {
+            bad.push(format!(
+                "{k:?} was acknowledged and is neither pending, nor stored, nor archived"
+            ));
+        }
+        if !taken.contains(k) {
+            continue;
+        }
+        if archived > 0 && pend > 0 {
+            bad.push(format!("{k:?} is both pending ({pend} lines) and cleared"));
+        }
+        if archived > 0 && live > 0 {
+            bad.push(format!("{k:?} is both stored and cleared"));
+        }
+        if archived > 1 {
+            bad.push(format!("{k:?} is archived {archived} times"));
+        }
+        if claims.cleared.contains(k) && (archived, live, pend) != (1, 0, 0) {
+            bad.push(format!(
+                "{k:?} was cleared, and is archived {archived} times, stored {live}, pending {pend}"
+            ));
+        }
+    }
+    bad
+}
+
 /// Every claim that does not hold right after the cut and remount.
 pub fn check(home: &Path, claims: &Claims, mode: CutMode) -> Vec<String> {
     let mut bad = Vec::new();
@@ -580,36 +727,49 @@ pub fn check(home: &Path, claims: &Claims, mode: CutMode) -> Vec<String> {
     if let Err(e) = integrity(&db) {
         bad.push(e);
     }
-    match stored(&db) {
-        Ok(counts) => {
-            for k in &claims.in_db {
-                match counts.get(k).copied().unwrap_or(0) {
-                    1 => {}
-                    0 => bad.push(format!("{k:?} was claimed in state.db and is not there")),
-                    n => bad.push(format!("{k:?} is in state.db {n} times")),
+    bad.extend(claims.problems.iter().map(|p| format!("while the flow ran: {p}")));
+    let stored = content::read(&db).unwrap_or_else(|e| {
+        bad.push(e);
+        content::Stored::default()
+    });
+    for k in &claims.in_db {
+        match stored.count(k) {
+            1 => {
+                if let Err(d) = holds(claims, &stored, k) {
+                    bad.push(format!("{k:?} is in state.db with other bytes than sent: {d}"));
                 }
             }
-            let retired = claims.retired_after(mode);
-            let missing: Vec<&Key> = retired.iter().filter(|k| !counts.contains_key(*k)).collect();
-            if !missing.is_empty() {
-                let held = held_by_captures(home);
-                for k in missing.into_iter().filter(|k| !held.contains(*k)) {
-                    bad.push(format!(
-                        "{k:?} was persisted, and is neither in state.db nor in a capture"
-                    ));
-                }
+            0 => bad.push(format!("{k:?} was claimed in state.db and is not there")),
+            n => bad.push(format!("{k:?} is in state.db {n} times")),
+        }
+    }
+    let retired = claims.retired_after(mode);
+    let missing: Vec<&Key> = retired.iter().filter(|k| stored.count(k) == 0).collect();
+    if !missing.is_empty() {
+        let held = held_by_captures(home);
+        for k in missing {
+            if held.count(k) == 0 {
+                bad.push(format!(
+                    "{k:?} was persisted, and is neither in state.db nor in a capture"
+                ));
+            } else if let Err(d) = holds(claims, &held, k) {
+                bad.push(format!("{k:?} is in a capture with other bytes than sent: {d}"));
             }
         }
-        Err(e) => bad.push(e),
     }
-    for (r, _) in &claims.receipts {
-        if !receipt_holds(home, r) {
+    for (r, keys) in &claims.receipts {
+        if let Err(e) = content::receipt_holds(home, r, keys, &claims.sent) {
             bad.push(format!(
-                "receipt {} [{}, +{}) does not hold its {} lines",
+                "receipt {} [{}, +{}) of {} lines: {e}",
                 r.path, r.offset, r.length, r.count
             ));
         }
     }
+    let pending = content::pending(home).unwrap_or_else(|e| {
+        bad.push(e);
+        BTreeMap::new()
+    });
+    bad.extend(places(claims, &stored, &pending));
     for c in &claims.captures {
         if let Err(e) = capture_holds(c) {
             bad.push(format!("capture receipt: {e}"));
@@ -708,48 +868,111 @@ pub fn rebuild_and_install(
     recover::install(output, home).map_err(|e| format!("install: {e}"))
 }
 
-/// After settling and replaying: every acknowledged message stored exactly
-/// once, nothing stored twice, integrity ok, doctor clean. Returns
-/// (acknowledged, lost, duplicated, problems).
-pub fn recount(home: &Path, claims: &Claims, mode: CutMode) -> (u64, u64, u64, Vec<String>) {
+/// What a recount found.
+#[derive(Debug, Default)]
+pub struct Counted {
+    pub acked: u64,
+    pub lost: u64,
+    pub changed: u64,
+    pub duplicated: u64,
+    pub problems: Vec<String>,
+}
+
+/// After settling and replaying: every acknowledged record stored exactly
+/// once with the bytes sent (what a clear may have taken: stored or
+/// archived, exactly once; what it returned with: archived), nothing
+/// stored twice, nothing stored that was never sent, integrity ok, doctor
+/// clean.
+pub fn recount(home: &Path, claims: &Claims, mode: CutMode) -> Counted {
     let acked = claims.acked_after(mode);
-    let mut bad = Vec::new();
+    let taken: BTreeSet<&Key> = claims.clearable.iter().chain(&claims.cleared).collect();
+    let mut c = Counted {
+        acked: (acked.len() + taken.len()) as u64,
+        ..Counted::default()
+    };
     let db = home.join("state.db");
-    let (mut lost, mut duplicated) = (0, 0);
     if let Err(e) = integrity(&db) {
-        bad.push(e);
+        c.problems.push(e);
     }
-    match stored(&db) {
-        Ok(counts) => {
-            for k in &acked {
-                match counts.get(k).copied().unwrap_or(0) {
-                    1 => {}
-                    0 => {
-                        lost += 1;
-                        bad.push(format!("acknowledged {k:?} is lost"));
-                    }
-                    n => {
-                        duplicated += 1;
-                        bad.push(format!("acknowledged {k:?} is stored {n} times"));
-                    }
+    let stored = match content::read(&db) {
+        Ok(stored) => stored,
+        Err(e) => {
+            c.lost += c.acked;
+            c.problems.push(e);
+            return c;
+        }
+    };
+    for k in &acked {
+        match stored.count(k) {
+            0 => {
+                c.lost += 1;
+                c.problems.push(format!("acknowledged {k:?} is lost"));
+            }
+            1 => {
+                if let Err(d) = holds(claims, &stored, k) {
+                    c.changed += 1;
+                    c.problems
+                        .push(format!("acknowledged {k:?} is stored with other bytes than sent: {d}"));
                 }
             }
-            for (k, n) in &counts {
-                if *n > 1 && !acked.contains(k) {
-                    duplicated += 1;
-                    bad.push(format!("{k:?} is stored {n} times"));
-                }
+            n => {
+                c.duplicated += 1;
+                c.problems.push(format!("acknowledged {k:?} is stored {n} times"));
             }
         }
-        Err(e) => {
-            lost += acked.len() as u64;
-            bad.push(e);
+    }
+    for k in &taken {
+        let live = stored.count(k);
+        let archived = stored.archived(k, "clear");
+        let sent = claims.sent.get(*k);
+        match (live, archived.as_slice()) {
+            (0, []) => {
+                c.lost += 1;
+                c.problems.push(format!(
+                    "{k:?}, which a clear may have taken, is neither stored nor archived"
+                ));
+            }
+            (1, []) if claims.cleared.contains(*k) => {
+                c.problems
+                    .push(format!("{k:?} was cleared, and is stored, not archived"));
+            }
+            (1, []) => {
+                if let Err(d) = holds(claims, &stored, k) {
+                    c.changed += 1;
+                    c.problems
+                        .push(format!("acknowledged {k:?} is stored with other bytes than sent: {d}"));
+                }
+            }
+            (0, [row]) => {
+                if let Err(d) = sent.map_or(Err("never sent".into()), |s| content::row_holds(row, s)) {
+                    c.changed += 1;
+                    c.problems
+                        .push(format!("cleared {k:?} is archived with other bytes than sent: {d}"));
+                }
+            }
+            (1, [_]) => c.problems.push(format!("{k:?} is both stored and cleared")),
+            (n, archived) => {
+                c.duplicated += 1;
+                c.problems.push(format!(
+                    "{k:?} is stored {n} times and archived {} times by a clear",
+                    archived.len()
+                ));
+            }
+        }
+    }
+    for (k, rows) in &stored.rows {
+        if !claims.sent.contains_key(k) {
+            c.problems.push(format!("{k:?} is stored and was never sent"));
+        }
+        if rows.len() > 1 && !acked.contains(k) && !taken.contains(k) {
+            c.duplicated += 1;
+            c.problems.push(format!("{k:?} is stored {} times", rows.len()));
         }
     }
     if home.is_dir() {
-        bad.extend(doctor_errors(home, false));
+        c.problems.extend(doctor_errors(home, false));
     }
-    (acked.len() as u64, lost, duplicated, bad)
+    c
 }
 
 /// What a series of cuts of one flow added up to.
@@ -759,8 +982,11 @@ pub struct Tally {
     pub by_mode: BTreeMap<&'static str, u64>,
     pub acked: u64,
     pub lost: u64,
+    pub changed: u64,
     pub duplicated: u64,
     pub problems: Vec<String>,
+    /// Problems a flow's known hole explains.
+    pub known: Vec<String>,
     pub seconds: f64,
 }
 
@@ -770,8 +996,10 @@ impl Tally {
         *self.by_mode.entry(mode_name(mode)).or_default() += 1;
         self.acked += cut.acked;
         self.lost += cut.lost;
+        self.changed += cut.changed;
         self.duplicated += cut.duplicated;
         self.problems.extend(cut.problems);
+        self.known.extend(cut.known);
     }
     pub fn merge(&mut self, other: &Tally) {
         self.cuts += other.cuts;
@@ -780,8 +1008,10 @@ impl Tally {
         }
         self.acked += other.acked;
         self.lost += other.lost;
+        self.changed += other.changed;
         self.duplicated += other.duplicated;
         self.problems.extend(other.problems.iter().cloned());
+        self.known.extend(other.known.iter().cloned());
         self.seconds += other.seconds;
     }
 }
@@ -860,8 +1090,15 @@ fn fxhash(s: &str) -> u64 {
 /// One line about a flow's cuts.
 pub fn summary(name: &str, points: u64, t: &Tally) -> String {
     format!(
-        "power loss: {name}: {points} sync points, {} cuts {:?}, {} acknowledged messages, {} lost, {} duplicated, {:.1} s",
-        t.cuts, t.by_mode, t.acked, t.lost, t.duplicated, t.seconds
+        "power loss: {name}: {points} sync points, {} cuts {:?}, {} acknowledged records, {} lost, {} changed, {} duplicated, {} known, {:.1} s",
+        t.cuts,
+        t.by_mode,
+        t.acked,
+        t.lost,
+        t.changed,
+        t.duplicated,
+        t.known.len(),
+        t.seconds
     )
 }
 
@@ -900,9 +1137,10 @@ pub fn long_run(flows: &[&Flow], iterations: u64, seed: u64) -> (Tally, BTreeMap
         t.seconds += flow_started.elapsed().as_secs_f64();
         if (i + 1).is_multiple_of(500) {
             let lost: u64 = per_flow.values().map(|t| t.lost).sum();
+            let changed: u64 = per_flow.values().map(|t| t.changed).sum();
             let problems: usize = per_flow.values().map(|t| t.problems.len()).sum();
             println!(
-                "power loss: {} of {iterations} cuts, {lost} lost, {problems} problems, {:.0} s",
+                "power loss: {} of {iterations} cuts, {lost} lost, {changed} changed, {problems} problems, {:.0} s",
                 i + 1,
                 started.elapsed().as_secs_f64()
             );
