@@ -1,19 +1,26 @@
 // TurnsafeSession on a filesystem that forgets what was not fsynced
 // (powerfs, driven through its `powerfs-ctl`; docs/POWERFS.md): three
-// turns, with the power cut at every sync point of the flow in turn, in
-// every cut mode. After each cut and a remount, every item whose addItems
-// resolved while the power was still on is in state.db exactly once,
-// counted with our own connection, and state.db passes integrity_check.
+// turns committed into one home and two diverted (a folder stands where
+// the other home's state.db should be), with the power cut at every sync
+// point of the flow in turn, in every cut mode. After each cut and a
+// remount, with our own connection, JSON parsing and sha256 (never the
+// package's readers): every item whose addItems resolved while the power
+// was still on is in state.db exactly once with the bytes sent (its
+// `item`, in canonical form), every receipt given while the power was on
+// holds its range (its sha256, its count), each line the item sent under
+// the outcome's uid, and state.db passes integrity_check. An outcome names
+// one uid per item sent.
 import Database from 'better-sqlite3';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import readline from 'node:readline';
 import { test } from 'node:test';
 
 import { Store, TurnsafeSession } from '../src/index.js';
-import { ROOT, need, receiptHolds, tmp } from './helpers.mjs';
+import { ROOT, need, tmp } from './helpers.mjs';
 
 const CTL = process.env.POWERFS_CTL ?? path.join(process.env.CARGO_TARGET_DIR ?? path.join(ROOT, 'target'), 'debug', 'powerfs-ctl');
 
@@ -58,38 +65,118 @@ class PowerFs {
 
 const batch = (tag) => [0, 1].map((i) => ({ role: 'user', content: `${tag}-${i}` }));
 
-/** Three turns; the contents of those acknowledged with the power on. The store is left open, as it is when the power goes. */
+/** The test's own canonical text of its plain ASCII records: sorted keys, no whitespace. */
+function canonical(v) {
+  if (Array.isArray(v)) return `[${v.map(canonical).join(',')}]`;
+  if (v !== null && typeof v === 'object') {
+    return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${canonical(v[k])}`).join(',')}}`;
+  }
+  return JSON.stringify(v);
+}
+
+/** The home beside `home` whose state.db is a folder: every batch is diverted. */
+const divertHome = (home) => `${home}-diverted`;
+
+/** A home, and its diverting twin, made before the flow's mount so they are durable. */
+function makeHomes(home) {
+  fs.mkdirSync(home, { mode: 0o700 });
+  fs.mkdirSync(path.join(divertHome(home), 'state.db'), { recursive: true, mode: 0o700 });
+}
+
+/**
+ * Three turns committed, two diverted; what was acknowledged with the power
+ * on: committed items, and diverted batches as {receipt, uids, sent}. The
+ * stores are left open, as they are when the power goes.
+ */
 async function flow(pfs, home) {
   const store = new Store(home);
   const session = new TurnsafeSession('user-42', home, { store });
-  const acked = [];
+  const other = new Store(divertHome(home));
+  const diverting = new TurnsafeSession('user-42', divertHome(home), { store: other });
+  const acked = { committed: [], diverted: [], problems: [] };
+  const uids = (outcome, sent) => {
+    if (outcome.uids?.length !== sent.length) acked.problems.push(`an outcome names the uids ${JSON.stringify(outcome.uids)}; the test sent ${sent.length}`);
+  };
   for (let b = 0; b < 3; b++) {
     try {
       await session.addItems(batch(`turn${b}`));
     } catch (e) {
       if (e.name !== 'TurnNotPersisted') throw e;
+      uids(e.outcome, batch(`turn${b}`));
       continue;
     }
-    if (await pfs.powered()) acked.push(...batch(`turn${b}`).map((m) => m.content));
+    if (await pfs.powered()) acked.committed.push(...batch(`turn${b}`));
   }
-  return { acked, store };
+  for (let b = 0; b < 2; b++) {
+    const sent = batch(`diverted${b}`);
+    try {
+      await diverting.addItems(sent);
+      acked.problems.push(`${JSON.stringify(sent)} was committed into a home whose state.db is a folder`);
+    } catch (e) {
+      if (e.name !== 'TurnNotPersisted') throw e;
+      uids(e.outcome, sent);
+      if (e.outcome.receipt && (await pfs.powered())) acked.diverted.push({ receipt: e.outcome.receipt, uids: e.outcome.uids, sent });
+    }
+  }
+  return { acked, stores: [store, other] };
 }
 
-/** Each stored item's content with its count, and integrity_check. */
+/** Every stored item's text, and integrity_check. */
 function stored(home) {
   const file = path.join(home, 'state.db');
-  if (!fs.existsSync(file)) return { counts: {}, integrity: 'ok' };
+  if (!fs.existsSync(file)) return { items: [], integrity: 'ok' };
   // Read-write: the first open after a power cut recovers the WAL, as the next writer would.
   const db = new Database(file);
   try {
-    const counts = {};
+    let items = [];
     if (db.prepare("SELECT 1 FROM sqlite_master WHERE name = 'messages'").get()) {
-      for (const { c } of db.prepare("SELECT json_extract(item, '$.content') AS c FROM messages").all()) counts[c] = (counts[c] ?? 0) + 1;
+      items = db.prepare('SELECT item FROM messages').all().map((r) => r.item);
     }
-    return { counts, integrity: db.pragma('integrity_check', { simple: true }) };
+    return { items, integrity: db.pragma('integrity_check', { simple: true }) };
   } finally {
     db.close();
   }
+}
+
+/** Each committed item stored exactly once with the bytes sent. */
+function committedProblems(home, committed) {
+  const { items, integrity } = stored(home);
+  const texts = items.map((i) => canonical(JSON.parse(i)));
+  const bad = committed
+    .map((m) => [canonical(m), texts.filter((t) => t === canonical(m)).length])
+    .filter(([, n]) => n !== 1)
+    .map(([c, n]) => `${c} acknowledged, stored ${n} times with its bytes`);
+  if (integrity !== 'ok') bad.push(`integrity_check: ${integrity}`);
+  return bad;
+}
+
+/** The receipt's range, read and hashed here: its sha256, whole lines, `count` of them, each the item sent under the outcome's uid. */
+function receiptProblems({ receipt, uids, sent }, session = 'user-42') {
+  const where = `receipt ${receipt.path} [${receipt.offset}, +${receipt.length})`;
+  let data;
+  try {
+    data = fs.readFileSync(receipt.path);
+  } catch (e) {
+    return [`${where}: ${e.message}`];
+  }
+  const start = receipt.offset;
+  const end = start + receipt.length;
+  if (data.length < end) return [`${where}: the file is ${data.length} bytes`];
+  const range = data.subarray(start, end);
+  const digest = createHash('sha256').update(range).digest('hex');
+  if (digest !== receipt.sha256) return [`${where}: the bytes hash to ${digest}, the receipt says ${receipt.sha256}`];
+  if ((start > 0 && data[start - 1] !== 0x0a) || range[range.length - 1] !== 0x0a) return [`${where}: not whole lines`];
+  const lines = range.subarray(0, range.length - 1).toString('utf8').split('\n');
+  if (lines.length !== receipt.count || lines.length !== sent.length || uids.length !== sent.length) {
+    return [`${where}: ${lines.length} lines, the receipt says ${receipt.count}, ${sent.length} sent`];
+  }
+  const bad = [];
+  lines.forEach((raw, i) => {
+    const line = JSON.parse(raw);
+    if (line.uid !== uids[i] || line.session !== session) bad.push(`${where}: line ${i} is ${line.session}/${line.uid}, sent ${session}/${uids[i]}`);
+    if (canonical(line.message) !== canonical(sent[i])) bad.push(`${where}: line ${i} holds ${canonical(line.message)}, sent ${canonical(sent[i])}`);
+  });
+  return bad;
 }
 
 async function closeDead(store) {
@@ -99,17 +186,15 @@ async function closeDead(store) {
 }
 
 async function cutAndCheck(pfs, n, mode) {
-  await pfs.cmd('remount');
   const home = path.join(pfs.path, `home-${n}-${mode.replaceAll(' ', '-')}`);
-  fs.mkdirSync(home, { mode: 0o700 });
-  if (n) await pfs.cmd(`cut_at_sync ${n}`);
-  const { acked, store } = await flow(pfs, home);
-  await pfs.cmd(`cut ${mode}`);
-  await closeDead(store);
+  makeHomes(home);
   await pfs.cmd('remount');
-  const { counts, integrity } = stored(home);
-  const bad = acked.filter((c) => counts[c] !== 1).map((c) => `${c} acknowledged, stored ${counts[c] ?? 0} times`);
-  if (integrity !== 'ok') bad.push(`integrity_check: ${integrity}`);
+  if (n) await pfs.cmd(`cut_at_sync ${n}`);
+  const { acked, stores } = await flow(pfs, home);
+  await pfs.cmd(`cut ${mode}`);
+  for (const store of stores) await closeDead(store);
+  await pfs.cmd('remount');
+  const bad = [...acked.problems, ...committedProblems(home, acked.committed), ...acked.diverted.flatMap((d) => receiptProblems(d))];
   return bad.map((b) => `cut ${mode} at sync ${n || 'end'}: ${b}`);
 }
 
@@ -117,15 +202,17 @@ test('every acknowledged item survives a power cut at every sync point', { timeo
   const pfs = await PowerFs.mount(t);
   if (!pfs) return;
   try {
-    await pfs.cmd('remount');
     const home = path.join(pfs.path, 'count');
-    fs.mkdirSync(home, { mode: 0o700 });
-    const { acked, store } = await flow(pfs, home);
-    await store.close();
-    assert.equal(acked.length, 6, JSON.stringify(acked));
+    makeHomes(home);
+    await pfs.cmd('remount');
+    const { acked, stores } = await flow(pfs, home);
+    for (const store of stores) await store.close();
+    assert.deepEqual(acked.problems, []);
+    assert.equal(acked.committed.length, 6, JSON.stringify(acked));
+    assert.equal(acked.diverted.length, 2, JSON.stringify(acked));
     const count = Number(await pfs.cmd('sync_count'));
-    // The first open, the schema, the WAL and three commits: each a sync.
-    assert.ok(count >= 4, `the flow made only ${count} syncs`);
+    // The first open, the schema, the WAL, three commits and two diverts: each a sync.
+    assert.ok(count >= 6, `the flow made only ${count} syncs`);
     let failures = await cutAndCheck(pfs, 0, 'drop');
     for (let n = 1; n <= count; n++) {
       for (const mode of ['drop', `torn ${n}`, `reorder ${n}`]) failures = failures.concat(await cutAndCheck(pfs, n, mode));
@@ -147,11 +234,12 @@ test('a new home two levels down keeps every level and its first receipt across 
     // A folder where state.db should be: the open fails and the batch is diverted.
     fs.mkdirSync(path.join(home, 'state.db'));
     let receipt = null;
+    let uids = null;
     try {
       await session.addItems(batch('first'));
     } catch (e) {
       if (e.name !== 'TurnNotPersisted') throw e;
-      receipt = e.outcome.receipt;
+      ({ receipt, uids } = e.outcome);
     }
     assert.ok(receipt, 'the first batch was diverted with a receipt');
     assert.equal(receipt.path, path.join(home, 'sessions', 'user-42.jsonl'));
@@ -163,7 +251,7 @@ test('a new home two levels down keeps every level and its first receipt across 
       assert.ok(fs.existsSync(dir), `${dir} survived the cut`);
     }
     assert.ok(fs.existsSync(receipt.path), 'the receipt\'s file survived the cut');
-    assert.ok(receiptHolds(receipt), 'the receipt\'s bytes survived the cut');
+    assert.deepEqual(receiptProblems({ receipt, uids, sent: batch('first') }), [], 'the receipt\'s bytes survived the cut');
   } finally {
     await pfs.close();
   }
