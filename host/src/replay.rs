@@ -76,6 +76,9 @@ pub struct FileReport {
     pub quarantined: u64,
     /// Of the quarantined, lines whose key holds other bytes.
     pub conflict: u64,
+    /// Message lines a clear had already archived, byte for byte (a clear
+    /// cut short before it settled them).
+    pub cleared: u64,
     /// Where the settled file now lives (none on a dry run).
     pub settled_to: Option<String>,
 }
@@ -91,7 +94,8 @@ impl ReplayRun {
             "files": self.files.len(), "lines": sum(|r| r.lines), "replayed": sum(|r| r.replayed),
             "duplicate": sum(|r| r.duplicate), "applied": sum(|r| r.applied),
             "superseded": sum(|r| r.superseded), "quarantined": sum(|r| r.quarantined),
-            "conflict": sum(|r| r.conflict), "dry_run": dry_run, "foreign_files": self.foreign_files,
+            "conflict": sum(|r| r.conflict), "cleared": sum(|r| r.cleared), "dry_run": dry_run,
+            "foreign_files": self.foreign_files,
         })
     }
 
@@ -158,6 +162,8 @@ pub trait Target {
     fn rollback(&mut self);
     /// The message stored under `uid`, as its stored JSON text.
     fn stored_item(&mut self, session: &str, uid: &str) -> Result<Option<String>, ReplayError>;
+    /// The objects a clear archived under `uid`, as their stored JSON text.
+    fn cleared_items(&mut self, session: &str, uid: &str) -> Result<Vec<String>, ReplayError>;
     /// Insert the message unless its uid is stored; `seq` `None` means
     /// after the last. True when it was inserted.
     fn insert(&mut self, session: &str, uid: &str, seq: Option<i64>, row: &Row<'_>) -> Result<bool, ReplayError>;
@@ -240,6 +246,23 @@ impl Target for Sqlite {
     }
     fn stored_item(&mut self, session: &str, uid: &str) -> Result<Option<String>, ReplayError> {
         Ok(rows::stored_item(&self.conn, session, uid)?)
+    }
+    fn cleared_items(&mut self, session: &str, uid: &str) -> Result<Vec<String>, ReplayError> {
+        // A database from before the archive has no clears to look at.
+        let has_archive = self
+            .conn
+            .prepare_cached("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'archive'")?
+            .exists([])?;
+        if !has_archive {
+            return Ok(Vec::new());
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT item FROM archive WHERE session_id = ?1 AND uid = ?2 AND reason = 'clear'")?;
+        let items = stmt
+            .query_map([session, uid], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<String>>>()?;
+        Ok(items)
     }
     fn insert(&mut self, session: &str, uid: &str, seq: Option<i64>, row: &Row<'_>) -> Result<bool, ReplayError> {
         let conn = &self.conn;
@@ -563,6 +586,7 @@ fn settle_file(
                         report.conflict += 1;
                         report.quarantined += 1;
                     }
+                    "cleared" => report.cleared += 1,
                     _ => report.quarantined += 1,
                 }
                 report.lines += 1;
@@ -674,6 +698,24 @@ fn settle_line(
     };
     let uid = Some(uid_s.clone());
     let digest = crate::same::digest_bytes(crate::same::canonical_object(message.item()).as_bytes());
+    // A clear archives a session's pending lines with its rows, then
+    // settles them; a clear cut short in between leaves them pending. One
+    // a clear archived byte for byte is that clear's, not the session's.
+    if conn
+        .cleared_items(session, &uid_s)?
+        .iter()
+        .any(|t| crate::same::digest_text(t) == digest)
+    {
+        return Ok((
+            uid,
+            Settled {
+                state: "cleared",
+                reason: Some("the session was cleared: the line is in the archive".into()),
+                digest: Some(digest.clone()),
+                stored_digest: Some(digest),
+            },
+        ));
+    }
     if !dry && conn.insert(session, &uid_s, seq, &Row { message: &message })? {
         return Ok((uid, Settled::of(&Verdict::Insert, digest, None)));
     }

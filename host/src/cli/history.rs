@@ -238,7 +238,8 @@ pub fn clear(args: ClearArgs) -> i32 {
         }
         Err(e @ crate::clear::ClearError::Settle { .. }) => {
             eprintln!(
-                "turnsafe clear: {e}; `turnsafe replay` would bring them back (restore skips a uid active again)"
+                "turnsafe clear: {e}; the lines are archived and stay pending: `turnsafe replay` settles them as \
+                 cleared"
             );
             return exit::FAILURE;
         }

@@ -117,6 +117,16 @@ impl Target for PgTarget {
             .map_err(|e| self.err(e))?;
         Ok(inserted.is_some())
     }
+    fn cleared_items(&mut self, session: &str, uid: &str) -> Result<Vec<String>, ReplayError> {
+        let rows = self
+            .client
+            .query(
+                "SELECT item FROM archive WHERE session_id = $1 AND uid = $2 AND reason = 'clear'",
+                &[&session, &uid],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
     fn finish(&mut self) -> Result<(), ReplayError> {
         Ok(())
     }
