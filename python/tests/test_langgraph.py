@@ -13,6 +13,7 @@ import operator
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -67,9 +68,20 @@ class Recorder:
 
     def __init__(self, store) -> None:
         self._store = store
+        self._count = threading.Lock()
+        # Batches handed to the store, and those it has answered.
+        self.entered = 0
         self.batches = 0
         self.checkpoints: dict = {}
         self.writes: dict = {}
+
+    def _enter(self) -> None:
+        with self._count:
+            self.entered += 1
+
+    def _answered(self) -> None:
+        with self._count:
+            self.batches += 1
 
     @classmethod
     def around(cls, saver) -> "Recorder":
@@ -80,8 +92,9 @@ class Recorder:
         return getattr(self._store, name)
 
     def _lg_put_checkpoint(self, thread_id, checkpoint_ns, checkpoint_id, parent_id, type_, blob, metadata):
+        self._enter()
         outcome = self._store._lg_put_checkpoint(thread_id, checkpoint_ns, checkpoint_id, parent_id, type_, blob, metadata)
-        self.batches += 1
+        self._answered()
         if outcome.persisted:
             # A put replaces the checkpoint it meets.
             self.checkpoints[(thread_id, checkpoint_ns, checkpoint_id)] = {
@@ -96,8 +109,9 @@ class Recorder:
         return outcome
 
     def _lg_put_writes(self, thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, records):
+        self._enter()
         outcome = self._store._lg_put_writes(thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, records)
-        self.batches += 1
+        self._answered()
         if outcome.persisted:
             # LangGraph's rule: special writes only (negative indices)
             # replace; otherwise the first copy is kept.
@@ -355,35 +369,124 @@ def wal_commits(wal: Path) -> tuple:
     return (salt1, salt2), restarts, commits
 
 
+def hold_lock_until_told(db: Path) -> subprocess.Popen:
+    """Another process holds the write lock of `db` until a line reaches
+    its stdin."""
+    script = (
+        "import sqlite3, sys\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE')\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "c.execute('ROLLBACK')\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", script, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def gated_steps(arrived: dict, gates: dict):
+    """a -> b -> c, each adding its name; a and b are async and wait for
+    their gate once they have counted their arrival."""
+
+    def node(name):
+        async def run(state: State):
+            arrived[name] += 1
+            if name in gates:
+                await gates[name].wait()
+            return {"log": [name]}
+
+        return run
+
+    g = StateGraph(State)
+    for n in "abc":
+        g.add_node(n, node(n))
+    g.add_edge(START, "a")
+    g.add_edge("a", "b")
+    g.add_edge("b", "c")
+    g.add_edge("c", END)
+    return g
+
+
 def test_async_saver_runs_a_graph_and_groups_its_threads(home: Path) -> None:
     """Eight graphs at once on one async saver: what their tasks send
-    together is committed together. Batches are counted as the saver
-    hands them to the store, transactions from the WAL's commit frames."""
+    while the store is busy is committed together. Batches are counted as
+    the saver hands them to the store, transactions from the WAL's commit
+    frames.
+
+    All eight graphs wait in node a. Another process then holds the write
+    lock (well within the policy's patience) while a is let go: each
+    graph sends its writes of a and its checkpoint after a, 16 batches,
+    and they wait: the first for the lock, the other fifteen queued behind
+    it. Once the lock is free they take at most two transactions (the
+    first, then everything queued behind it), where one transaction per
+    batch would be 16."""
     import asyncio
+    import concurrent.futures
+
+    turnsafe_store.Store(home).close()
+    wal = home / "state.db-wal"
+
+    async def until(done: Callable[[], bool], what: str) -> None:
+        for _ in range(6000):
+            if done():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"never: {what}")
 
     async def main():
+        # A worker per graph, so every graph's call reaches the store at once.
+        asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=16))
         async with AsyncTurnsafeSaver(home) as saver:
             sent = Recorder.around(saver)
-            ran: list = []
-            graph = three_steps(ran).compile(checkpointer=saver)
-            outs = await asyncio.gather(*(graph.ainvoke({"log": []}, cfg(f"t{k}")) for k in range(8)))
+            arrived = {"a": 0, "b": 0, "c": 0}
+            gates = {"a": asyncio.Event(), "b": asyncio.Event()}
+            graph = gated_steps(arrived, gates).compile(checkpointer=saver)
+            runs = [
+                asyncio.ensure_future(graph.ainvoke({"log": []}, cfg(f"t{k}"), durability="sync")) for k in range(8)
+            ]
+            await until(lambda: arrived["a"] == 8, "every graph waits in a")
+            salts, restarts, commits_in_a = wal_commits(wal)
+            sent_in_a = sent.batches
+            assert sent.entered == sent_in_a, "nothing in flight while every graph waits in a"
+            holder = hold_lock_until_told(home / "state.db")
+            try:
+                gates["a"].set()
+                # Each graph's writes of a and its checkpoint after a are
+                # sent together; none can be answered while the lock is held.
+                await until(lambda: sent.entered == sent_in_a + 16, "16 batches wait together")
+                assert sent.batches == sent_in_a, "nothing answered while the lock is held"
+                # The native call queues its batch at once; give it a moment.
+                await asyncio.sleep(0.05)
+            finally:
+                holder.stdin.write("\n")
+                holder.stdin.flush()
+                holder.wait()
+            await until(lambda: arrived["b"] == 8, "every graph waits in b")
+            salts_in_b, restarts_in_b, commits_in_b = wal_commits(wal)
+            sent_in_b = sent.batches
+            gates["b"].set()
+            outs = await asyncio.gather(*runs)
             # Read while the saver is open: its close checkpoints the WAL away.
-            salts, restarts, commits = wal_commits(home / "state.db-wal")
+            _, restarts_at_end, commits_at_end = wal_commits(wal)
             assert all(o["log"] == ["a", "b", "c"] for o in outs)
             for k in range(8):
                 state = await graph.aget_state(cfg(f"t{k}"))
                 assert state.values["log"] == ["a", "b", "c"]
                 assert len(sent.thread(f"t{k}")) == 5
-            return sent.batches, salts, restarts, commits
+            # The WAL never restarted, so its frames hold every commit.
+            assert salts is not None and salts_in_b == salts and restarts == restarts_in_b == restarts_at_end == 0
+            return (sent_in_b - sent_in_a, commits_in_b - commits_in_a, sent.batches, commits_at_end)
 
-    batches, salts, restarts, commits = asyncio.run(main())
+    window_batches, window_commits, batches, commits = asyncio.run(main())
+    assert window_batches == 16, window_batches
+    assert 1 <= window_commits <= 2, f"16 batches that waited together took {window_commits} transactions"
     # Per graph: five checkpoints, and the writes of the input and of a, b
-    # and c: nine batches, each its own transaction if none were grouped.
+    # and c: nine batches.
     assert batches == 8 * 9, batches
-    # The WAL never restarted, so its frames hold every commit of the run
-    # (the schema's included).
-    assert salts is not None and restarts == 0, (salts, restarts)
-    assert 1 <= commits <= batches // 2, f"{batches} batches took {commits} transactions"
+    assert commits < batches, f"{batches} batches took {commits} transactions"
     facts = turnsafe_store.doctor(home)["facts"]
     assert facts["langgraph"]["checkpoints"] == 8 * 5, facts["langgraph"]
 
