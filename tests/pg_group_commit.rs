@@ -420,8 +420,9 @@ fn a_batch_reads_a_few_rows_however_long_the_session() {
 
 /// A LangGraph checkpoint waiting with message batches: the checkpoint is
 /// written in a transaction of its own (no lease, no seq), the messages in
-/// theirs; a message batch failing alone (a uid conflict) fails only
-/// itself, and the checkpoint and the other batch are stored.
+/// theirs, one for all of them (each row's `xmin`); a message batch
+/// failing alone (a uid conflict) fails only itself, and the checkpoint
+/// and the other batches are stored.
 #[test]
 fn a_langgraph_checkpoint_in_a_group_with_messages_is_stored_on_its_own() {
     use turnsafe_host::graph::{CheckpointRecord, GraphBatch, GraphQuery};
@@ -439,23 +440,43 @@ fn a_langgraph_checkpoint_in_a_group_with_messages_is_stored_on_its_own() {
         checkpoint: vec![1, 2, 3],
         metadata: serde_json::json!({"step": 0}),
     });
-    let (graph_session, a, b) = (SessionId::graph("thread 1"), sid("a"), sid("b"));
-    let good = batch("t-a", 2);
+    let b_before = xmins(&server, &db, &["b"]);
+    let (graph_session, a, b, c) = (SessionId::graph("thread 1"), sid("a"), sid("b"), sid("c"));
+    let (good_a, good_c) = (batch("t-a", 2), batch("t-c", 2));
     let conflicting = vec![Message::new("user", "other content").with_uid("old-1")];
     let items: Vec<turnsafe_host::backend::group::Item<'_>> = vec![
         (&graph_session, &[], Some(&checkpoint)),
-        (&a, &good, None),
+        (&a, &good_a, None),
         (&b, &conflicting, None),
+        (&c, &good_c, None),
     ];
     let outs = turnsafe_host::backend::group::flush_group(&mut store, &items);
     assert!(
-        outs[0].persisted && outs[1].persisted,
-        "{:?} {:?}",
+        outs[0].persisted && outs[1].persisted && outs[3].persisted,
+        "{:?} {:?} {:?}",
         outs[0].failure,
-        outs[1].failure
+        outs[1].failure,
+        outs[3].failure
     );
     assert_eq!(outs[0].uids, ["checkpoint::1ef-0001"]);
     assert_eq!(outs[2].cause, Some(Cause::UidConflict));
+    // Which transaction stored what: the messages of a and c in one, the
+    // checkpoint in another, nothing of b's refused batch.
+    let messages = xmins(&server, &db, &["a", "c"]);
+    assert_eq!(messages.len(), 1, "the message batches in one transaction");
+    let checkpoint_xmins: BTreeSet<String> = server
+        .admin(&db)
+        .query("SELECT xmin::text FROM checkpoints WHERE thread_id = 'thread 1'", &[])
+        .expect("read xmin")
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(checkpoint_xmins.len(), 1);
+    assert!(
+        checkpoint_xmins.is_disjoint(&messages),
+        "the checkpoint in a transaction of its own: {checkpoint_xmins:?} {messages:?}"
+    );
+    assert_eq!(xmins(&server, &db, &["b"]), b_before, "nothing of the refused batch");
     let stored = store
         .graph_read(&GraphQuery {
             thread_id: Some("thread 1".into()),
@@ -465,4 +486,5 @@ fn a_langgraph_checkpoint_in_a_group_with_messages_is_stored_on_its_own() {
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].record.checkpoint, [1, 2, 3]);
     assert_eq!(pg::rows(&server, &db, "a").len(), 2);
+    assert_eq!(pg::rows(&server, &db, "c").len(), 2);
 }
