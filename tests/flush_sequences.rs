@@ -120,6 +120,13 @@ fn failed_tls(reason: turnsafe_policy::TlsFailure, client_text: &str) -> Value {
             "evidence": [], "elapsed_ms": 3, "engine": "postgres" })
 }
 
+/// SQLite's COMMIT whose WAL sync failed after its frames were written
+/// (`SQLITE_IOERR_FSYNC`, the host's `commit_sent`): `disk`, possibly written.
+fn failed_at_commit() -> Value {
+    json!({ "type": "failed", "code": 10, "extended_code": 1034, "message": "disk I/O error", "errno": 5,
+            "evidence": ["commit_sent"], "elapsed_ms": 2 })
+}
+
 fn opened() -> Value {
     json!({ "type": "opened" })
 }
@@ -425,6 +432,23 @@ fn cases() -> Vec<(String, Vec<Turn>)> {
             ),
             (start("b", 1, 26), vec![opened(), committed()]),
         ],
+    ));
+    // SQLite: a COMMIT that failed after its write. The batch is diverted
+    // (or handed back) as any `disk` failure, and its copy says possibly
+    // written; the handle stays open and the next batch commits.
+    out.push((
+        "sqlite_commit_failed_after_its_write_says_possibly_written".into(),
+        vec![
+            (start("a", 2, 28), vec![opened(), failed_at_commit(), diverted(2, 0)]),
+            (start("b", 1, 29), vec![committed()]),
+        ],
+    ));
+    out.push((
+        "sqlite_commit_failed_after_its_write_and_the_divert_failed".into(),
+        vec![(
+            start("a", 2, 30),
+            vec![opened(), failed_at_commit(), divert_failed(false)],
+        )],
     ));
     out.push((
         "postgres_tls_certificate_names_its_reason".into(),

@@ -263,6 +263,7 @@ fn the_hidden_testing_flags_do_not_exist_in_the_release_binary() {
         ["--exhaust-fds-after", "0"],
         ["--fd-headroom", "1"],
         ["--fault-wal-write-every", "1"],
+        ["--fault-wal-sync-after", "1"],
     ] {
         let out = run(
             &bin,

@@ -18,6 +18,9 @@
 //!   SQLite command or file (`turnsafe recover`, `turnsafe capture`,
 //!   `--repair-fts`, state.db, the fd limit): its steps are PostgreSQL's,
 //!   and `turnsafe doctor` and `turnsafe replay` take `--db URL`.
+//! - A batch whose COMMIT failed after its write ([`crate::possibly_written`])
+//!   is told as not in the database now and possibly written, never as
+//!   not saved.
 
 use crate::decide::is_producible;
 use crate::errno;
@@ -251,7 +254,8 @@ fn steps_on(cause: Cause, engine: Engine) -> &'static [&'static str] {
     }
 }
 
-fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
+/// `written`: an attempt failed at or after its COMMIT's write.
+fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>, written: bool) -> Vec<String> {
     if outcome == Outcome::Persisted {
         return match ctx.durability {
             Durability::Synced => Vec::new(),
@@ -331,6 +335,10 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
             None if crate::decide::needs_capture(cause) => "When storage is fixed and every capture `turnsafe doctor` \
                 lists is settled, run `turnsafe replay` to import the kept copy."
                 .into(),
+            // Replay compares each kept message's bytes with what its uid holds.
+            None if written => "When storage is fixed, run `turnsafe replay` to import the kept copy: it stores each \
+                message once, and settles as a duplicate any message the database holds again."
+                .into(),
             None => "When storage is fixed, run `turnsafe replay` to import the kept copy.".into(),
         }),
         Outcome::DivertFailed if ctx.divert_residue => steps.push(cat(&[
@@ -343,9 +351,11 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Vec<String> {
             },
             "` cannot store them twice.",
         ])),
-        Outcome::DivertFailed if cause == Cause::OutcomeUnknown => steps.push(
+        // Whether the commit was lost (PostgreSQL) or failed after its write
+        // (SQLite), a resend with the same uids stores each message once.
+        Outcome::DivertFailed if cause == Cause::OutcomeUnknown || written => steps.push(
             "Fix the cause above for the session folder too, then send the messages again with the uids this \
-             outcome lists: any the lost commit stored count as stored, and none is stored twice."
+             outcome lists: any the commit stored count as stored, and none is stored twice."
                 .into(),
         ),
         Outcome::DivertFailed => {
@@ -540,7 +550,8 @@ fn capitalise(s: &str) -> String {
 }
 
 /// The copy's details, in a fixed order: only what this outcome may name.
-fn details(outcome: Outcome, ctx: &Facts<'_>) -> Vec<(String, String)> {
+/// `written`: an attempt failed at or after its COMMIT's write.
+fn details(outcome: Outcome, ctx: &Facts<'_>, written: bool) -> Vec<(String, String)> {
     let mut details = Vec::new();
     let mut add = |key: &str, value: &str| details.push((String::from(key), String::from(value)));
     if let Some(s) = ctx.session {
@@ -585,21 +596,26 @@ fn details(outcome: Outcome, ctx: &Facts<'_>) -> Vec<(String, String)> {
     if let Some(t) = ctx.tls {
         add("tls", t.text());
     }
+    if written && outcome != Outcome::Persisted {
+        add("commit", "possibly written");
+    }
     details
 }
 
 /// Build the copy for an outcome.
 pub fn explain(cause: Cause, outcome: Outcome, ctx: &CopyContext) -> Result<Copy, CopyError> {
-    explain_tls(cause, outcome, ctx, None)
+    explain_tls(cause, outcome, ctx, None, false)
 }
 
 /// [`explain`] for a failure whose message named a TLS reason (see
-/// [`TlsFailure::of`]); it shapes only a `disk` copy.
+/// [`TlsFailure::of`]; it shapes only a `disk` copy), or that came at or
+/// after its COMMIT's write (`possibly_written`, see [`crate::possibly_written`]).
 pub(crate) fn explain_tls(
     cause: Cause,
     outcome: Outcome,
     ctx: &CopyContext,
     tls: Option<TlsFailure>,
+    possibly_written: bool,
 ) -> Result<Copy, CopyError> {
     if let Some(r) = &ctx.receipt {
         r.check().map_err(CopyError::InvalidReceipt)?;
@@ -608,11 +624,17 @@ pub(crate) fn explain_tls(
         tls: tls.filter(|_| cause == Cause::Disk),
         ..Facts::of(ctx)
     };
-    explain_facts(cause, outcome, &facts)
+    explain_facts(cause, outcome, &facts, possibly_written)
 }
 
-/// [`explain`] from borrowed facts.
-pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> Result<Copy, CopyError> {
+/// [`explain`] from borrowed facts; `possibly_written`: an attempt failed
+/// at or after its COMMIT's write (see [`crate::possibly_written`]).
+pub(crate) fn explain_facts(
+    cause: Cause,
+    outcome: Outcome,
+    ctx: &Facts<'_>,
+    possibly_written: bool,
+) -> Result<Copy, CopyError> {
     if !is_producible(cause, outcome) {
         return Err(CopyError::NotProducible { cause, outcome });
     }
@@ -621,8 +643,10 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
         None => reason(cause),
     });
     // After a lost COMMIT nobody can say the messages are not stored: the
-    // copy says what is known instead.
+    // copy says what is known instead. The same after a COMMIT that failed
+    // after its write, though its messages are not in the database now.
     let unknown = cause == Cause::OutcomeUnknown;
+    let maybe = unknown || possibly_written;
     let held = ctx.pending_capture.map(|path| {
         cat(&[
             ". The unsettled capture at ",
@@ -634,6 +658,10 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
     let not_saved = match &held {
         Some(held) => held.as_str(),
         None if unknown => ", and turnsafe could not tell whether this turn's messages reached the session database.",
+        None if maybe => {
+            ", and COMMIT failed after writing this turn's messages: they are not in the session database now, but \
+             its next open may bring them back."
+        }
         None => ", so this turn's messages were not saved to the session database.",
     };
     let (title, body) = match outcome {
@@ -651,7 +679,7 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
         Outcome::Diverted => {
             let path = ctx.receipt_path.ok_or(CopyError::MissingReceipt)?;
             (
-                if unknown {
+                if maybe {
                     "Messages possibly not saved; a copy was kept"
                 } else {
                     "Messages not saved to the database; a copy was kept"
@@ -667,13 +695,13 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
             let whereabouts = if ctx.divert_residue {
                 "Some lines of this turn may remain in the session's divert file, but that copy is \
                  incomplete and has no receipt. The messages were handed back to the caller."
-            } else if unknown {
+            } else if maybe {
                 "The messages were handed back to the caller; the database may or may not hold them."
             } else {
                 "The messages were handed back to the caller; they are not stored anywhere."
             };
             (
-                if unknown {
+                if maybe {
                     "Messages possibly not saved, and no copy could be kept"
                 } else {
                     "Messages not saved, and no copy could be kept"
@@ -715,8 +743,8 @@ pub(crate) fn explain_facts(cause: Cause, outcome: Outcome, ctx: &Facts<'_>) -> 
         outcome,
         title: String::from(title),
         body,
-        remediation: remediation(cause, outcome, ctx),
-        details: details(outcome, ctx),
+        remediation: remediation(cause, outcome, ctx, possibly_written),
+        details: details(outcome, ctx, possibly_written),
     })
 }
 

@@ -3,9 +3,15 @@
 //! and that nothing changed, which an edit can promise because it runs in
 //! one transaction that either commits whole or not at all.
 //!
-//! The one exception is a lost COMMIT (`outcome_unknown`, PostgreSQL):
-//! nobody can tell whether the transaction committed, so that copy says
-//! so and tells how to look, never that nothing changed.
+//! Two exceptions, where the transaction may have committed after all, and
+//! the copy says what is known and how to look, never that nothing
+//! changed:
+//! - a lost COMMIT (`outcome_unknown`, PostgreSQL): nobody can tell
+//!   whether the transaction committed;
+//! - a COMMIT that failed after its write (SQLite, see
+//!   [`crate::possibly_written`]): the edit is not in effect now, but its
+//!   frames are in the WAL, and the next open of the database may bring it
+//!   back (whole: the WAL keeps a transaction whole or not at all).
 
 use crate::model::Cause;
 #[allow(unused_imports)]
@@ -41,16 +47,27 @@ fn passes(cause: Cause) -> bool {
 
 /// Build the copy for `edit` (the edit's name, a noun: `pop`, `clear`, ...)
 /// of `session` that stopped with `cause` after `attempts` attempts.
-pub fn explain_edit(edit: &str, session: &str, cause: Cause, attempts: u32) -> EditCopy {
+/// `possibly_written` says an attempt failed at or after its COMMIT's
+/// write ([`crate::machine::EditMachine::possibly_written`]).
+pub fn explain_edit(edit: &str, session: &str, cause: Cause, attempts: u32, possibly_written: bool) -> EditCopy {
+    let unknown = cause == Cause::OutcomeUnknown;
     let why = match cause {
         // The flush's words are about a turn taken over midway; an edit
         // meets a turn another process holds.
         Cause::TurnLease => String::from("Another process holds this session's turn"),
         _ => crate::copy::reason_capitalised(cause),
     };
-    let (title, body) = if cause == Cause::OutcomeUnknown {
+    let maybe = cat(&["The ", edit, " may or may not have happened"]);
+    let look = cat(&[
+        "Look at the session with `turnsafe show --session ",
+        session,
+        "` and `--archived` before you run the ",
+        edit,
+        " again.",
+    ]);
+    let (title, body) = if unknown {
         (
-            cat(&["The ", edit, " may or may not have happened"]),
+            maybe,
             cat(&[
                 &why,
                 ", so turnsafe cannot tell whether the ",
@@ -58,6 +75,20 @@ pub fn explain_edit(edit: &str, session: &str, cause: Cause, attempts: u32) -> E
                 " of session ",
                 session,
                 " was committed. It happened whole or not at all: `turnsafe show` (with `--archived`) tells which.",
+            ]),
+        )
+    } else if possibly_written {
+        (
+            maybe,
+            cat(&[
+                &why,
+                ", and COMMIT failed after writing the ",
+                edit,
+                " of session ",
+                session,
+                ": the session reads as it did before, but the next open of the database may bring the ",
+                edit,
+                " back, whole. `turnsafe show` (with `--archived`) then tells which.",
             ]),
         )
     } else {
@@ -74,23 +105,31 @@ pub fn explain_edit(edit: &str, session: &str, cause: Cause, attempts: u32) -> E
         )
     };
     let mut remediation: Vec<String> = match cause {
+        Cause::OutcomeUnknown => alloc::vec![
+            String::from("Check that the database server is reachable (`turnsafe doctor --db URL`)."),
+            look,
+        ],
+        _ if possibly_written => {
+            let mut steps = crate::copy::cause_remediation(cause);
+            steps.push(look);
+            steps
+        }
         Cause::TurnLease => alloc::vec![String::from(
             "Let the process that holds it finish its turn, or its lease expire."
         )],
-        Cause::OutcomeUnknown => alloc::vec![
-            String::from("Check that the database server is reachable (`turnsafe doctor --db URL`)."),
-            cat(&[
-                "Look at the session with `turnsafe show --session ",
-                session,
-                "` and `--archived` before you run the ",
-                edit,
-                " again.",
-            ]),
-        ],
         _ => crate::copy::cause_remediation(cause),
     };
-    if passes(cause) {
+    // Run again blindly, an edit that may come back could happen twice.
+    if passes(cause) && !possibly_written {
         remediation.push(cat(&["Then run the ", edit, " again."]));
+    }
+    let mut details = alloc::vec![
+        (String::from("edit"), String::from(edit)),
+        (String::from("session"), String::from(session)),
+        (String::from("attempts"), crate::text::unsigned(u64::from(attempts))),
+    ];
+    if possibly_written && !unknown {
+        details.push((String::from("commit"), String::from("possibly written")));
     }
     EditCopy {
         code: cat(&["edit.", cause.label()]),
@@ -98,11 +137,7 @@ pub fn explain_edit(edit: &str, session: &str, cause: Cause, attempts: u32) -> E
         title,
         body,
         remediation,
-        details: alloc::vec![
-            (String::from("edit"), String::from(edit)),
-            (String::from("session"), String::from(session)),
-            (String::from("attempts"), crate::text::unsigned(u64::from(attempts))),
-        ],
+        details,
     }
 }
 
@@ -113,7 +148,7 @@ mod tests {
     #[test]
     fn only_a_lost_commit_does_not_say_nothing_changed() {
         for cause in Cause::ALL {
-            let c = explain_edit("pop", "s1", cause, 2);
+            let c = explain_edit("pop", "s1", cause, 2, false);
             assert_eq!(c.code, cat(&["edit.", cause.label()]));
             assert!(c.body.contains("session s1"), "{c:?}");
             assert_eq!(
@@ -128,6 +163,34 @@ mod tests {
             );
             assert!(!c.remediation.is_empty(), "{c:?}");
             assert_eq!(c.details[2], (String::from("attempts"), String::from("2")));
+        }
+    }
+
+    /// A COMMIT that failed after its write: never "nothing changed", never
+    /// "run it again" without looking first, whatever the cause.
+    #[test]
+    fn a_commit_that_failed_after_its_write_says_it_may_come_back() {
+        for cause in Cause::ALL {
+            let c = explain_edit("pop", "s1", cause, 1, true);
+            assert!(c.title.contains("may or may not"), "{c:?}");
+            assert!(!c.body.contains("Nothing was removed"), "{c:?}");
+            assert!(!c.body.contains("did not happen"), "{c:?}");
+            assert!(
+                !c.remediation.iter().any(|s| s.starts_with("Then run the pop again")),
+                "{c:?}"
+            );
+            assert!(
+                c.remediation.iter().any(|s| s.contains("before you run the pop again")),
+                "{c:?}"
+            );
+            if cause != Cause::OutcomeUnknown {
+                assert!(c.body.contains("COMMIT failed after writing the pop"), "{c:?}");
+                assert!(c.body.contains("reads as it did before"), "{c:?}");
+                assert_eq!(
+                    c.details.last(),
+                    Some(&(String::from("commit"), String::from("possibly written")))
+                );
+            }
         }
     }
 }

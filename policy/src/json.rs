@@ -366,14 +366,18 @@ pub fn evaluate_json(request: &str) -> String {
         // The copy the flush machine would give this failure: its TLS
         // reason, if its message names one, shapes a `disk` copy.
         let tls = TlsFailure::of(&obs);
+        // And a failure at or after COMMIT's write says it possibly wrote.
+        let written = crate::possibly_written(&obs, cause);
         let copy = match ctx_value.and_then(|c| c.get("outcome")).and_then(Json::as_str) {
             Some(label) => {
                 let o = Outcome::from_label(label).ok_or("unknown `context.outcome`")?;
-                Some(explain_tls(cause, o, &ctx, tls).map_err(|e| e.message())?)
+                Some(explain_tls(cause, o, &ctx, tls, written).map_err(|e| e.message())?)
             }
             // A derived outcome the table cannot pair with this cause (a
             // fenced write that reached the divert step) has no user copy.
-            None => outcome_for(obs.operation, d.action, &ctx).and_then(|o| explain_tls(cause, o, &ctx, tls).ok()),
+            None => {
+                outcome_for(obs.operation, d.action, &ctx).and_then(|o| explain_tls(cause, o, &ctx, tls, written).ok())
+            }
         };
         let mut out = decision_json(&d);
         match copy {

@@ -56,6 +56,7 @@ mod retry;
 pub mod table;
 mod text;
 mod value;
+mod written;
 
 /// The component's own JSON value, parser and writer, for the tests that
 /// hold them to serde_json. Native builds only: the component gains nothing.
@@ -88,6 +89,7 @@ pub use model::{
     Decision, DivertFailure, DivertResidue, Durability, Engine, Evidence, Observation, Operation, Outcome, TlsFailure,
 };
 pub use retry::RetryPlan;
+pub use written::possibly_written;
 
 /// The WIT package this crate implements.
 pub const WIT_PACKAGE: &str = "turnsafe:policy@0.3.0";

@@ -69,8 +69,10 @@ pub enum Evidence {
     CompressionClosed,
     /// The failing statement touched only the full-text index.
     FtsScope,
-    /// The connection failed after COMMIT was sent and before its answer
-    /// came: the writer cannot know whether the batch is stored.
+    /// The failure came at COMMIT. PostgreSQL: the connection failed after
+    /// COMMIT was sent and before its answer came, so the writer cannot
+    /// know whether the batch is stored. SQLite: the COMMIT statement
+    /// itself failed, possibly after its write ([`crate::possibly_written`]).
     CommitSent,
 }
 

@@ -90,6 +90,11 @@ struct TestHooks {
     /// Testing aid: fail every K-th WAL write through the fault-injecting VFS.
     #[arg(long, hide = true, value_name = "K")]
     fault_wal_write_every: Option<u32>,
+    /// Testing aid: after N batches, fail the next sync of the WAL once,
+    /// through the fault-injecting VFS: the next batch's COMMIT fails
+    /// after its frames were written to the file.
+    #[arg(long, hide = true, value_name = "N")]
+    fault_wal_sync_after: Option<u64>,
     /// Testing aid, with `--exhaust-fds-after`: leave K descriptors free.
     #[arg(long, hide = true, value_name = "K", default_value_t = 0)]
     fd_headroom: u64,
@@ -102,7 +107,7 @@ struct TestHooks {}
 #[cfg(feature = "test-hooks")]
 impl TestHooks {
     fn any(&self) -> bool {
-        self.exhaust_fds_after.is_some() || self.fault_wal_write_every.is_some()
+        self.exhaust_fds_after.is_some() || self.fault_wal_write_every.is_some() || self.fault_wal_sync_after.is_some()
     }
 
     /// Arm the WAL fault for `home`, and name the fault VFS in `opts`.
@@ -112,27 +117,50 @@ impl TestHooks {
         opts: &mut StoreOptions,
     ) -> Result<Option<crate::faultvfs::FaultGuard>, String> {
         use crate::faultvfs::{Fault, FileKind, Op, arm};
+        if self.fault_wal_sync_after.is_some() {
+            // Armed later (`exhaust`); the store opens through the VFS now.
+            crate::faultvfs::register()?;
+            opts.vfs = Some(crate::faultvfs::VFS_NAME.into());
+        }
         let Some(every) = self.fault_wal_write_every else {
             return Ok(None);
         };
-        let tag = std::path::absolute(home)
-            .map_err(|e| e.to_string())?
-            .to_string_lossy()
-            .into_owned();
-        let guard = arm(Fault::new(&tag, Op::Write, FileKind::Wal, every).every(every))?;
+        let guard = arm(Fault::new(&wal_tag(home)?, Op::Write, FileKind::Wal, every).every(every))?;
         opts.vfs = Some(crate::faultvfs::VFS_NAME.into());
         Ok(Some(guard))
     }
 
-    /// After the `when`-th batch (0: before the open), lower the limit if asked.
-    fn exhaust(&self, when: u64) {
+    /// After the `when`-th batch (0: before the open), lower the limit, or
+    /// arm the WAL's sync fault for `home`, if asked.
+    fn exhaust(&self, when: u64, home: &std::path::Path) {
         if self.exhaust_fds_after == Some(when) {
             match exhaust_fds(self.fd_headroom) {
                 Ok(n) => tracing::warn!(limit = n, "RLIMIT_NOFILE lowered: no new descriptors can be opened"),
                 Err(e) => tracing::error!(error = %e, "could not lower RLIMIT_NOFILE"),
             }
         }
+        if self.fault_wal_sync_after == Some(when) {
+            use crate::faultvfs::{Fault, FaultGuard, FileKind, Op, arm};
+            // Held for the rest of the process: it fires once, then stays inert.
+            static SYNC_FAULT: std::sync::OnceLock<FaultGuard> = std::sync::OnceLock::new();
+            match wal_tag(home).and_then(|tag| arm(Fault::new(&tag, Op::Sync, FileKind::Wal, 1))) {
+                Ok(guard) => {
+                    let _ = SYNC_FAULT.set(guard);
+                    tracing::warn!("the next sync of the WAL fails");
+                }
+                Err(e) => tracing::error!(error = %e, "could not arm the WAL's sync fault"),
+            }
+        }
     }
+}
+
+/// The path filter of a fault on `home`'s files.
+#[cfg(feature = "test-hooks")]
+fn wal_tag(home: &std::path::Path) -> Result<String, String> {
+    Ok(std::path::absolute(home)
+        .map_err(|e| e.to_string())?
+        .to_string_lossy()
+        .into_owned())
 }
 
 #[cfg(not(feature = "test-hooks"))]
@@ -146,7 +174,7 @@ impl TestHooks {
     }
 
     #[inline(always)]
-    fn exhaust(&self, _: u64) {}
+    fn exhaust(&self, _: u64, _: &std::path::Path) {}
 }
 
 /// Lower the soft RLIMIT_NOFILE to the lowest free descriptor number (plus
@@ -232,7 +260,7 @@ pub fn run(args: Args) -> i32 {
             return exit::FAILURE;
         }
     };
-    let exhaust = |when: u64| args.hooks.exhaust(when);
+    let exhaust = |when: u64| args.hooks.exhaust(when, &args.home);
     exhaust(0);
     // A home that cannot be created still gets every batch answered: the
     // open fails, the policy decides, and the outcome says what happened.

@@ -38,13 +38,22 @@ pub struct EditError {
     pub message: String,
     /// Attempts made against the database.
     pub attempts: u32,
+    /// An attempt failed at or after its COMMIT's write: the edit is not in
+    /// effect now, but the next open of the database may bring it back.
+    pub possibly_written: bool,
 }
 
 impl EditError {
     /// The policy's copy: what failed, and that nothing changed (or, after
-    /// a lost COMMIT, that nobody can tell).
+    /// a lost COMMIT or one that failed after its write, what is known).
     pub fn copy(&self) -> turnsafe_policy::EditCopy {
-        turnsafe_policy::explain_edit(self.edit, &self.session, self.cause, self.attempts)
+        turnsafe_policy::explain_edit(
+            self.edit,
+            &self.session,
+            self.cause,
+            self.attempts,
+            self.possibly_written,
+        )
     }
 }
 
@@ -138,6 +147,7 @@ pub(crate) fn run_edit<T>(
                     action,
                     message,
                     attempts,
+                    possibly_written: machine.possibly_written(),
                 });
             }
         };
@@ -244,7 +254,10 @@ impl SessionStore {
             }
             let v = f(conn, session.as_str())?;
             crate::failpoint::hit("edit.before_commit");
-            conn.execute_batch("COMMIT")?;
+            // A failed COMMIT may have written the edit (`commit_sent`):
+            // the policy tells from its code.
+            conn.execute_batch("COMMIT")
+                .map_err(|e| Stop::Sqlite(e, vec![Evidence::CommitSent]))?;
             crate::failpoint::hit("edit.after_commit");
             Ok(v)
         })();

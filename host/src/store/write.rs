@@ -30,6 +30,9 @@ enum Stop {
     Guard(Evidence, String),
     Probe(crate::guard::ProbeError),
     Sqlite(rusqlite::Error),
+    /// COMMIT itself failed: the policy tells from its code whether the
+    /// batch may have been written (`commit_sent`).
+    Commit(rusqlite::Error),
     LeaseLost,
 }
 
@@ -185,7 +188,7 @@ impl SessionStore {
             crate::failpoint::hit("flush.before_commit");
             // The full-text index is not written here: it catches up after
             // the commit (`super::index`), so no index failure can fail a turn.
-            conn.prepare_cached("COMMIT")?.execute([])?;
+            conn.prepare_cached("COMMIT")?.execute([]).map_err(Stop::Commit)?;
             crate::failpoint::hit("flush.after_commit");
             Ok(())
         })();
@@ -232,6 +235,11 @@ impl Stop {
                 errno,
                 evidence: Vec::new(),
             },
+            Stop::Commit(error) => WriteFailure::Sqlite {
+                error,
+                errno,
+                evidence: vec![Evidence::CommitSent],
+            },
             Stop::LeaseLost => WriteFailure::LeaseLost,
             Stop::Guard(evidence, detail) => WriteFailure::Guard { evidence, detail },
             Stop::Probe(e) => WriteFailure::Probe(e),
@@ -250,7 +258,7 @@ fn ends_transaction(conn: &Connection, stop: &Stop) -> bool {
     }
     match stop {
         Stop::LeaseLost => false,
-        Stop::Guard(..) | Stop::Probe(_) => true,
+        Stop::Guard(..) | Stop::Probe(_) | Stop::Commit(_) => true,
         Stop::Sqlite(e) => match e.sqlite_error() {
             Some(f) => matches!(
                 f.extended_code & 0xff,

@@ -72,6 +72,8 @@ pub struct EditMachine {
     step: EditStep,
     attempts: u32,
     degraded: bool,
+    /// An attempt failed at or after its COMMIT's write.
+    written: bool,
 }
 
 impl EditMachine {
@@ -89,6 +91,7 @@ impl EditMachine {
             step,
             attempts: 0,
             degraded: false,
+            written: false,
         }
     }
 
@@ -100,6 +103,14 @@ impl EditMachine {
     /// Attempts made so far.
     pub fn attempts(&self) -> u32 {
         self.attempts
+    }
+
+    /// Whether an attempt failed at or after its COMMIT's write
+    /// ([`crate::possibly_written`]): a failed edit then is not in effect
+    /// now, but may be once the database is next opened, and its copy
+    /// ([`crate::explain_edit`]) must not say nothing changed.
+    pub fn possibly_written(&self) -> bool {
+        self.written
     }
 
     /// End the edit as failed with cause `unknown`, whatever step it was
@@ -127,6 +138,7 @@ impl EditMachine {
             }
             (EditStep::Attempt { .. }, EditEvent::Failed(mut obs)) => {
                 self.attempts += 1;
+                self.written |= crate::possibly_written(&obs, crate::classify(&obs).cause);
                 obs.operation = Operation::Replay;
                 obs.attempt = self.attempts;
                 match background::after_failure(&obs, self.degraded) {
@@ -268,6 +280,29 @@ mod tests {
             }
         ));
         assert!(m.handle(EditEvent::Waited).is_err(), "a finished edit takes no event");
+    }
+
+    /// A failed COMMIT's sync: the edit fails with its cause, and the
+    /// machine says it may have been written. A lock COMMIT never got, or
+    /// a failure before COMMIT, wrote nothing.
+    #[test]
+    fn a_commit_that_failed_after_its_write_is_possibly_written() {
+        let commit = |code: i64| Observation {
+            extended_code: Some(code),
+            ..obs(codes::IOERR, vec![Evidence::CommitSent])
+        };
+        let mut m = EditMachine::start(None);
+        m.handle(EditEvent::Failed(commit(codes::BUSY))).unwrap();
+        assert!(!m.possibly_written());
+        m.handle(EditEvent::Waited).unwrap();
+        m.handle(EditEvent::Failed(commit(1034))).unwrap();
+        assert!(matches!(m.poll(), EditStep::Failed { cause: Cause::Disk, .. }));
+        assert!(m.possibly_written());
+
+        let mut m = EditMachine::start(None);
+        m.handle(EditEvent::Failed(obs(codes::IOERR, vec![]))).unwrap();
+        assert!(matches!(m.poll(), EditStep::Failed { cause: Cause::Disk, .. }));
+        assert!(!m.possibly_written());
     }
 
     #[test]

@@ -112,6 +112,10 @@ pub struct FlushMachine {
     /// A COMMIT's answer was lost and its batch is not looked up yet: the
     /// next open resolves it, and a divert keeps the cause `outcome_unknown`.
     resolving: bool,
+    /// An attempt failed at or after its COMMIT's write
+    /// ([`crate::possibly_written`]): the batch is not in the store now, but
+    /// may be when it is next opened, and the copy says so.
+    written: bool,
 }
 
 impl FlushMachine {
@@ -142,6 +146,7 @@ impl FlushMachine {
             tls: None,
             capture: None,
             resolving: false,
+            written: false,
         }
     }
 
@@ -268,6 +273,9 @@ impl FlushMachine {
         };
         let d = crate::decide(&obs);
         handle.engine = obs.engine;
+        // Once any attempt may have written the batch, the outcome cannot
+        // say it was not written, whatever a later attempt meets.
+        self.written |= crate::possibly_written(&obs, d.classification.cause);
         self.last = Some((d.classification.cause, operation));
         self.errno = obs.errno;
         self.tls = TlsFailure::of(&obs);
@@ -362,6 +370,7 @@ impl FlushMachine {
             action: self.action,
             errno: self.errno,
             tls: self.tls,
+            written: self.written,
             capture_now: self.capture,
             capture_known: handle.capture.as_ref(),
             engine: handle.engine,

@@ -208,6 +208,8 @@ pub(super) struct Parts<'a> {
     pub action: Option<ActionKind>,
     pub errno: Option<i64>,
     pub tls: Option<crate::model::TlsFailure>,
+    /// An attempt failed at or after its COMMIT's write.
+    pub written: bool,
     pub capture_now: Option<CaptureReport>,
     pub capture_known: Option<&'a CaptureReport>,
     /// The engine the handle's failures came from.
@@ -259,7 +261,7 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
         ),
         Ending::HandedBack => (Outcome::HandedBack, failed),
     };
-    let copy = p.cause.and_then(|c| explain_facts(c, outcome, &facts).ok());
+    let copy = p.cause.and_then(|c| explain_facts(c, outcome, &facts, p.written).ok());
     let n = p.start.uids.len();
     let pending_capture = match p.ending {
         Ending::Committed => None,
