@@ -12,9 +12,11 @@
 //! (`--home`), so a server that cannot be reached costs no turn.
 
 pub mod group;
+pub mod readable;
 pub mod target;
 
 pub use group::{Flush, GROUP_MAX_BATCHES, GROUP_MAX_BYTES, GroupWrite, Ledger};
+pub use readable::readable;
 pub use target::{DbChoice, TargetError};
 
 use std::time::{Duration, Instant};
@@ -111,6 +113,10 @@ pub enum BackendError {
     EmptyQuery,
     #[error("{target}: schema version {found} is newer than this turnsafe knows ({known})")]
     NewerSchema { target: String, found: i64, known: i64 },
+    /// A sticky handle refuses every read ([`readable`]), with the error
+    /// `rows` gives.
+    #[error(transparent)]
+    Refused(#[from] ReadError),
 }
 
 /// The effects a session store performs for the flush machine, and the

@@ -136,7 +136,7 @@ fn run_postgres(url: crate::pg::DbUrl, args: &Args) -> i32 {
             eprintln!("error: {e}");
             return match e {
                 BackendError::EmptyQuery | BackendError::NewerSchema { .. } => exit::USAGE,
-                BackendError::Unavailable { .. } => exit::FAILURE,
+                BackendError::Unavailable { .. } | BackendError::Refused(_) => exit::FAILURE,
             };
         }
     };

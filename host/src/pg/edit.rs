@@ -42,15 +42,7 @@ impl super::Postgres {
 impl PgStore {
     /// The newest `limit` messages of `session` (all with `None`), in `seq` order.
     pub(super) fn read_rows(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<StoredMessage>, ReadError> {
-        if let Some(cause) = self.ledger.handle.sticky {
-            return Err(ReadError {
-                message: format!(
-                    "reading {}: the store refuses to touch its database until an operator acts",
-                    self.pg.url.display()
-                ),
-                cause: Some(cause),
-            });
-        }
+        crate::backend::readable(self.ledger.handle.sticky, &self.pg.url.display())?;
         let target = self.pg.url.display().to_string();
         let limit = limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
         let client = self.pg.read_client()?;
@@ -136,6 +128,7 @@ impl PgStore {
 
     /// The archived rows of `session`, newest archived first.
     pub fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
+        crate::backend::readable(self.ledger.handle.sticky, &self.pg.url.display())?;
         self.pg.archived(session, limit)
     }
 
@@ -210,6 +203,8 @@ impl PgStore {
 
     /// A session's lineage, when it is a fork.
     pub fn lineage(&mut self, session: &str) -> Option<Lineage> {
+        // A sticky handle has no lineage to tell: it reads nothing.
+        crate::backend::readable(self.ledger.handle.sticky, &self.pg.url.display()).ok()?;
         self.pg.lineage(session)
     }
 

@@ -832,15 +832,7 @@ impl Backend for PgStore {
         &mut self,
         query: &crate::graph::GraphQuery,
     ) -> Result<Vec<crate::graph::StoredCheckpoint>, ReadError> {
-        if let Some(cause) = self.ledger.handle.sticky {
-            return Err(ReadError {
-                message: format!(
-                    "reading {}: the store refuses to touch its database until an operator acts",
-                    self.pg.url.display()
-                ),
-                cause: Some(cause),
-            });
-        }
+        crate::backend::readable(self.ledger.handle.sticky, &self.pg.url.display())?;
         let target = self.pg.url.display().to_string();
         let client = self.pg.read_client()?;
         graph::read(client, query).map_err(|e| ReadError {
@@ -882,10 +874,12 @@ impl Backend for PgStore {
     }
 
     fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
+        crate::backend::readable(self.ledger.handle.sticky, &self.pg.url.display())?;
         self.pg.stored_uids(session, uids)
     }
 
     fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError> {
+        crate::backend::readable(self.ledger.handle.sticky, &self.pg.url.display())?;
         self.pg.transcript(session)
     }
 
@@ -896,10 +890,12 @@ impl Backend for PgStore {
         limit: usize,
         archived: bool,
     ) -> Result<SearchReport, BackendError> {
+        crate::backend::readable(self.ledger.handle.sticky, &self.pg.url.display())?;
         self.pg.search(query, session, limit, archived)
     }
 
     fn identity(&mut self) -> Result<Identity, BackendError> {
+        crate::backend::readable(self.ledger.handle.sticky, &self.pg.url.display())?;
         self.pg.identity()
     }
 

@@ -107,15 +107,7 @@ impl Backend for SessionStore {
         query: &crate::graph::GraphQuery,
     ) -> Result<Vec<crate::graph::StoredCheckpoint>, ReadError> {
         let db = self.db_path.clone();
-        if let Some(cause) = self.ledger.handle.sticky {
-            return Err(ReadError {
-                message: format!(
-                    "reading {}: the store refuses to touch its database until an operator acts",
-                    db.display()
-                ),
-                cause: Some(cause),
-            });
-        }
+        readable(self.ledger.handle.sticky, &db.display())?;
         if self.conn.is_none() {
             // Opening migrates: a home written before version 6 gains the
             // tables. A file that cannot be opened is held, as by a flush.
@@ -174,16 +166,7 @@ impl Backend for SessionStore {
 
     fn rows(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<StoredMessage>, ReadError> {
         let db = self.db_path.clone();
-        if let Some(cause) = self.ledger.handle.sticky {
-            // The handle has stopped touching its database.
-            return Err(ReadError {
-                message: format!(
-                    "reading {}: the store refuses to touch its database until an operator acts",
-                    db.display()
-                ),
-                cause: Some(cause),
-            });
-        }
+        readable(self.ledger.handle.sticky, &db.display())?;
         match self.conn.as_ref() {
             Some(conn) => crate::transcript::stored_messages(conn, session, limit),
             // The writer could not open it; a reader may still.
@@ -262,6 +245,7 @@ impl Backend for SessionStore {
     }
 
     fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
+        readable(self.ledger.handle.sticky, &self.db_path.display())?;
         let conn = self.live()?;
         let mut stmt = conn
             .prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")
@@ -280,6 +264,7 @@ impl Backend for SessionStore {
     }
 
     fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError> {
+        readable(self.ledger.handle.sticky, &self.db_path.display())?;
         transcript(self.live()?, session).map_err(|e| self.read_error(e))
     }
 
@@ -290,6 +275,7 @@ impl Backend for SessionStore {
         limit: usize,
         archived: bool,
     ) -> Result<SearchReport, BackendError> {
+        readable(self.ledger.handle.sticky, &self.db_path.display())?;
         let opts = crate::search::SearchOptions {
             session: session.map(String::from),
             limit,
@@ -311,6 +297,7 @@ impl Backend for SessionStore {
     }
 
     fn identity(&mut self) -> Result<Identity, BackendError> {
+        readable(self.ledger.handle.sticky, &self.db_path.display())?;
         let conn = self.live()?;
         let generation: String = conn
             .query_row("SELECT value FROM state_meta WHERE key = 'generation'", [], |r| {

@@ -220,6 +220,7 @@ impl SessionStore {
     /// The archived rows of `session`, newest archived first.
     pub fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
         let db = self.db_path.clone();
+        crate::backend::readable(self.ledger.handle.sticky, &db.display())?;
         let read = match self.conn.as_ref() {
             Some(conn) => archived(conn, session, limit),
             None => super::open_read_only(&db).and_then(|conn| archived(&conn, session, limit)),
@@ -311,6 +312,8 @@ impl SessionStore {
 
     /// A session's lineage, when it is a fork.
     pub fn lineage(&mut self, session: &str) -> Option<Lineage> {
+        // A sticky handle has no lineage to tell: it reads nothing.
+        crate::backend::readable(self.ledger.handle.sticky, &self.db_path.display()).ok()?;
         let conn = self.conn.as_ref()?;
         lineage(conn, session).ok().flatten()
     }
