@@ -284,7 +284,8 @@ mod tests {
         for r in Reason::ALL {
             assert_eq!(Reason::from_label(r.label()), Some(r));
         }
-        assert_eq!(Reason::from_label("delete"), None);
+        assert_eq!(Reason::from_label("deleted"), None);
+        assert_eq!(Reason::from_label(""), None);
     }
 
     #[test]
