@@ -5,12 +5,22 @@
 // that arrived while the worker was busy) are committed together: one
 // transaction, one sync (Host.appendGroup), at most 64 at a time and never
 // two of one session in one group.
+import fs from 'node:fs';
 import { parentPort, workerData } from 'node:worker_threads';
 
 import { flatten } from './errors.js';
 import { makeOps } from './ops.js';
 
 const ops = makeOps(workerData.home, workerData.options);
+
+// The test suite's holds (test/worker_hooks.mjs: points where a test stops
+// this thread until it says go). Loaded only with TURNSAFE_JS_TEST_HOOKS set
+// and only from a checkout: the package's files carry no test/, so in a
+// release the variable changes nothing.
+const HOOKS = new URL('../test/worker_hooks.mjs', import.meta.url);
+if (process.env.TURNSAFE_JS_TEST_HOOKS === '1' && fs.existsSync(HOOKS)) {
+  (await import(HOOKS.href)).install(ops);
+}
 const GROUP_MAX = 64;
 const queue = [];
 let scheduled = false;

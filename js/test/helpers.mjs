@@ -1,6 +1,7 @@
 // What the suites share: temporary homes, the native `turnsafe` binary,
 // capabilities that only some machines have, and a process that holds the
 // write lock of a database.
+import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import fs from 'node:fs';
@@ -57,30 +58,103 @@ export function need(t, ok, why) {
 
 export const isRoot = () => process.getuid?.() === 0;
 
-// Another process holds BEGIN IMMEDIATE on the db for `holdMs` after it says `held`.
+// Another process holds BEGIN IMMEDIATE on the db after it says `held`:
+// for HOLD_MS, or, without it, until its stdin ends (the test's word).
 const HOLDER = `
 import Database from 'better-sqlite3';
 const db = new Database(process.env.HOLD_DB);
 db.pragma('journal_mode = WAL');
 db.exec('BEGIN IMMEDIATE');
 process.stdout.write('held\\n');
-setTimeout(() => { db.exec('ROLLBACK'); db.close(); process.exit(0); }, Number(process.env.HOLD_MS));
+const release = () => { db.exec('ROLLBACK'); db.close(); process.exit(0); };
+if (process.env.HOLD_MS) setTimeout(release, Number(process.env.HOLD_MS));
+else process.stdin.on('end', release).resume();
 `;
 
-/** Start a process that holds the write lock of `db` for `holdMs`; resolves once it holds it. */
+/**
+ * Start a process that holds the write lock of `db`; resolves once it holds
+ * it. With `holdMs` it lets go after that long; without, it holds the lock
+ * until the test calls `await holder.release()`, which resolves once the
+ * process has ended (and the lock is free).
+ */
 export async function holdLock(db, holdMs) {
+  const timed = holdMs !== undefined;
   const child = spawn(process.execPath, ['--input-type=module', '-e', HOLDER], {
-    cwd: JS, env: { ...process.env, HOLD_DB: db, HOLD_MS: String(holdMs) }, stdio: ['ignore', 'pipe', 'inherit'],
+    cwd: JS, env: { ...process.env, HOLD_DB: db, HOLD_MS: timed ? String(holdMs) : '' },
+    stdio: [timed ? 'ignore' : 'pipe', 'pipe', 'inherit'],
   });
+  const exited = once(child, 'exit');
+  child.release = async () => {
+    child.stdin?.end();
+    await exited;
+  };
   let out = '';
   child.stdout.on('data', (d) => {
     out += d;
   });
   while (!out.includes('held')) {
-    const [code] = await Promise.race([once(child.stdout, 'data'), once(child, 'exit')]);
+    const [code] = await Promise.race([once(child.stdout, 'data'), exited]);
     if (typeof code === 'number') throw new Error(`the lock holder exited ${code}`);
   }
   return child;
+}
+
+/**
+ * One point in a store's worker (test/worker_hooks.mjs): `reached(n)`
+ * resolves once the worker has arrived there `n` times (each time it then
+ * blocks), `release()` lets it go on once. A test file that uses one sets
+ * TURNSAFE_JS_TEST_HOOKS=1 before its first store starts.
+ */
+export class WorkerPoint {
+  constructor() {
+    this.signal = new SharedArrayBuffer(8);
+    this.cells = new Int32Array(this.signal);
+  }
+
+  get arrivals() {
+    return Atomics.load(this.cells, 0);
+  }
+
+  /**
+   * Resolves with the count once the worker has arrived `n` times, or
+   * with the count as it is once `stop()` was called.
+   */
+  async reached(n) {
+    for (;;) {
+      const seen = Atomics.load(this.cells, 0);
+      if (seen >= n || this.stopped) return seen;
+      const w = Atomics.waitAsync(this.cells, 0, seen);
+      if (w.async) await w.value;
+    }
+  }
+
+  release() {
+    Atomics.add(this.cells, 1, 1);
+    Atomics.notify(this.cells, 1);
+  }
+
+  /** Nothing more will be awaited: a pending `reached` resolves. */
+  stop() {
+    this.stopped = true;
+    Atomics.notify(this.cells, 0);
+  }
+}
+
+/**
+ * Run `send` (which hands requests to `store`'s worker and returns a
+ * promise of their answers) while the worker is held: every request it
+ * sent is waiting in the worker's port when the worker goes on, so they
+ * are drained together. Resolves with `send`'s answers.
+ */
+export async function whileHeld(store, send) {
+  const point = new WorkerPoint();
+  const held = store.call('hold', { signal: point.signal });
+  // A worker without the hooks answers at once (an unknown operation).
+  await Promise.race([point.reached(1), held.then((v) => assert.fail(`the worker did not stop: ${v}`))]);
+  const answers = send();
+  point.release();
+  assert.equal(await held, 'released');
+  return answers;
 }
 
 /** The bytes a receipt vouches for match its sha256 and its line count. */

@@ -10,7 +10,10 @@ import { test } from 'node:test';
 import { isSessionHistoryTransactionAwareSession } from '@openai/agents';
 
 import { SCHEMA_VERSION, TurnsafeSession, safeSessionId } from '../src/index.js';
-import { tmp } from './helpers.mjs';
+import { tmp, whileHeld } from './helpers.mjs';
+
+// The store's worker can be held at a point a test releases (test/worker_hooks.mjs).
+process.env.TURNSAFE_JS_TEST_HOOKS = '1';
 
 const user = (content) => ({ role: 'user', content });
 const call = (id) => ({ type: 'function_call', callId: id, name: 'lookup', arguments: '{"q":"x"}', status: 'completed' });
@@ -145,8 +148,11 @@ test('batches that wait together are committed together; one that fails alone fa
   const sessions = Array.from({ length: 16 }, (_, i) => new TurnsafeSession(`g${i}`, home));
   await sessions[0].getItems();
   await sessions[0].store.call('resetStats');
+  // Each round's 16 batches reach the worker while it is held, so they
+  // wait in its queue together, whatever the threads' timing.
   for (let round = 0; round < 3; round++) {
-    await Promise.all(sessions.map((s, i) => s.addItems([user(`${i}/${round}/a`), user(`${i}/${round}/b`)])));
+    await whileHeld(sessions[0].store,
+      () => Promise.all(sessions.map((s, i) => s.addItems([user(`${i}/${round}/a`), user(`${i}/${round}/b`)]))));
   }
   const stats = await sessions[0].store.call('stats');
   assert.equal(stats.flushes, 48);
@@ -161,11 +167,11 @@ test('batches that wait together are committed together; one that fails alone fa
   const { outcome: first } = await store.call('append', { session: 'g0', items: [user('kept')], uids: ['fixed'] });
   assert.equal(first.persisted, true);
   await store.call('resetStats');
-  const answers = await Promise.all([
+  const answers = await whileHeld(store, () => Promise.all([
     store.call('append', { session: 'g0', items: [user('other')], uids: ['fixed'] }),
     store.call('append', { session: 'g1', items: [user('fine')] }),
     store.call('append', { session: 'g2', items: [user('fine too')] }),
-  ]);
+  ]));
   assert.equal((await store.call('stats')).groups, 1);
   assert.deepEqual(answers.map((a) => a.outcome.persisted), [false, true, true]);
   assert.equal(answers[0].outcome.cause, 'uid_conflict');

@@ -7,13 +7,17 @@ writer appending during the import is waited out or refused."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List
@@ -485,19 +489,118 @@ def test_a_hermes_writer_that_keeps_writing_is_refused(tmp_path: Path) -> None:
     assert not (home / "state.db").exists()
 
 
+WRITER_ON_WORD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import hermes_state
+    db = hermes_state.SessionDB(Path(sys.argv[1]) / "state.db")
+    count = int(sys.argv[2])
+    db.create_session("live", source="cli")
+    print("ready", flush=True)
+    sys.stdin.readline()  # the test's word: the import is inside a copy
+    for n in range(count):
+        db.append_message("live", "user", f"message {n}")
+    db.close()
+    print(count, flush=True)
+    """
+)
+
+F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
+F_SETOWN_EX = getattr(fcntl, "F_SETOWN_EX", 15)
+F_OWNER_TID = 0
+
+
+class CopyStop:
+    """A point inside the import's copy where it stops until the test lets
+    it go: a write lease on an empty `state.db-journal` in the Hermes home
+    (a WAL database never opens it; the import copies it after state.db and
+    its WAL, between the fingerprints it compares). The import's open of
+    the file waits for the lease; the kernel tells this thread (SIGIO), and
+    the copy goes on once the lease is given back."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / "state.db-journal"
+        self.path.touch()
+        # SIGIO is ignored by the process and blocked in this thread, so
+        # it waits here for sigtimedwait and never ends the process.
+        self.disposition = signal.signal(signal.SIGIO, signal.SIG_IGN)
+        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGIO])
+        self.fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.fcntl(self.fd, F_SETLEASE, fcntl.F_WRLCK)
+        except OSError as e:
+            self.close()
+            need(False, f"a write lease on {self.path} (fcntl F_SETLEASE): {e}")
+        try:
+            # The break is signalled to this thread, not to any thread of the process.
+            fcntl.fcntl(self.fd, F_SETOWN_EX, struct.pack("ii", F_OWNER_TID, threading.get_native_id()))
+        except BaseException:
+            self.close()
+            raise
+
+    def reached(self) -> None:
+        """Return once the import has opened the file (the 120 s only bound
+        a failure: nothing here waits for time to pass)."""
+        got = signal.sigtimedwait([signal.SIGIO], 120)
+        assert got is not None, "the import never reached its copy of the Hermes home"
+
+    def close(self) -> None:
+        """Give the lease back (the copy goes on) and remove the file."""
+        if self.fd is None:
+            return
+        os.close(self.fd)
+        self.fd = None
+        while signal.sigtimedwait([signal.SIGIO], 0) is not None:
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+        signal.signal(signal.SIGIO, self.disposition)
+        self.path.unlink(missing_ok=True)
+
+
 def test_a_hermes_writer_that_stops_is_waited_out(tmp_path: Path) -> None:
     root = big_home(tmp_path / "hermes")
     home = tmp_path / "turnsafe"
-    writer = start_writer(root, 0.8)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER_ON_WORD, str(root), "40"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdin is not None and writer.stdout is not None
+    stop = None
+    imp = None
     try:
-        r = run_import(root, home, "--json")
-        written = int(writer.communicate(timeout=60)[0].strip())
+        assert writer.stdout.readline().strip() == "ready"
+        stop = CopyStop(root)
+        imp = subprocess.Popen(
+            [turnsafe_bin(), "import", "hermes", "--source", str(root), "--home", str(home), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # The first copy has fingerprinted the files and copied state.db
+        # and its WAL: Hermes writes now, and has stopped (its connection
+        # closed) before the copy goes on.
+        stop.reached()
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        written = int(writer.stdout.readline().strip())
+        assert writer.wait(timeout=60) == 0
+        stop.close()
+        out, err = imp.communicate(timeout=120)
     finally:
         writer.kill()
         writer.wait()
-    assert r.returncode == 0, r.stderr
-    end = json_lines(r.stdout)[-1]["data"]
-    assert end["copy_attempts"] >= 2, end
+        if stop is not None:
+            stop.close()
+        if imp is not None and imp.poll() is None:
+            imp.kill()
+            imp.wait()
+    assert imp.returncode == 0, err
+    end = json_lines(out)[-1]["data"]
+    # The copy Hermes wrote under was taken again; the next one met no writer.
+    assert end["copy_attempts"] == 2, end
     # Whatever the copy held is imported; the next import brings the rest,
     # and then every message Hermes holds is there exactly once.
     again = run_import(root, home, "--json")
