@@ -8,7 +8,9 @@
 //! and checks that every other induced vector has an inducer in the suite
 //! of the runtime it names: `Python ...` in the `INDUCERS` table of
 //! `examples/python/tests/test_induced_vectors.py`, `Node ...` in that of
-//! `examples/node/test/induced.test.mjs` (each suite induces every entry).
+//! `examples/node/test/induced.test.mjs`, `JavaScript ...` (the JavaScript
+//! package's own host, `js/`) in that of `js/test/induced.test.mjs` (each
+//! suite induces every entry).
 mod common;
 use common::*;
 use serde_json::Value;
@@ -160,6 +162,11 @@ fn reinduce(name: &str) -> Option<Observation> {
     Some(observed)
 }
 
+/// What an `induced` note starts with: the runtime that recorded the
+/// vector (the Rust host, the Python and Node examples, the JavaScript
+/// package's host).
+const RUNTIMES: [&str; 4] = ["turnsafe", "Python", "Node", "JavaScript"];
+
 /// The names in the `INDUCERS = { ... }` table of another runtime's suite:
 /// each key, quoted (Python) or bare (JavaScript), before its colon.
 fn inducer_names(suite: &str) -> std::collections::BTreeSet<String> {
@@ -187,16 +194,17 @@ fn every_induced_vector_is_reinduced_by_the_runtime_that_recorded_it() {
     let vectors = induced_vectors();
     assert!(vectors.len() >= 5, "only {} induced vectors", vectors.len());
     // Each runtime's inducers: the Rust host's here ([`reinduce`]); the
-    // Python and Node suites' own tables, whose tests induce each entry
-    // for real and fail on any vector of theirs without one.
+    // Python, Node and JavaScript package suites' own tables, whose tests
+    // induce each entry for real and fail on any vector of theirs without one.
     let python = inducer_names("examples/python/tests/test_induced_vectors.py");
     let node = inducer_names("examples/node/test/induced.test.mjs");
+    let javascript = inducer_names("js/test/induced.test.mjs");
     let mut by_runtime = std::collections::BTreeMap::<&str, Vec<&str>>::new();
     let mut missing = Vec::new();
     for v in &vectors {
         let name = v["name"].as_str().unwrap();
         let note = v["induced"].as_str().unwrap();
-        let runtime = ["turnsafe", "Python", "Node"]
+        let runtime = RUNTIMES
             .into_iter()
             .find(|r| note.starts_with(r))
             .unwrap_or_else(|| panic!("{name}: `induced` must start with the runtime that recorded it: {note}"));
@@ -204,14 +212,15 @@ fn every_induced_vector_is_reinduced_by_the_runtime_that_recorded_it() {
         let reinduced = match runtime {
             "turnsafe" => reinduce(name).is_some(),
             "Python" => python.contains(name),
-            _ => node.contains(name),
+            "Node" => node.contains(name),
+            _ => javascript.contains(name),
         };
         if !reinduced {
             missing.push(format!("{name}: recorded by {runtime}, which does not induce it again"));
         }
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));
-    for runtime in ["turnsafe", "Python", "Node"] {
+    for runtime in RUNTIMES {
         assert!(
             by_runtime.contains_key(runtime),
             "no vector recorded by {runtime}: {by_runtime:?}"

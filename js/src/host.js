@@ -19,6 +19,7 @@ import { putBack, settleLines, takeLines } from './clear.js';
 import { divert, divertMaxSeq, fsyncDir, validSession } from './divert.js';
 import { Guard, fdsOf } from './guard.js';
 import { codesOf, editNext, flushStep, outcomeText, refused, spent, version } from './policy.js';
+import { recordObservation } from './record.js';
 import { sameText } from './same.js';
 
 /**
@@ -543,6 +544,7 @@ export class Host {
     if (together) {
       const events = this.writeGroup(members.map((m) => ({ batch: m.batch, plan: m.reply.step.plan ?? {} })), t0);
       this.counters.groups += 1;
+      for (const ev of events) if (ev.type === 'failed') recordObservation('append_batch', ev);
       results = members.map((m, i) => {
         m.answer = flushStep({ state: m.reply.state, event: events[i] });
         m.reply = JSON.parse(m.answer);
@@ -603,6 +605,9 @@ export class Host {
         default:
           throw new Error(`unknown step ${step.type}`);
       }
+      // The flush machine names a failure by its phase: opening, or writing
+      // (a write and the read that resolves a lost COMMIT).
+      if (event.type === 'failed') recordObservation(step.type === 'open' ? 'open' : 'append_batch', event);
       m.answer = flushStep({ state: this.state, event });
       m.reply = JSON.parse(m.answer);
     }
@@ -855,6 +860,8 @@ export class Host {
       if (!ev) ev = this.editOnce(session, f, write, degraded, started);
       if (ev.type === 'ok') return ev.value;
       const { type: _failed, ...obs } = ev;
+      // editNext asks the policy about it as a `replay`: work with nothing to divert.
+      recordObservation('replay', { ...obs, attempt, seed: s });
       const next = editNext({ ...obs, attempt, seed: s }, degraded);
       if (next.wait !== undefined) sleep(next.wait);
       else if (next.degradeFts) degraded = true;

@@ -1,19 +1,57 @@
-// The flush machine's event-sequence vectors (tests/vectors/flush_sequences.json),
-// through the component this package ships: every step, down to the
-// outcome, must be the one the vectors hold (the Rust runner checks the
-// same file natively and in wasmtime, the examples in wasmtime-py and jco).
-// The classification vectors (every other tests/vectors/*.json) give the
-// same cause, basis and action through it too.
+// Every shared vector file of tests/vectors/, through the component this
+// package ships. The Rust suite runs each file of that folder
+// (tests/vectors.rs and tests/induced_vectors.rs read all of it,
+// tests/flush_sequences.rs the event sequences), and so does this one:
+// FILES names each file and what runs it here, and a file of the folder
+// missing from it is a failure.
+// - decisions: the component's evaluate-json meets `expected` (cause,
+//   basis, action, copy code; a retry carries its delay), and its
+//   evaluate-json and classify-json answers are the native host's, byte
+//   for byte (`turnsafe evaluate`, `turnsafe classify`);
+// - flush sequences: every step, down to the outcome, is the one the
+//   vectors hold.
+// The induced ones are also induced again, each by the runtime that
+// recorded it: those recorded from this package's host by test/induced.test.mjs.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { test } from 'node:test';
 
+import { engine } from '../gen/policy/turnsafe_policy.js';
 import { Host } from '../src/host.js';
 import { classifyJson, flushStep, version } from '../src/policy.js';
 import { ROOT, tmp, turnsafe } from './helpers.mjs';
 
-const cases = JSON.parse(fs.readFileSync(path.join(ROOT, 'tests', 'vectors', 'flush_sequences.json'), 'utf8'));
+const DIR = path.join(ROOT, 'tests', 'vectors');
+const FILES = {
+  'codes.json': 'decisions',
+  'evidence.json': 'decisions',
+  'flush_sequences.json': 'flush sequences',
+  'induced.json': 'decisions',
+  'induced_js.json': 'decisions',
+  'messages.json': 'decisions',
+  'phrases.json': 'decisions',
+  'postgres.json': 'decisions',
+};
+
+const read = (f) => JSON.parse(fs.readFileSync(path.join(DIR, f), 'utf8'));
+// A file named here but missing is reported by the first test; the others run on what is there.
+const filesOf = (runner) => Object.keys(FILES).filter((f) => FILES[f] === runner && fs.existsSync(path.join(DIR, f)));
+const cases = filesOf('flush sequences').flatMap(read);
+const decisions = filesOf('decisions').flatMap(read);
+
+test('every vector file the Rust suite runs is run here', () => {
+  // What the Rust runners take: the whole folder (so any file in it), and
+  // the sequences by name.
+  const source = (f) => fs.readFileSync(path.join(ROOT, 'tests', f), 'utf8');
+  for (const runner of ['vectors.rs', 'induced_vectors.rs']) {
+    assert.match(source(runner), /join\("tests\/vectors"\)[\s\S]*read_dir\(/, `tests/${runner} no longer reads the whole folder`);
+  }
+  assert.match(source('flush_sequences.rs'), /flush_sequences\.json/);
+  const folder = fs.readdirSync(DIR).filter((f) => f.endsWith('.json')).sort();
+  assert.deepEqual(folder.filter((f) => !(f in FILES)), [], 'vector files the Rust suite runs and this one does not');
+  assert.deepEqual(Object.keys(FILES).filter((f) => !folder.includes(f)), [], 'vector files named here that are not in tests/vectors/');
+});
 
 test('every flush sequence gives the expected steps', () => {
   assert.ok(cases.length >= 35, `only ${cases.length} sequences`);
@@ -34,22 +72,45 @@ test('every flush sequence gives the expected steps', () => {
   }
 });
 
-test('every classification vector gives its cause, basis and action', () => {
-  const dir = path.join(ROOT, 'tests', 'vectors');
-  const vectors = fs
-    .readdirSync(dir)
-    .filter((f) => f.endsWith('.json') && f !== 'flush_sequences.json')
-    .sort()
-    .flatMap((f) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')));
-  assert.ok(vectors.length >= 300, `only ${vectors.length} vectors`);
+test('every decision vector gives its expected answer, the native host\'s bytes', () => {
+  assert.ok(decisions.length >= 300, `only ${decisions.length} vectors`);
+  const names = decisions.map((v) => v.name);
+  assert.equal(new Set(names).size, names.length, 'duplicate vector names');
+  assert.ok(decisions.filter((v) => v.induced).length >= 5, 'too few vectors from real failures');
+  const requests = decisions.map((v) => JSON.stringify({ observation: v.observation, context: v.context }));
+  const native = turnsafe(['evaluate'], `${requests.join('\n')}\n`);
+  assert.equal(native.status, 0, native.stderr);
+  const natives = native.stdout.split('\n').filter(Boolean);
+  assert.equal(natives.length, requests.length);
   const failures = [];
-  for (const v of vectors) {
-    const got = JSON.parse(classifyJson(JSON.stringify(v.observation)));
-    const have = `${got.cause}/${got.basis}/${got.action}`;
-    const want = `${v.expected.cause}/${v.expected.basis}/${v.expected.action}`;
-    if (have !== want) failures.push(`${v.name}: expected ${want}, got ${have}`);
-  }
+  decisions.forEach((v, i) => {
+    const answer = engine.evaluateJson(requests[i]);
+    if (answer !== natives[i]) {
+      failures.push(`${v.name}: the component and the native host differ\n  js:     ${answer}\n  native: ${natives[i]}`);
+      return;
+    }
+    const out = JSON.parse(answer);
+    const got = { cause: out.cause, basis: out.basis, action: out.action, copy_code: out.copy?.code ?? null };
+    try {
+      assert.deepEqual(got, v.expected);
+    } catch {
+      failures.push(`${v.name}: expected ${JSON.stringify(v.expected)}, got ${JSON.stringify(got)}`);
+    }
+    if (out.action === 'retry' && !Number.isInteger(out.delay_ms)) failures.push(`${v.name}: retry without delay_ms`);
+  });
   assert.deepEqual(failures, []);
+});
+
+test('classify-json answers every decision vector as the native host does', () => {
+  const lines = decisions.map((v) => JSON.stringify(v.observation));
+  const native = turnsafe(['classify'], `${lines.join('\n')}\n`);
+  const natives = native.stdout.split('\n').filter(Boolean);
+  assert.equal(natives.length, lines.length, native.stderr);
+  const differ = lines.flatMap((l, i) => {
+    const js = classifyJson(l);
+    return js === natives[i] ? [] : [`${decisions[i].name}:\n  js:     ${js}\n  native: ${natives[i]}`];
+  });
+  assert.deepEqual(differ, []);
 });
 
 test('the component is the one the native binary carries', () => {
