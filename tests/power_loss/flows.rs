@@ -10,7 +10,7 @@ use turnsafe_host::message::Message;
 use turnsafe_host::replay::{ReplayOptions, replay};
 use turnsafe_host::store::{SessionId, SessionStore, StoreOptions};
 
-use super::{Batch, Claims, Flow, Key, KnownHole, Power, Sent, batch, graph_sent, home, rebuild_and_install, sid};
+use super::{Batch, Claims, Flow, Key, Power, Sent, batch, graph_sent, home, rebuild_and_install, sid};
 
 /// Every flow, in the order the tests and the long run take them.
 pub const ALL: &[Flow] = &[
@@ -155,8 +155,9 @@ pub const LANGGRAPH: Flow = Flow {
 /// the file, archives the rows and the message lines, writes the graph
 /// lines back to the divert file (fsynced), ledgers the message lines
 /// `cleared` and moves the file to `settled/`; then replay brings the
-/// graph lines in. Every line is in exactly one place at every cut:
-/// archived, pending or stored, never both pending and cleared.
+/// graph lines in. Every line ends in exactly one place: archived, or
+/// stored; a cut between the archive's COMMIT and the settling leaves the
+/// archived lines pending too, and replay settles them `cleared`.
 pub const CLEAR: Flow = Flow {
     name: "clear",
     setup: home_with_a_session_to_clear,
@@ -167,17 +168,7 @@ pub const CLEAR: Flow = Flow {
             .then_some(())
             .ok_or_else(|| "the clear returned with its four messages".to_string())
     },
-    known: Some(KnownHole {
-        why: "a cut after the clear's archive committed and before its file left settling/ for good (the \
-              written-back lines, the ledger, the move to settled/, the folders' syncs) leaves the message \
-              lines it archived pending in settling/, and replay stores them again: both pending and \
-              cleared, then both stored and cleared",
-        explains: |p| {
-            p.contains("(\"c1\", \"pend-")
-                && (p.ends_with("and cleared")
-                    && (p.contains("is both pending (1 lines)") || p.contains("is both stored")))
-        },
-    }),
+    known: None,
 };
 
 /// A run without a cut made at least these claims.

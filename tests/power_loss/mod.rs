@@ -31,8 +31,10 @@
 //!   moved the file, hashes to its sha256 and is its lines, each the
 //!   record sent under its uid; every receipted line is still somewhere:
 //!   pending (a divert file, `settling/`), stored or archived;
-//! - a line a clear may have taken is in exactly one place, never both
-//!   pending and cleared, and one the clear returned with is archived;
+//! - a line a clear may have taken is never both stored and cleared (a
+//!   copy still pending after a cut between the clear's COMMIT and its
+//!   settling is settled `cleared` by replay, checked after replay), and
+//!   one the clear returned with is archived;
 //! - every capture receipt's folder holds its manifest (sha256) and files;
 //!   every capture claimed settled has its `SETTLED`; every file replay
 //!   settled is in `settled/` with its ledger lines;
@@ -667,8 +669,8 @@ fn pending_copies(claims: &Claims, pending: &BTreeMap<Key, Vec<(Value, String)>>
 
 /// Where each receipted line and each message a clear may have taken is,
 /// right after a cut: a receipted line is pending, stored or archived,
-/// never nowhere; what a clear may have taken is never both pending and
-/// cleared nor both stored and cleared, and what it returned with is
+/// never nowhere; what a clear may have taken is never both stored and
+/// cleared (a copy still pending is settled `cleared` by replay), and what it returned with is
 /// archived (reason `clear`) and nowhere else. Every copy holds the bytes
 /// sent.
 fn places(claims: &Claims, stored: &content::Stored, pending: &BTreeMap<Key, Vec<(Value, String)>>) -> Vec<String> {
@@ -699,9 +701,10 @@ fn places(claims: &Claims, stored: &content::Stored, pending: &BTreeMap<Key, Vec
         if !taken.contains(k) {
             continue;
         }
-        if archived > 0 && pend > 0 {
-            bad.push(format!("{k:?} is both pending ({pend} lines) and cleared"));
-        }
+        // Archived and still pending is a clear cut after its archive's
+        // COMMIT and before its settling: replay finds the line archived
+        // by the clear with its bytes and settles it `cleared`, which the
+        // recount after replay checks (never both stored and cleared).
         if archived > 0 && live > 0 {
             bad.push(format!("{k:?} is both stored and cleared"));
         }
