@@ -522,7 +522,14 @@ impl PgServer {
             // in pg_wal (-X stream), so one that always fails is enough.
             self.append_conf("restore_command = 'false'\n")?;
         }
-        self.start_again()
+        self.start_again()?;
+        if recovery == Recovery::Archive {
+            // The server takes connections (hot standby) while it still
+            // replays; it ends recovery on a new timeline when the WAL runs
+            // out. Wait for that end, seen from the server, not for luck.
+            self.wait_writable(Duration::from_secs(60))?;
+        }
+        Ok(())
     }
 
     /// What the server reports about its identity and timeline.
