@@ -56,29 +56,6 @@ fn wr(task: &str, idx: i64, value: &[u8]) -> WriteRecord {
     }
 }
 
-/// The test's own canonical text of the plain ASCII records it writes:
-/// sorted keys, no whitespace.
-fn canonical(v: &Value) -> String {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            let fields: Vec<String> = keys
-                .iter()
-                .map(|k| format!("{}:{}", Value::from(k.as_str()), canonical(&m[*k])))
-                .collect();
-            format!("{{{}}}", fields.join(","))
-        }
-        Value::Array(items) => format!("[{}]", items.iter().map(canonical).collect::<Vec<_>>().join(",")),
-        other => other.to_string(),
-    }
-}
-
-fn digest(v: &Value) -> String {
-    use sha2::Digest as _;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(canonical(v).as_bytes())))
-}
-
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
@@ -334,11 +311,23 @@ fn every_settlement(e: &dyn Engine) {
 
     // Both digests where a stored version was met, by the test's own digest.
     let u2 = by_uid("u2");
-    assert_eq!(u2["digest"], json!(digest(&cp_json(&cp("c-older", b"B", 0)))));
-    assert_eq!(u2["stored_digest"], json!(digest(&cp_json(&cp("c-older", b"A", 1)))));
+    assert_eq!(
+        u2["digest"],
+        json!(common::canonical::digest(&cp_json(&cp("c-older", b"B", 0))))
+    );
+    assert_eq!(
+        u2["stored_digest"],
+        json!(common::canonical::digest(&cp_json(&cp("c-older", b"A", 1))))
+    );
     let u7 = by_uid("u7");
-    assert_eq!(u7["digest"], json!(digest(&cp_json(&cp("c-no-time", b"B", 2)))));
-    assert_eq!(u7["stored_digest"], json!(digest(&cp_json(&cp("c-no-time", b"A", 1)))));
+    assert_eq!(
+        u7["digest"],
+        json!(common::canonical::digest(&cp_json(&cp("c-no-time", b"B", 2))))
+    );
+    assert_eq!(
+        u7["stored_digest"],
+        json!(common::canonical::digest(&cp_json(&cp("c-no-time", b"A", 1))))
+    );
     let u4 = by_uid("u4");
     assert_eq!(u4["digest"], u4["stored_digest"]);
 

@@ -7,29 +7,6 @@ use serde_json::{Value, json};
 use turnsafe_host::replay::{ReplayError, ReplayOptions, replay};
 use turnsafe_host::store::StoreOptions;
 
-/// `sha256:<hex>` of an ASCII JSON value written with sorted keys and no
-/// whitespace: the test's own reading of canonical bytes, for the plain
-/// objects it writes.
-fn sha256_of_canonical(v: &Value) -> String {
-    fn write(v: &Value) -> String {
-        match v {
-            Value::Object(m) => {
-                let mut keys: Vec<&String> = m.keys().collect();
-                keys.sort();
-                let fields: Vec<String> = keys
-                    .iter()
-                    .map(|k| format!("{}:{}", Value::from(k.as_str()), write(&m[*k])))
-                    .collect();
-                format!("{{{}}}", fields.join(","))
-            }
-            Value::Array(items) => format!("[{}]", items.iter().map(write).collect::<Vec<_>>().join(",")),
-            other => other.to_string(),
-        }
-    }
-    use sha2::Digest as _;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(write(v).as_bytes())))
-}
-
 fn ledger(home: &Home) -> Vec<Value> {
     std::fs::read_to_string(home.path().join("sessions/ledger.jsonl"))
         .unwrap_or_default()
@@ -152,10 +129,10 @@ fn every_bad_line_is_quarantined_with_a_reason_and_kept() {
         .query_row("SELECT item FROM messages WHERE uid = 'stored-0'", [], |r| r.get(0))
         .unwrap();
     let line_item = json!({"role":"user","content":"not what is stored"});
-    assert_eq!(conflicts[0]["digest"], sha256_of_canonical(&line_item));
+    assert_eq!(conflicts[0]["digest"], common::canonical::digest(&line_item));
     assert_eq!(
         conflicts[0]["stored_digest"],
-        sha256_of_canonical(&serde_json::from_str::<Value>(&stored_item).unwrap())
+        common::canonical::digest(&serde_json::from_str::<Value>(&stored_item).unwrap())
     );
     assert_ne!(conflicts[0]["digest"], conflicts[0]["stored_digest"]);
     // Nothing dropped: the settled file still holds every line.

@@ -8,6 +8,7 @@
 
 #[macro_use]
 pub mod privileged;
+pub mod canonical;
 pub mod graph;
 pub mod pg;
 pub mod pg_cluster;

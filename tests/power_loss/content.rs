@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use serde_json::{Value, json};
-use sha2::Digest as _;
 use turnsafe_host::divert::Receipt;
 use turnsafe_host::graph::{CheckpointRecord, WriteRecord};
 
@@ -44,28 +43,9 @@ pub fn write_key(w: &WriteRecord) -> Key {
         format!("write:{}:{}:{}:{}", w.checkpoint_ns, w.checkpoint_id, w.task_id, w.idx),
     )
 }
-
-/// The test's own canonical text of its plain ASCII records: sorted keys,
-/// no whitespace.
-pub fn canonical(v: &Value) -> String {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            let fields: Vec<String> = keys
-                .iter()
-                .map(|k| format!("{}:{}", Value::from(k.as_str()), canonical(&m[*k])))
-                .collect();
-            format!("{{{}}}", fields.join(","))
-        }
-        Value::Array(items) => format!("[{}]", items.iter().map(canonical).collect::<Vec<_>>().join(",")),
-        other => other.to_string(),
-    }
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(sha2::Sha256::digest(bytes))
-}
+#[path = "../common/canonical.rs"]
+mod canonical_text;
+pub use canonical_text::{canonical, sha256_hex};
 
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)

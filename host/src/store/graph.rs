@@ -45,8 +45,8 @@ CREATE TABLE IF NOT EXISTS checkpoint_writes(
 
 /// A put replaces the checkpoint it meets (LangGraph's savers do), and
 /// brings back one a delete had marked.
-const PUT_CHECKPOINT: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+const PUT_CHECKPOINT: &str = "INSERT INTO checkpoints(thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata, run_id, created_ms, deleted_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
     ON CONFLICT(thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
         parent_checkpoint_id = excluded.parent_checkpoint_id, type = excluded.type,
         checkpoint = excluded.checkpoint, metadata = excluded.metadata, run_id = excluded.run_id,
@@ -87,7 +87,14 @@ fn metadata_text(c: &CheckpointRecord) -> String {
     c.metadata.to_string()
 }
 
-fn insert_checkpoint(conn: &Connection, sql: &str, c: &CheckpointRecord, now: i64) -> rusqlite::Result<usize> {
+/// A checkpoint's statement: a flush's put (`deleted_ms` `None`) or replay's.
+fn insert_checkpoint(
+    conn: &Connection,
+    sql: &str,
+    c: &CheckpointRecord,
+    now: i64,
+    deleted_ms: Option<i64>,
+) -> rusqlite::Result<usize> {
     conn.prepare_cached(sql)?.execute(params![
         c.thread_id,
         c.checkpoint_ns,
@@ -97,7 +104,8 @@ fn insert_checkpoint(conn: &Connection, sql: &str, c: &CheckpointRecord, now: i6
         c.checkpoint,
         metadata_text(c),
         c.run_id(),
-        now
+        now,
+        deleted_ms
     ])
 }
 
@@ -129,7 +137,7 @@ fn insert_write(
 /// transaction.
 pub(super) fn write(conn: &Connection, graph: &GraphBatch, now: i64) -> rusqlite::Result<()> {
     match graph {
-        GraphBatch::Checkpoint(c) => insert_checkpoint(conn, PUT_CHECKPOINT, c, now).map(drop),
+        GraphBatch::Checkpoint(c) => insert_checkpoint(conn, PUT_CHECKPOINT, c, now, None).map(drop),
         GraphBatch::Writes(writes) => {
             // LangGraph's rule: a batch of special writes only replaces.
             let replace = writes.iter().all(WriteRecord::is_special);
@@ -158,18 +166,7 @@ pub fn replay_put(
             } else {
                 REPLAY_CHECKPOINT
             };
-            conn.prepare_cached(sql)?.execute(params![
-                c.thread_id,
-                c.checkpoint_ns,
-                c.checkpoint_id,
-                c.parent_checkpoint_id,
-                c.kind,
-                c.checkpoint,
-                metadata_text(c),
-                c.run_id(),
-                created_ms,
-                deleted_ms
-            ])?
+            insert_checkpoint(conn, sql, c, created_ms, deleted_ms)?
         }
         GraphLine::Write(w) => {
             let sql = if over { REPLAY_WRITE_OVER } else { REPLAY_WRITE };
