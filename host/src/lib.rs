@@ -36,6 +36,7 @@ pub mod import_hermes;
 pub mod message;
 pub mod observe;
 pub mod outcome;
+pub mod pending;
 pub mod pg;
 pub mod recover;
 pub mod replay;

@@ -26,11 +26,11 @@ use turnsafe_policy::Evidence;
 use turnsafe_policy::machine::{Failure, WritePlan};
 
 use crate::capture::{Capture, CaptureError};
-use crate::clear::{PendingMessage, PendingRecord};
 use crate::graph::{GraphBatch, GraphEdit, GraphEdited, GraphQuery, StoredCheckpoint};
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
+use crate::pending::{PendingMessage, PendingRecord};
 use crate::store::{EditError, SessionId};
 use crate::transcript::StoredMessage;
 

@@ -84,7 +84,7 @@ impl PgStore {
     pub(super) fn clear_archiving(
         &mut self,
         session: &SessionId,
-        pending: &[crate::clear::PendingMessage],
+        pending: &[crate::pending::PendingMessage],
     ) -> Result<Cleared, EditError> {
         let stamp = self.stamp(Reason::Clear);
         self.edit("clear", session, |tx, session| {

@@ -4,8 +4,8 @@
 
 use postgres::Transaction;
 
-use crate::clear::{PendingRecord, PutBeforeDelete};
 use crate::graph::thread_session;
+use crate::pending::{PendingRecord, PutBeforeDelete};
 
 /// Store the pending records of a thread being deleted as replay would
 /// have stored them (each key read with its row locked), inside the

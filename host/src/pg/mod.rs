@@ -850,7 +850,7 @@ impl Backend for PgStore {
     fn graph_delete_thread(
         &mut self,
         thread: &str,
-        pending: &[crate::clear::PendingRecord],
+        pending: &[crate::pending::PendingRecord],
     ) -> Result<crate::graph::GraphEdited, EditError> {
         let edit = crate::graph::GraphEdit::DeleteThread(thread.to_string());
         let session = edit.session();
@@ -914,7 +914,7 @@ impl Backend for PgStore {
     fn clear_archiving(
         &mut self,
         session: &SessionId,
-        pending: &[crate::clear::PendingMessage],
+        pending: &[crate::pending::PendingMessage],
     ) -> Result<Cleared, EditError> {
         PgStore::clear_archiving(self, session, pending)
     }

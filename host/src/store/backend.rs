@@ -135,7 +135,7 @@ impl Backend for SessionStore {
     fn graph_delete_thread(
         &mut self,
         thread: &str,
-        pending: &[crate::clear::PendingRecord],
+        pending: &[crate::pending::PendingRecord],
     ) -> Result<crate::graph::GraphEdited, EditError> {
         let edit = crate::graph::GraphEdit::DeleteThread(thread.to_string());
         let session = edit.session();
@@ -191,7 +191,7 @@ impl Backend for SessionStore {
     fn clear_archiving(
         &mut self,
         session: &SessionId,
-        pending: &[crate::clear::PendingMessage],
+        pending: &[crate::pending::PendingMessage],
     ) -> Result<Cleared, EditError> {
         SessionStore::clear_archiving(self, session, pending)
     }

@@ -191,7 +191,7 @@ impl SessionStore {
     pub fn clear_archiving(
         &mut self,
         session: &SessionId,
-        pending: &[crate::clear::PendingMessage],
+        pending: &[crate::pending::PendingMessage],
     ) -> Result<Cleared, EditError> {
         let holder = self.stamp_holder();
         let edit_id = mint_id();
