@@ -197,6 +197,8 @@ pub struct Row<'a> {
 struct Sqlite {
     conn: Connection,
     writing: bool,
+    /// Whether the database has an archive (read once: replay never makes one).
+    has_archive: Option<bool>,
 }
 
 impl Sqlite {
@@ -207,7 +209,11 @@ impl Sqlite {
             ..StoreOptions::default()
         };
         configure(&conn, &admin)?;
-        Ok(Sqlite { conn, writing: false })
+        Ok(Sqlite {
+            conn,
+            writing: false,
+            has_archive: None,
+        })
     }
 }
 
@@ -249,10 +255,16 @@ impl Target for Sqlite {
     }
     fn cleared_items(&mut self, session: &str, uid: &str) -> Result<Vec<String>, ReplayError> {
         // A database from before the archive has no clears to look at.
-        let has_archive = self
-            .conn
-            .prepare_cached("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'archive'")?
-            .exists([])?;
+        let has_archive = match self.has_archive {
+            Some(known) => known,
+            None => {
+                let found = self
+                    .conn
+                    .prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'archive'")?
+                    .exists([])?;
+                *self.has_archive.insert(found)
+            }
+        };
         if !has_archive {
             return Ok(Vec::new());
         }
