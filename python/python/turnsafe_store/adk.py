@@ -52,7 +52,7 @@ except ImportError as e:  # pragma: no cover - exercised without the extra only
     raise ImportError('turnsafe_store.adk needs Google ADK: pip install "turnsafe-store[adk]"') from e
 
 from . import _aio
-from ._errors import TurnNotPersisted
+from ._errors import Error, TurnNotPersisted
 from ._native import Store
 
 __all__ = ["TurnsafeSessionService", "adk_session_id"]
@@ -208,10 +208,13 @@ class TurnsafeSessionService(BaseSessionService):
     ``home`` holds ``state.db`` and the divert folder ``sessions/``; ``db``
     (or ``TURNSAFE_DB`` when ``db`` is None) a PostgreSQL URL that takes the
     rows instead of ``state.db`` (the divert folder stays under ``home``).
-    ``lease_ttl`` is how long a session stays with the process that wrote
-    it last before another may write it (the store's turn lease); short by
-    default, so sessions move between the workers of a server between
-    turns. ``store`` shares an open :class:`turnsafe_store.Store` instead.
+    ``lease_ttl`` is the store's turn lease: ADK's own stale check (the
+    order row every event claims) is what fences writers here, so the lease
+    is kept to a millisecond by default and a session moves freely between
+    processes (the workers of a server) from one event to the next. A longer
+    lease refuses other processes for that long after each write (as
+    ``StaleSessionError``).
+    ``store`` shares an open :class:`turnsafe_store.Store` instead.
     """
 
     def __init__(
@@ -219,7 +222,7 @@ class TurnsafeSessionService(BaseSessionService):
         home: Union[str, "os.PathLike[str]"],
         *,
         db: Optional[str] = None,
-        lease_ttl: float = 1.0,
+        lease_ttl: float = 0.001,
         synchronous: str = "full",
         store: Optional[Store] = None,
     ) -> None:
@@ -227,8 +230,10 @@ class TurnsafeSessionService(BaseSessionService):
             raise ValueError("give `db` or `store`, not both: a given store already has its database")
         self._owns_store = store is None
         self.store = store if store is not None else Store(home, db=db, synchronous=synchronous, lease_ttl=lease_ttl)
-        # Sessions known to have their `adk:scoped` record.
+        # Sessions known to have their `adk:scoped` record, and those whose
+        # record could not be stored yet.
         self._scoped: set = set()
+        self._unmarked: Dict[str, Tuple[str, str]] = {}
 
     # -- lifetime ---------------------------------------------------------
 
@@ -376,13 +381,25 @@ class TurnsafeSessionService(BaseSessionService):
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
         tid = adk_session_id(session.app_name, session.user_id, session.id)
-        if not await _aio.show(self.store, tid, limit=1):
+        try:
+            exists = bool(await _aio.show(self.store, tid, limit=1))
+        except Error:
+            # The database cannot be read: the write below meets the same
+            # fault, and the flush machine keeps the event (divert) or says
+            # it was handed back.
+            exists = True
+        if not exists:
             raise SessionNotFoundError(f"Session {session.id} not found.")
         data = json.loads(event.model_dump_json(exclude_none=True))
         delta = (data.get("actions") or {}).get("state_delta") or {}
         scopes = _split(delta)
         if scopes["app"] or scopes["user"]:
-            await self._mark_scoped(session.app_name, session.user_id, tid)
+            # Before the event: no stored app:/user: delta is ever unknown to
+            # readers. A record that cannot be stored now is tried again by
+            # the next call (and a diverted one comes back with replay); the
+            # event still gets its own outcome.
+            self._unmarked[tid] = (session.app_name, session.user_id)
+            await self._mark_pending()
         uid = _event_uid(event.id)
         marker = session._storage_update_marker or self._marker_of(session)
         row: Dict[str, Any] = {"role": event.author}
@@ -456,6 +473,8 @@ class TurnsafeSessionService(BaseSessionService):
         key, the newest write among the sessions that wrote such keys, the
         carry records, and the sessions in ``known`` (read already). Scopes
         are ``"app"`` and ``("user", user_id)``."""
+        if self._unmarked:
+            await self._mark_pending()
         thread = _app_thread(app_name)
         scoped, carries = await asyncio.gather(
             self._records(thread, _NS_SCOPED, None), self._records(thread, _NS_CARRY, None)
@@ -534,6 +553,16 @@ class TurnsafeSessionService(BaseSessionService):
             return
         await self._put_record(_app_thread(app_name), _NS_SCOPED, tid, {"user": user_id}, {"user": user_id})
         self._scoped.add(tid)
+
+    async def _mark_pending(self) -> None:
+        """Store the ``adk:scoped`` records still owed; one that cannot be
+        stored stays owed."""
+        for tid, (app_name, user_id) in list(self._unmarked.items()):
+            try:
+                await self._mark_scoped(app_name, user_id, tid)
+            except Error:
+                continue
+            self._unmarked.pop(tid, None)
 
 
 def _stale(outcome: Any) -> StaleSessionError:
