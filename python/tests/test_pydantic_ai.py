@@ -575,6 +575,27 @@ def test_a_lock_held_past_the_policys_patience_diverts_the_save_with_a_receipt(h
     asyncio.run(main())
 
 
+def test_a_conversation_moves_between_writers_from_one_save_to_the_next(home):
+    """Two stores (two lease holders, as two workers of a server) save one
+    conversation in turns: each takes over the other's lease, and a writer
+    whose lease was taken gives it back and saves; none gets a conflict."""
+    agent = Agent(TestModel(custom_output_text="reply", call_tools=[]))
+
+    async def main():
+        a, b = TurnsafeConversationStore(home), TurnsafeConversationStore(home)
+        try:
+            for i, s in enumerate((a, b, a, b, a)):
+                await turn(s, agent, "moves", f"turn {i}")
+            final = await a.load("moves")
+        finally:
+            a.close()
+            b.close()
+        return final
+
+    final = asyncio.run(main())
+    assert [m.parts[0].content for m in final.messages if isinstance(m, ModelRequest)] == [f"turn {i}" for i in range(5)]
+
+
 # ------------------------------------------------------------ two processes
 
 WRITER = textwrap.dedent(

@@ -76,9 +76,12 @@ _KEY = "pydantic_ai"
 # (one checkpoint per conversation and scope), which `read_records` lists.
 DIRECTORY_THREAD = "pydantic-ai-conversations"
 DIRECTORY_NS = "pydantic_ai:conversation"
-# How many of a session's newest rows `read_record` reads first: a write's
-# record is its batch's last row, so the newest row is nearly always it.
-_TAIL = 8
+# How many of a session's newest rows `read_record` reads when the newest
+# row is not a record (a write's record is its batch's last row, so the
+# newest row nearly always is), before it reads them all.
+_TAIL = 16
+# Conversations whose last seen record this store remembers.
+_SEEN_MAX = 4096
 # Entry locations remembered (entry id -> session), for `read_history`.
 _WHERE_MAX = 1 << 16
 
@@ -138,11 +141,13 @@ class TurnsafeConversationStore(ConversationStore):
     """Pydantic AI's ``ConversationStore`` on a turnsafe home.
 
     ``TurnsafeConversationStore(home, *, db=None, synchronous="full",
-    lease_ttl=1.0, store=None)``: ``home`` holds ``state.db`` and the divert
-    folder; ``db`` (or ``TURNSAFE_DB``) names a PostgreSQL server instead of
-    ``state.db``. ``lease_ttl`` is how long a write keeps the conversation's
-    turn lease: short, so another process can save the conversation soon
-    after (a write refused by another writer's live lease is a
+    lease_ttl=0.001, store=None)``: ``home`` holds ``state.db`` and the
+    divert folder; ``db`` (or ``TURNSAFE_DB``) names a PostgreSQL server
+    instead of ``state.db``. ``lease_ttl`` is the store's turn lease on a
+    conversation: the revision check (the uid every write claims) is what
+    fences writers here, so the lease is kept to a millisecond and a
+    conversation moves freely between processes from one save to the next
+    (a write refused by another writer's live lease is a
     ``ConversationConflict``: load again and retry). ``store`` shares an
     open :class:`turnsafe_store.Store` instead.
 
@@ -156,7 +161,7 @@ class TurnsafeConversationStore(ConversationStore):
         *,
         db: Optional[str] = None,
         synchronous: str = "full",
-        lease_ttl: float = 1.0,
+        lease_ttl: float = 0.001,
         store: Optional[Store] = None,
     ) -> None:
         if store is not None and db is not None:
@@ -174,6 +179,12 @@ class TurnsafeConversationStore(ConversationStore):
         # Where entries live (entry id -> session), learnt from every read
         # and write: a history is then read one session at a time.
         self._where: "OrderedDict[str, str]" = OrderedDict()
+        # The newest record (or tombstone) this store read or wrote for each
+        # session. A revision seen as current once is a real revision of the
+        # conversation, and the uid a write after it claims is free only
+        # while it is still current, so a write after the revision seen
+        # needs no read first (see `write_record`).
+        self._seen: "OrderedDict[str, _Tail]" = OrderedDict()
 
     # -- lifetime -----------------------------------------------------------
 
@@ -221,7 +232,7 @@ class TurnsafeConversationStore(ConversationStore):
         conversation_id = record.conversation_id
         session = conversation_session_id(conversation_id)
         new_entries = list(new_entries)
-        tail = await self._tail(session)
+        tail = await self._current(session, expected_revision)
         current = tail.record.revision if tail.record is not None else None
         if current != expected_revision:
             raise ConversationConflict(conversation_id)
@@ -239,26 +250,29 @@ class TurnsafeConversationStore(ConversationStore):
         uids = [f"pai-e:{_token(tail.after)}:{i}" for i in range(len(new_entries))]
         uids.append(f"pai-after:{_token(tail.after)}")
         await self._append(session, conversation_id, rows, uids, expected_revision)
+        self._remember(session, _Tail(record, record.revision, None))
         for e in new_entries:
             self._learn(e.id, session)
         self._learn_record(session, record, head_at, away)
 
     async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
         session = conversation_session_id(conversation_id)
-        tail = await self._tail(session)
+        tail = await self._current(session, expected_revision)
         if tail.record is None or tail.record.revision != expected_revision:
             raise ConversationConflict(conversation_id)
+        revision = _new_revision()
         tombstone = {
             _KEY: {
                 "kind": "deleted",
                 "conversation_id": conversation_id,
                 "after": expected_revision,
-                "revision": _new_revision(),
+                "revision": revision,
             }
         }
         await self._append(
             session, conversation_id, [tombstone], [f"pai-after:{_token(expected_revision)}"], expected_revision
         )
+        self._remember(session, _Tail(None, revision, None))
 
     async def read_entry(self, entry_id: str) -> ConversationEntry:
         session = self._where.get(entry_id)
@@ -364,6 +378,7 @@ class TurnsafeConversationStore(ConversationStore):
             if outcome.cause == "uid_conflict":
                 # Another write took the position after the revision this
                 # one replaces: nothing of this batch was stored.
+                self._seen.pop(session, None)
                 raise ConversationConflict(conversation_id)
             if outcome.cause != "turn_lease":
                 raise TurnNotPersisted(outcome)
@@ -401,18 +416,45 @@ class TurnsafeConversationStore(ConversationStore):
 
     # -- reads --------------------------------------------------------------
 
+    async def _current(self, session: str, expected_revision: Optional[str]) -> _Tail:
+        """The session's current record as a write after
+        ``expected_revision`` needs it: the one this store last saw when that
+        is the expected one (the uid the write claims settles the rest),
+        else read now."""
+        seen = self._seen.get(session)
+        # A creation (`None`) always reads: the revision it is written after
+        # is whatever tombstone is newest now.
+        if expected_revision is not None and seen is not None and seen.record is not None:
+            if seen.record.revision == expected_revision:
+                return seen
+        return await self._tail(session)
+
     async def _tail(self, session: str) -> _Tail:
-        rows = await _aio.show(self.store, session, limit=_TAIL)
+        """The session's newest record or tombstone, read now."""
+        rows = await _aio.show(self.store, session, limit=1)
         state = _last_state(rows)
-        if state is None and len(rows) >= _TAIL:
-            state = _last_state(await _aio.show(self.store, session))
+        if state is None and rows:
+            rows = await _aio.show(self.store, session, limit=_TAIL)
+            state = _last_state(rows)
+            if state is None and len(rows) >= _TAIL:
+                state = _last_state(await _aio.show(self.store, session))
         if state is None:
-            return _Tail(None, None, None)
-        if state.get("kind") == "deleted":
-            return _Tail(None, state.get("revision"), state)
-        record = _records.validate_python(state["record"])
-        self._learn_record(session, record, state.get("head_at") or session, state.get("branches_at"))
-        return _Tail(record, record.revision, state)
+            tail = _Tail(None, None, None)
+        elif state.get("kind") == "deleted":
+            tail = _Tail(None, state.get("revision"), state)
+        else:
+            record = _records.validate_python(state["record"])
+            self._learn_record(session, record, state.get("head_at") or session, state.get("branches_at"))
+            tail = _Tail(record, record.revision, state)
+        self._remember(session, tail)
+        return tail
+
+    def _remember(self, session: str, tail: _Tail) -> None:
+        seen = self._seen
+        seen[session] = tail
+        seen.move_to_end(session)
+        if len(seen) > _SEEN_MAX:
+            seen.popitem(last=False)
 
     async def _index(self, session: str) -> Dict[str, Dict[str, Any]]:
         """Every entry stored in ``session``, by id."""
