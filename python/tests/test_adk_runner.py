@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
-from google.adk.errors import StaleSessionError  # noqa: F401 - the name the children report
 
 import adk_script
 import turnsafe_store
