@@ -105,6 +105,21 @@ async def child(mode: str, home: str, db: str, texts: List[str]) -> dict:
             errno: list = []
             out["errno"] = errno
             between = lambda: errno.append(exhaust())  # noqa: E731
+        if mode == "held-emfile":
+            # The tool says `ready` and waits for a line (the parent makes
+            # state.db immutable meanwhile), then leaks every descriptor left.
+            import google.adk.tools._node_tool  # noqa: F401
+            from fd_exhaust import exhaust
+
+            errno = []
+            out["errno"] = errno
+
+            def held() -> None:
+                print("ready", flush=True)
+                sys.stdin.readline()
+                errno.append(exhaust())
+
+            between = held
         for text in texts:
             await turn(r, text, seen)
     except Exception as e:  # noqa: BLE001 - the parent reads what was raised
@@ -112,6 +127,8 @@ async def child(mode: str, home: str, db: str, texts: List[str]) -> dict:
         out["message"] = str(e)
         outcome = getattr(e, "outcome", None)
         out["receipt"] = getattr(outcome, "receipt", None)
+        if outcome is not None:
+            out["outcome"] = outcome.to_dict()
     finally:
         await r.close()
         await sessions.close()

@@ -228,3 +228,25 @@ def test_two_runners_in_two_processes_one_gets_stale_session_error_and_no_event_
     # Every event a Runner was told is stored, is stored once.
     assert agent_events(session)[-1:] == got_b["seen"]
     assert len({e.id for e in session.events}) == 5
+
+
+def test_no_descriptor_left_for_the_divert_hands_the_event_back_and_claims_no_copy(home: Path) -> None:
+    """state.db turns immutable and the child then has no descriptor left:
+    the event can be neither committed nor diverted, so the Runner gets
+    TurnNotPersisted saying the batch was handed back, with no receipt, and
+    nothing is claimed on disk; the session holds what was stored before."""
+    before = finish(start_child("create", home, "hello"))
+    child = start_child("held-emfile", home, "add 4 5")
+    assert child.stdout.readline().strip() == "ready"
+    with immutable(home / "state.db", home / "state.db-wal"):
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        got = finish(child)
+    assert got["errno"] == [24], got
+    assert got["error"] == "TurnNotPersisted" and got["receipt"] is None, got
+    out = got["outcome"]
+    assert (out["cause"], out["handed_back"], out["diverted"]) == ("disk", 2, 0), out
+    assert out["divert_error"] is not None, out
+    assert not (home / "sessions").exists() or not any((home / "sessions").glob("*.jsonl"))
+    session = stored(home)
+    assert agent_events(session) == before["seen"] + [got["seen"][0]], got
