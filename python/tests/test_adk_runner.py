@@ -26,6 +26,15 @@ from turnsafe_store.adk import TurnsafeSessionService, adk_session_id
 HERE = Path(__file__).parent
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request) -> Optional[str]:
+    """None for SQLite under the home, else a PostgreSQL server's URL."""
+    if request.param == "sqlite":
+        return None
+    pg = request.getfixturevalue("pg")
+    return pg.url(pg.create_db("adkrunner"))
+
+
 def start_child(mode: str, home: Path, *texts: str, db: Optional[str] = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "adk_script.py", mode, str(home), db or "", *texts],
@@ -58,16 +67,16 @@ def agent_events(session) -> list:
     return [[e.id, adk_script.said(e)] for e in session.events if e.author != "user"]
 
 
-def test_a_new_process_resumes_the_session_with_its_whole_history(home: Path) -> None:
-    first = finish(start_child("create", home, "hello", "add 2 3"))
+def test_a_new_process_resumes_the_session_with_its_whole_history(home: Path, db) -> None:
+    first = finish(start_child("create", home, "hello", "add 2 3", db=db))
     assert "error" not in first, first
     assert [s for _, s in first["seen"]] == ["heard 1 contents", "call add", "answer add", "sum is 5"]
-    second = finish(start_child("resume", home, "and now?"))
+    second = finish(start_child("resume", home, "and now?", db=db))
     assert "error" not in second, second
     # The model of the new process was given all seven earlier contents and
     # the new message: the history came back from the store.
     assert [s for _, s in second["seen"]] == ["heard 7 contents"]
-    session = stored(home)
+    session = stored(home, db)
     assert agent_events(session) == first["seen"] + second["seen"]
     assert [adk_script.said(e) for e in session.events if e.author == "user"] == ["hello", "add 2 3", "and now?"]
     ids = [e.id for e in session.events]
@@ -197,13 +206,13 @@ def test_descriptor_exhaustion_mid_run_costs_no_event(home: Path) -> None:
     assert not (home / "sessions").exists(), "nothing was diverted"
 
 
-def test_two_runners_in_two_processes_one_gets_stale_session_error_and_no_event_is_lost(home: Path) -> None:
-    finish(start_child("create", home, "hello"))
+def test_two_runners_in_two_processes_one_gets_stale_session_error_and_no_event_is_lost(home: Path, db) -> None:
+    finish(start_child("create", home, "hello", db=db))
     # A's run stores its message and stops in its model call.
-    a = start_child("gated", home, "from a")
+    a = start_child("gated", home, "from a", db=db)
     assert a.stdout.readline().strip() == "ready"
     # B loads the session after A's message, stores its own, and stops too.
-    b = start_child("gated", home, "from b")
+    b = start_child("gated", home, "from b", db=db)
     assert b.stdout.readline().strip() == "ready"
     # A goes on from a session B has moved past: ADK's stale-writer error,
     # and A's reply is not stored.
@@ -216,7 +225,7 @@ def test_two_runners_in_two_processes_one_gets_stale_session_error_and_no_event_
     b.stdin.flush()
     got_b = finish(b)
     assert "error" not in got_b and [s for _, s in got_b["seen"]] == ["heard 4 contents"], got_b
-    session = stored(home)
+    session = stored(home, db)
     said = [(e.author, adk_script.said(e)) for e in session.events]
     assert said == [
         ("user", "hello"),
