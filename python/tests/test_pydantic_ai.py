@@ -7,6 +7,7 @@ another process), and concurrent writers are real processes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -403,6 +404,27 @@ def test_a_stale_or_unknown_revision_is_a_conflict_and_stores_nothing(home):
     # b's and the stale copy's messages were never stored.
     contents = [json.loads(r["message"]["pydantic_ai"]["message"])["parts"][0]["content"] for r in entry_rows(home, "r")]
     assert contents == ["1", "a's", "new"]
+
+
+def test_a_delete_between_a_saves_read_and_its_write_wins(home):
+    """A store read the conversation, another deleted it, then the first
+    writes after what it read (as `save` does once it has read): its write
+    claims the position the tombstone holds, so it is refused, and the
+    conversation stays deleted."""
+
+    async def main():
+        async with TurnsafeConversationStore(home) as s0:
+            await s0.save(Conversation(conversation_id="del", messages=[ModelRequest.user_text_prompt("1")]))
+        async with TurnsafeConversationStore(home) as s1, TurnsafeConversationStore(home) as s2:
+            read = await s1.read_record("del")
+            await s2.delete("del")
+            later = dataclasses.replace(read, revision="after-the-read")
+            with pytest.raises(ConversationConflict):
+                await s1.write_record(later, expected_revision=read.revision)
+            assert await s2.load("del") is None and await s1.load("del") is None
+            assert await s1.list_conversations() == []
+
+    asyncio.run(main())
 
 
 def test_it_answers_as_the_in_memory_store_does(home):
