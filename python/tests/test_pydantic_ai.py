@@ -491,6 +491,37 @@ def test_it_answers_as_the_in_memory_store_does(home):
     asyncio.run(main())
 
 
+def test_on_postgresql_histories_branches_forks_lists_and_conflicts(tmp_path, pg):
+    """The same store with `db=`: the rows on a real PostgreSQL server."""
+    url = pg.url()
+    agent = Agent(TestModel(custom_output_text="reply", call_tools=[]))
+
+    async def main():
+        async with TurnsafeConversationStore(tmp_path / "home", db=url) as s:
+            await turn(s, agent, "pg", "first")
+            second = await turn(s, agent, "pg", "second")
+            loaded = await s.load("pg")
+            stale = await s.load("pg")
+            fork = await s.fork("pg", at=2, new_conversation_id="pg-fork")
+            await s.save(await agent.run("fork's own", conversation=fork))
+            branched = await s.branch("pg", at=2, expected_revision=loaded.revision)
+            await s.save(await agent.run("edited", conversation=branched))
+            stale.messages.append(ModelResponse(parts=[TextPart("lost?")]))
+            with pytest.raises(ConversationConflict):
+                await s.save(stale)
+        async with TurnsafeConversationStore(tmp_path / "other", db=url) as s:
+            assert sorted(r.conversation_id for r in await s.list_conversations()) == ["pg", "pg-fork"]
+            now = await s.load("pg")
+            record = await s.read_record("pg")
+            back = await s.read_history(record.branches[0])
+            f = await s.load("pg-fork")
+        assert [m.parts[0].content for m in now.messages if isinstance(m, ModelRequest)] == ["first", "edited"]
+        assert dump([e.message for e in back]) == dump(second.all_messages())
+        assert [m.parts[0].content for m in f.messages if isinstance(m, ModelRequest)] == ["first", "fork's own"]
+
+    asyncio.run(main())
+
+
 # ------------------------------------------------------------ failures
 
 
