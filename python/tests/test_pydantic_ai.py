@@ -307,6 +307,12 @@ def test_a_fork_shares_entries_and_the_original_goes_on(home):
         # The fork points at the original's entries instead of copying them.
         assert [e.id for e in fe[:2]] == [e.id for e in oe[:2]]
         assert (record.forked_from, record.forked_at) == ("origin", oe[1].id)
+        # An entry read by its id alone, by a store that has met none.
+        async with TurnsafeConversationStore(home) as s:
+            assert dump([(await s.read_entry(fe[-1].id)).message]) == dump([fe[-1].message])
+            assert (await s.read_entry(oe[0].id)).id == oe[0].id
+            with pytest.raises(KeyError):
+                await s.read_entry("no-such-entry")
         with pytest.raises(ConversationConflict):
             async with TurnsafeConversationStore(home) as s:
                 await s.fork("origin", new_conversation_id="fork")
