@@ -396,6 +396,11 @@ def test_a_stale_or_unknown_revision_is_a_conflict_and_stores_nothing(home):
             record = await s.read_record("r")
             with pytest.raises(ConversationConflict):
                 await s.write_record(record, expected_revision="never-given")
+            # A head that names an entry the store does not have.
+            orphan = dataclasses.replace(record, conversation_id="orphan", head_id="no-such-entry")
+            with pytest.raises(ConversationConflict):
+                await s.write_record(orphan, expected_revision=None)
+            assert await s.read_record("orphan") is None
             # Deleted and created again: a copy loaded before is refused.
             await s.delete("r")
             assert await s.load("r") is None and await s.list_conversations() == []
