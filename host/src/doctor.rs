@@ -441,14 +441,14 @@ fn captures(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Str
 }
 
 /// How many ledger lines each settlement state has. A line that is not
-/// JSON counts under no state.
+/// JSON (or not UTF-8) counts under no state, and hides no other line.
 fn ledger_states(path: &Path) -> std::collections::BTreeMap<String, u64> {
     let mut out = std::collections::BTreeMap::new();
-    let Ok(text) = std::fs::read_to_string(path) else {
+    let Ok(bytes) = std::fs::read(path) else {
         return out;
     };
-    for line in text.lines() {
-        if let Ok(v) = serde_json::from_str::<Value>(line)
+    for line in bytes.split(|b| *b == b'\n') {
+        if let Ok(v) = serde_json::from_slice::<Value>(line)
             && let Some(state) = v.get("state").and_then(Value::as_str)
         {
             *out.entry(state.to_string()).or_insert(0) += 1;

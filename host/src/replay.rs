@@ -512,13 +512,21 @@ fn files_by_session(
 
 fn check_lease(conn: &mut dyn Target, session: &str, force: bool) -> Result<(), ReplayError> {
     let row = conn.lease(session)?;
-    if let Some((Some(_), Some(exp), holder)) = row
-        && exp > now_ms()
+    // A lease ends on its expiry, or on the policy's word that its holder
+    // is gone (a writer that was killed leaves its lease behind).
+    if let Some((Some(_), expires, stored)) = row
         && !force
+        && let crate::lease_proof::Judged::Fenced(holder) = crate::lease_proof::judge(
+            session,
+            stored.as_deref(),
+            expires,
+            now_ms(),
+            turnsafe_policy::ServerProbe::Unrecorded,
+        )
     {
         return Err(ReplayError::LeaseLive {
             session: session.into(),
-            holder: holder.unwrap_or_default(),
+            holder: holder.name,
         });
     }
     Ok(())
@@ -584,11 +592,17 @@ fn settle_file(
                 line_no += 1;
                 let line_offset = offset;
                 offset += n as u64;
-                let text = String::from_utf8_lossy(&buf);
-                if text.trim().is_empty() {
+                // Only a line of ASCII whitespace (JSON's own) is blank: any
+                // other byte gets a ledger entry.
+                if buf.trim_ascii().is_empty() {
                     continue;
                 }
-                let (uid, settled) = settle_line(conn, session, text.trim_end_matches('\n'), !write)?;
+                // Never read as lossy text: replay would store other bytes
+                // than the line's.
+                let (uid, settled) = match std::str::from_utf8(&buf) {
+                    Ok(text) => settle_line(conn, session, text.trim_end_matches('\n'), !write)?,
+                    Err(_) => (None, Settled::quarantined("not UTF-8")),
+                };
                 match settled.state {
                     "replayed" => report.replayed += 1,
                     "duplicate" => report.duplicate += 1,

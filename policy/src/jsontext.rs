@@ -16,9 +16,10 @@ use crate::prelude::*;
 use crate::text;
 
 /// Deepest nesting of arrays and objects accepted, whatever the innermost
-/// holds. One level more than serde_json's default, which refuses the
-/// 128th level.
-const MAX_DEPTH: usize = 128;
+/// holds: serde_json's, which every native host reads JSON with (it
+/// refuses the 128th level), so that the component and the hosts accept
+/// the same texts.
+const MAX_DEPTH: usize = 127;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Json {

@@ -25,12 +25,13 @@ fn whitespace_and_escapes_are_read() {
 }
 
 #[test]
-fn nesting_is_limited_at_128_levels_of_arrays_or_objects() {
+fn nesting_is_limited_at_127_levels_of_arrays_or_objects() {
     let arrays = |n: usize| format!("{{\"code\":5,\"x\":{}0{}}}", "[".repeat(n), "]".repeat(n));
     let objects = |n: usize| format!("{{\"code\":5,\"x\":{}0{}}}", "{\"a\":".repeat(n), "}".repeat(n));
     for deep in [arrays, objects] {
-        assert_eq!(parsed(&classify_json(&deep(127)))["cause"], "locked");
-        let e = parsed(&classify_json(&deep(128)));
+        // The observation's own object is the first level.
+        assert_eq!(parsed(&classify_json(&deep(126)))["cause"], "locked");
+        let e = parsed(&classify_json(&deep(127)));
         assert!(
             e["error"]
                 .as_str()

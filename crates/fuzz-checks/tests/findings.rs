@@ -1,0 +1,87 @@
+//! What the fuzz targets found, each pinned by its own test: every one
+//! failed before its fix. The inputs are also kept under
+//! `fuzz/regressions/<target>/`, replayed by `corpus.rs`.
+
+use serde_json::Value;
+use turnsafe_fuzz_checks::{divert, json, records};
+
+fn divert_line(uid: &str, content: &str) -> String {
+    format!(
+        r#"{{"v":2,"session":"s1","uid":"{uid}","seq":null,"batch":"b","cause":"disk","at":"2026-01-01T00:00:00.000Z","message":{{"role":"user","content":"{content}"}}}}"#
+    )
+}
+
+/// A receipt whose offset and length add past `u64::MAX` panicked in
+/// `verify_receipt` ("attempt to add with overflow") where it must
+/// simply not hold; `explain --receipt-json` reads such a receipt from
+/// the user.
+#[test]
+fn a_receipt_past_the_end_of_numbers_does_not_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s1.jsonl");
+    std::fs::write(&path, b"{}\n").unwrap();
+    let receipt = turnsafe_host::divert::Receipt {
+        path: path.to_string_lossy().into_owned(),
+        offset: u64::MAX,
+        length: 1,
+        count: 1,
+        sha256: "00".repeat(32),
+    };
+    assert!(!turnsafe_host::divert::verify_receipt(&receipt).unwrap());
+    let mut line = serde_json::to_vec(&receipt).unwrap();
+    line.extend_from_slice(b"\n{}\n");
+    records::check_receipt(&line).unwrap();
+}
+
+/// One byte that is not UTF-8 anywhere in `ledger.jsonl` made doctor
+/// read the whole ledger as empty: every quarantined line disappeared
+/// from its report.
+#[test]
+fn a_ledger_line_that_is_not_utf8_hides_no_other_line() {
+    let mut ledger = Vec::new();
+    for state in ["quarantined", "conflict", "replayed"] {
+        ledger.extend_from_slice(format!("{{\"state\":\"{state}\"}}\n").as_bytes());
+    }
+    ledger.extend_from_slice(b"{\"state\":\"quarantined\",\"x\":\"\xff\"}\n");
+    records::check_ledger(&ledger).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir(home.path().join("sessions")).unwrap();
+    std::fs::write(home.path().join("sessions/ledger.jsonl"), &ledger).unwrap();
+    let (_, facts) = turnsafe_host::doctor::examine(home.path(), false);
+    assert_eq!(facts["quarantined_lines"], Value::from(2));
+}
+
+/// A divert line with a byte that is not UTF-8 was read as lossy text
+/// and replayed with U+FFFD in place of the byte: a line settled as
+/// stored whose stored bytes are not the line's. It is quarantined now.
+#[test]
+fn a_divert_line_that_is_not_utf8_is_quarantined_not_replayed() {
+    let mut file = divert_line("u1", "caf\u{e9}").into_bytes();
+    let at = file.iter().position(|b| *b == 0xc3).unwrap();
+    file[at] = 0xff;
+    file.push(b'\n');
+    file.extend_from_slice(format!("{}\n", divert_line("u2", "fine")).as_bytes());
+    divert::check(&file).unwrap();
+}
+
+/// A line of Unicode whitespace alone (no-break space, line separator)
+/// was skipped as blank: no ledger entry, not counted, while its bytes
+/// are not whitespace to JSON. Every line that holds more than ASCII
+/// whitespace gets its ledger entry now (quarantined).
+#[test]
+fn a_line_of_unicode_whitespace_gets_its_ledger_entry() {
+    let file = format!("{}\n\u{a0}\n\u{2028}\n \t\r\n", divert_line("u1", "x"));
+    divert::check(file.as_bytes()).unwrap();
+}
+
+/// The component took 128 levels of nesting where every native host's
+/// reader (serde_json) takes 127: one limit now, on both sides.
+#[test]
+fn the_component_and_the_hosts_share_one_nesting_limit() {
+    for levels in [126, 127, 128, 129] {
+        let text = format!("{}{}", "[".repeat(levels), "]".repeat(levels));
+        json::check(text.as_bytes()).unwrap_or_else(|e| panic!("{levels} levels: {e}"));
+        let obj = format!("{}1{}", "{\"a\":".repeat(levels), "}".repeat(levels));
+        json::check(obj.as_bytes()).unwrap_or_else(|e| panic!("{levels} levels of objects: {e}"));
+    }
+}

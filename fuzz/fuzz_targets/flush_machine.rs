@@ -1,0 +1,10 @@
+#![no_main]
+//! See `turnsafe_fuzz_checks::flush::check` for what this target checks.
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Err(e) = turnsafe_fuzz_checks::flush::check(data) {
+        panic!("flush_machine: {e}");
+    }
+});
