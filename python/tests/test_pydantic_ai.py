@@ -474,7 +474,7 @@ def test_it_answers_as_the_in_memory_store_does(home):
         await step("fork-missing", s.fork("nobody"))
         await step("list", s.list_conversations())
         await step("list-team", s.list_conversations(scope="team"))
-        await step("load-limit", s.load("d", limit=2))
+        await step("load-limit", s.load("d", limit=1))
         await step("entries", s.load_entries("f1"))
         await step("delete-f1", s.delete("f1"))
         await step("load-f1", s.load("f1"))
