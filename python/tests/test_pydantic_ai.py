@@ -113,6 +113,11 @@ def test_it_is_pydantic_ais_conversation_store_with_every_primitive(home):
         assert asyncio.run(s.list_conversations()) == []
     finally:
         s.close()
+    assert s.store.closed
+    # A shared store stays open for its owner.
+    with turnsafe_store.Store(home) as shared:
+        TurnsafeConversationStore(home, store=shared).close()
+        assert not shared.closed
 
 
 EVERY_PART = [

@@ -166,6 +166,7 @@ class TurnsafeConversationStore(ConversationStore):
     ) -> None:
         if store is not None and db is not None:
             raise ValueError("give `db` or `store`, not both: a given store already has its database")
+        self._owns_store = store is None
         self.store = (
             store
             if store is not None
@@ -189,8 +190,10 @@ class TurnsafeConversationStore(ConversationStore):
     # -- lifetime -----------------------------------------------------------
 
     def close(self) -> None:
-        """Close the store (what was handed over is stored first)."""
-        self.store.close()
+        """Close the store this one opened (what was handed over is stored
+        first); a store given as ``store`` stays open for its owner."""
+        if self._owns_store:
+            self.store.close()
 
     async def __aenter__(self) -> "TurnsafeConversationStore":
         return self
