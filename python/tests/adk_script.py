@@ -120,6 +120,18 @@ async def child(mode: str, home: str, db: str, texts: List[str]) -> dict:
                 errno.append(exhaust())
 
             between = held
+        if mode == "race":
+            # Runs until each text had one; a run refused as stale is
+            # counted and the next run loads the session again.
+            from google.adk.errors import StaleSessionError
+
+            out["stale"] = 0
+            for text in texts:
+                try:
+                    await turn(r, text, seen)
+                except StaleSessionError:
+                    out["stale"] += 1
+            return out
         for text in texts:
             await turn(r, text, seen)
     except Exception as e:  # noqa: BLE001 - the parent reads what was raised

@@ -259,3 +259,26 @@ def test_no_descriptor_left_for_the_divert_hands_the_event_back_and_claims_no_co
     assert not (home / "sessions").exists() or not any((home / "sessions").glob("*.jsonl"))
     session = stored(home)
     assert agent_events(session) == before["seen"] + [got["seen"][0]], got
+
+
+def test_two_runners_racing_on_one_session_lose_no_acknowledged_event(home: Path, db) -> None:
+    """Two processes run turns on one session as fast as they can, with no
+    coordination: whatever the interleaving, every event a Runner yielded
+    is stored exactly once, no reply it was refused is stored, and each of
+    the 24 runs either completed or was refused as stale."""
+    first = finish(start_child("create", home, "hello", db=db))
+    kids = [start_child("race", home, *[f"{who}{i}" for i in range(12)], db=db) for who in ("a", "b")]
+    got = [finish(k) for k in kids]
+    assert all("error" not in g for g in got), got
+    session = stored(home, db)
+    ids = [e.id for e in session.events]
+    assert len(ids) == len(set(ids))
+    acknowledged = {i for g in [first, *got] for i, _ in g["seen"]}
+    assert {e.id for e in session.events if e.author != "user"} == acknowledged
+    completed = sum(len(g["seen"]) for g in got)
+    stale = sum(g["stale"] for g in got)
+    assert completed + stale == 24, got
+    # A run refused at its reply keeps its user message; one refused at
+    # the message stores nothing.
+    users = [adk_script.said(e) for e in session.events if e.author == "user"]
+    assert users[0] == "hello" and completed <= len(users) - 1 <= 24, (users, completed, stale)
