@@ -200,3 +200,36 @@ def test_names_map_to_a_hashed_turnsafe_id_and_back(home: Path) -> None:
         head = store.show(tid)[0]["adk"]
     assert (head["app"], head["user"], head["id"]) == ("a/b", "ü", "x y")
     assert json.loads(json.dumps(head["state"])) == {"k": 1}
+
+
+def test_a_diverted_event_replayed_after_the_session_moved_on_is_kept_and_its_claim_quarantined(home: Path) -> None:
+    """An event is diverted; the session is reloaded (without it) and goes
+    on. Replay stores the diverted event, once, and quarantines its order
+    row, whose position the later event holds: no event lost, the fork
+    said."""
+
+    async def body():
+        async with TurnsafeSessionService(home) as s:
+            one = await s.create_session(app_name="shop", user_id="ann", session_id="s1")
+            with immutable(home / "state.db", home / "state.db-wal"):
+                with pytest.raises(TurnNotPersisted) as e:
+                    await s.append_event(one, ev(10.0, k="diverted"))
+            assert e.value.outcome.receipt is not None
+            again = await s.get_session(app_name="shop", user_id="ann", session_id="s1")
+            assert again.events == []
+            await s.append_event(again, ev(20.0, k="went on"))
+
+    asyncio.run(body())
+    report = turnsafe_store.replay(home)
+    assert (report["replayed"], report["quarantined"]) == (1, 1), report
+
+    async def after():
+        async with TurnsafeSessionService(home) as s:
+            got = await s.get_session(app_name="shop", user_id="ann", session_id="s1")
+            assert [x.actions.state_delta["k"] for x in got.events] == ["diverted", "went on"]
+            assert got.state == {"k": "went on"}
+            # The session goes on from the replayed event too.
+            await s.append_event(got, ev(30.0, k="after replay"))
+            assert (await s.get_session(app_name="shop", user_id="ann", session_id="s1")).state == {"k": "after replay"}
+
+    asyncio.run(after())
