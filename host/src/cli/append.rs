@@ -295,8 +295,11 @@ fn ensure_home(home: &std::path::Path) -> std::io::Result<()> {
 fn stream(mut store: Store, session: &SessionId, after: impl Fn(u64)) -> i32 {
     let exhaust = after;
     let (mut all_persisted, mut batches) = (true, 0u64);
-    let read = super::for_each_line(|line_no, text| {
-        let answer = match Message::batch_from_json(text) {
+    let read = super::for_each_exact_line(|line_no, line| {
+        let answer = match line
+            .map_err(super::not_utf8)
+            .and_then(|text| Message::batch_from_json(text).map_err(|e| e.to_string()))
+        {
             Ok(batch) => {
                 let outcome = crate::backend::group::append_one(store.as_mut(), session, &batch);
                 all_persisted &= outcome.persisted;
@@ -308,7 +311,7 @@ fn stream(mut store: Store, session: &SessionId, after: impl Fn(u64)) -> i32 {
             }
             Err(e) => {
                 all_persisted = false;
-                serde_json::json!({ "error": e.to_string(), "line": line_no }).to_string()
+                serde_json::json!({ "error": e, "line": line_no }).to_string()
             }
         };
         super::emit(&answer)

@@ -122,8 +122,24 @@ pub(crate) fn emit(line: &str) -> bool {
 
 /// Feed each non-blank stdin line, trimmed, with its 1-based number, to
 /// `f` until input ends or `f` returns false. Invalid UTF-8 is replaced,
-/// never fatal. Returns an error only when stdin itself fails.
+/// never fatal: what the policy commands read only shapes an answer.
+/// Returns an error only when stdin itself fails.
 pub(crate) fn for_each_line(mut f: impl FnMut(u64, &str) -> bool) -> std::io::Result<()> {
+    for_each_exact_line(|line_no, line| {
+        let text = match line {
+            Ok(text) => std::borrow::Cow::Borrowed(text),
+            Err(bytes) => String::from_utf8_lossy(bytes),
+        };
+        let text = text.trim();
+        text.is_empty() || f(line_no, text)
+    })
+}
+
+/// Feed each stdin line that holds more than ASCII whitespace, trimmed of
+/// it, with its 1-based number, to `f` until input ends or `f` returns
+/// false: its text, or its bytes when they are not UTF-8. For lines that
+/// are stored: a lossy reading would store other bytes than were given.
+pub(crate) fn for_each_exact_line(mut f: impl FnMut(u64, Result<&str, &[u8]>) -> bool) -> std::io::Result<()> {
     use std::io::BufRead;
     let stdin = std::io::stdin();
     let mut reader = stdin.lock();
@@ -135,12 +151,17 @@ pub(crate) fn for_each_line(mut f: impl FnMut(u64, &str) -> bool) -> std::io::Re
             return Ok(());
         }
         line_no += 1;
-        let text = String::from_utf8_lossy(&buf);
-        let text = text.trim();
-        if !text.is_empty() && !f(line_no, text) {
+        let bytes = buf.trim_ascii();
+        if !bytes.is_empty() && !f(line_no, std::str::from_utf8(bytes).map_err(|_| bytes)) {
             return Ok(());
         }
     }
+}
+
+/// The answer to a stdin line that is not UTF-8: refused, never read.
+pub(crate) fn not_utf8(bytes: &[u8]) -> String {
+    let at = std::str::from_utf8(bytes).err().map_or(0, |e| e.valid_up_to());
+    format!("the line is not UTF-8 (byte {at} of the line); nothing of it was stored")
 }
 
 /// Answer one JSON Lines request with `answer`; an `{"error"}` answer gets

@@ -49,10 +49,10 @@ pub(crate) fn parse_line(text: &str) -> Result<(SessionId, Vec<Message>), LineEr
     Ok((session, batch))
 }
 
-/// One input line, as read.
+/// One input line, as read: its text, or why it cannot be read.
 struct Line {
     number: u64,
-    text: String,
+    text: Result<String, String>,
 }
 
 /// What a line became.
@@ -79,10 +79,10 @@ pub(super) fn stream(mut store: Store, after: impl Fn(u64)) -> i32 {
     // The reader ends with stdin; if the writer stops first (stdout gone),
     // its sends fail and it ends too.
     std::thread::spawn(move || {
-        let read = crate::cli::for_each_line(|number, text| {
+        let read = crate::cli::for_each_exact_line(|number, text| {
             tx.send(Ok(Line {
                 number,
-                text: text.to_string(),
+                text: text.map(str::to_string).map_err(crate::cli::not_utf8),
             }))
             .is_ok()
         });
@@ -99,7 +99,7 @@ pub(super) fn stream(mut store: Store, after: impl Fn(u64)) -> i32 {
         while let Some(line) = next.take() {
             match line {
                 Ok(line) => {
-                    bytes += line.text.len();
+                    bytes += line.text.as_ref().map_or(0, String::len);
                     lines.push(line);
                 }
                 Err(e) => {
@@ -114,9 +114,15 @@ pub(super) fn stream(mut store: Store, after: impl Fn(u64)) -> i32 {
         }
         let parsed: Vec<Parsed> = lines
             .iter()
-            .map(|line| match parse_line(&line.text) {
-                Ok((session, batch)) => Parsed::Batch(session, batch),
-                Err(e) => Parsed::Bad(serde_json::json!({ "error": e.to_string(), "line": line.number }).to_string()),
+            .map(|line| {
+                let read = match &line.text {
+                    Ok(text) => parse_line(text).map_err(|e| e.to_string()),
+                    Err(not_utf8) => Err(not_utf8.clone()),
+                };
+                match read {
+                    Ok((session, batch)) => Parsed::Batch(session, batch),
+                    Err(e) => Parsed::Bad(serde_json::json!({ "error": e, "line": line.number }).to_string()),
+                }
             })
             .collect();
         let group: Vec<(&SessionId, &[Message])> = parsed
