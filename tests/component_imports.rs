@@ -11,8 +11,8 @@ fn the_component_imports_nothing() {
         Vec::<String>::new(),
         "the policy world must declare no imports"
     );
-    assert_eq!(engine.exports(), vec!["turnsafe:policy/engine@0.3.0".to_string()]);
-    assert_eq!(turnsafe_policy::WIT_PACKAGE, "turnsafe:policy@0.3.0");
+    assert_eq!(engine.exports(), vec!["turnsafe:policy/engine@0.4.0".to_string()]);
+    assert_eq!(turnsafe_policy::WIT_PACKAGE, "turnsafe:policy@0.4.0");
 }
 
 #[test]

@@ -11,8 +11,9 @@ fn load_vectors() -> Vec<(String, Value)> {
         .expect("tests/vectors exists")
         .map(|e| e.expect("dir entry").path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        // The flush machine's event sequences have their own runner.
-        .filter(|p| !p.ends_with("flush_sequences.json"))
+        // The flush machine's event sequences and the lease decisions
+        // have their own runners.
+        .filter(|p| !p.ends_with("flush_sequences.json") && !p.ends_with("lease.json"))
         .collect();
     files.sort();
     let mut out = Vec::new();
@@ -105,4 +106,41 @@ fn explain_json_refuses_a_bare_receipt_path_in_both_engines() {
         !native.contains("/nonexistent/x.jsonl\""),
         "no copy names the bare path: {native}"
     );
+}
+
+/// The lease decisions (`tests/vectors/lease.json`): when a writer takes
+/// over a turn lease another holder has, natively and in the component,
+/// byte for byte.
+#[test]
+fn every_lease_vector_agrees_natively_and_in_wasm() {
+    let text = std::fs::read_to_string(turnsafe_tests::root().join("tests/vectors/lease.json")).expect("lease vectors");
+    let vectors: Vec<Value> = serde_json::from_str(&text).expect("lease vectors parse");
+    assert!(vectors.len() >= 12, "only {} lease vectors", vectors.len());
+    let mut native = NativeEngine;
+    let mut wasm = WasmEngine::new().expect("component loads");
+    let mut verdicts = std::collections::BTreeSet::new();
+    for v in &vectors {
+        let name = v["name"].as_str().expect("named");
+        let request = v["probe"].to_string();
+        let n = native.decide_lease_json(&request).expect("native never fails");
+        let w = wasm.decide_lease_json(&request).expect("component does not trap");
+        assert_eq!(n, w, "{name}: native and wasm differ");
+        let out: Value = serde_json::from_str(&n).expect("JSON out");
+        assert_eq!(out, v["expected"], "{name}: {}", v["why"]);
+        verdicts.insert(out["verdict"].as_str().unwrap_or_default().to_string());
+    }
+    // Every verdict the policy can give is covered.
+    assert_eq!(
+        verdicts.into_iter().collect::<Vec<_>>(),
+        ["backend_gone", "free", "holder_exited", "pid_reused", "stands"]
+    );
+    // A probe the policy cannot read is an error, never a verdict.
+    for bad in [r#"{"expires_ms": 5}"#, r#"{"now_ms": 1, "local": "alive"}"#, "[]", "{"] {
+        let out: Value = serde_json::from_str(&native.decide_lease_json(bad).unwrap()).unwrap();
+        assert!(out["error"].is_string(), "{bad}: {out}");
+        assert_eq!(
+            native.decide_lease_json(bad).unwrap(),
+            wasm.decide_lease_json(bad).unwrap()
+        );
+    }
 }

@@ -1,6 +1,6 @@
 """The turnsafe policy component, loaded with wasmtime-py's component API.
 
-The component exports the interface ``turnsafe:policy/engine@0.3.0``; its
+The component exports the interface ``turnsafe:policy/engine@0.4.0``; its
 JSON entry points take and return strings, so this wrapper needs no
 generated bindings. The instance is created once and reused; after a trap
 it is discarded and a fresh one serves the next call.
@@ -15,7 +15,7 @@ from pathlib import Path
 import wasmtime
 import wasmtime.component as wc
 
-INTERFACE = "turnsafe:policy/engine@0.3.0"
+INTERFACE = "turnsafe:policy/engine@0.4.0"
 DEFAULT_COMPONENT = Path(__file__).resolve().parent / "build" / "turnsafe_policy.wasm"
 
 
@@ -35,7 +35,7 @@ class Policy:
             if iface is None:
                 raise RuntimeError(f"the component does not export {INTERFACE}")
             funcs = {}
-            for name in ("classify-json", "explain-json", "evaluate-json", "flush-step-json", "version"):
+            for name in ("classify-json", "explain-json", "evaluate-json", "flush-step-json", "decide-lease-json", "version"):
                 index = instance.get_export_index(store, name, iface)
                 funcs[name] = instance.get_func(store, index)
             self._live = (store, funcs)
@@ -63,6 +63,10 @@ class Policy:
 
     def flush_step_json(self, request: str) -> str:
         return self._call("flush-step-json", request)
+
+    def decide_lease_json(self, request: str) -> str:
+        """Whether a writer may take a turn lease another holder has."""
+        return self._call("decide-lease-json", request)
 
     def flush_step(self, request: dict) -> str:
         """One step of the flush machine; the answer's raw text."""

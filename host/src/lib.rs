@@ -33,6 +33,7 @@ pub mod history;
 pub mod holders;
 pub mod ids;
 pub mod import_hermes;
+pub mod lease_proof;
 pub mod message;
 pub mod observe;
 pub mod outcome;

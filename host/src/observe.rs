@@ -52,6 +52,7 @@ pub fn observation(
         attempt,
         elapsed_ms,
         seed,
+        lease: None,
     }
 }
 

@@ -9,7 +9,8 @@
 //   evaluate-json and classify-json answers are the native host's, byte
 //   for byte (`turnsafe evaluate`, `turnsafe classify`);
 // - flush sequences: every step, down to the outcome, is the one the
-//   vectors hold.
+//   vectors hold;
+// - leases: decide-lease-json's verdict on each probe is `expected`.
 // The induced ones are also induced again, each by the runtime that
 // recorded it: those recorded from this package's host by test/induced.test.mjs.
 import assert from 'node:assert/strict';
@@ -29,6 +30,7 @@ const FILES = {
   'flush_sequences.json': 'flush sequences',
   'induced.json': 'decisions',
   'induced_js.json': 'decisions',
+  'lease.json': 'leases',
   'messages.json': 'decisions',
   'phrases.json': 'decisions',
   'postgres.json': 'decisions',
@@ -39,6 +41,14 @@ const read = (f) => JSON.parse(fs.readFileSync(path.join(DIR, f), 'utf8'));
 const filesOf = (runner) => Object.keys(FILES).filter((f) => FILES[f] === runner && fs.existsSync(path.join(DIR, f)));
 const cases = filesOf('flush sequences').flatMap(read);
 const decisions = filesOf('decisions').flatMap(read);
+const leases = filesOf('leases').flatMap(read);
+
+test('every lease vector gets its verdict', () => {
+  assert.ok(leases.length >= 12, `only ${leases.length} lease vectors`);
+  for (const v of leases) {
+    assert.deepEqual(JSON.parse(engine.decideLeaseJson(JSON.stringify(v.probe))), v.expected, `${v.name}: ${v.why}`);
+  }
+});
 
 test('every vector file the Rust suite runs is run here', () => {
   // What the Rust runners take: the whole folder (so any file in it), and

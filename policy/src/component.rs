@@ -78,6 +78,21 @@ fn observation(o: Observation) -> m::Observation {
         attempt: o.attempt.max(1),
         elapsed_ms: o.elapsed_ms,
         seed: o.seed,
+        lease: o.lease.map(|h| Box::new(lease_holder(h))),
+    }
+}
+
+fn lease_holder(h: engine::LeaseHolder) -> crate::LeaseHolder {
+    crate::LeaseHolder {
+        name: h.name,
+        place: match h.place {
+            engine::HolderPlace::ThisMachine => crate::HolderPlace::ThisMachine,
+            engine::HolderPlace::OtherMachine => crate::HolderPlace::OtherMachine,
+            engine::HolderPlace::Unknown => crate::HolderPlace::Unknown,
+        },
+        pid: h.pid.filter(|p| *p > 0),
+        backend_pid: h.backend_pid.filter(|p| *p > 0),
+        expires_ms: h.expires_ms,
     }
 }
 
@@ -239,6 +254,7 @@ fn event_in(e: Event) -> machine::Event {
             errno: f.errno,
             evidence: m::Evidence::set(f.evidence.into_iter().map(evidence)),
             elapsed_ms: f.elapsed_ms,
+            lease: f.lease.map(|h| Box::new(lease_holder(h))),
         }),
         Event::Waited(elapsed_ms) => machine::Event::Waited { elapsed_ms },
         Event::Resolved(all_stored) => machine::Event::Resolved { all_stored },
@@ -373,6 +389,7 @@ impl Guest for Component {
             durability: durability_in(context.durability),
             // The WIT context names no engine: `explain-json` takes one.
             engine: m::Engine::Sqlite,
+            lease: context.lease.map(lease_holder),
         };
         crate::explain(cause_in(cause), outcome_in(outcome), &ctx)
             .map(|c| UserCopy {
@@ -397,6 +414,39 @@ impl Guest for Component {
 
     fn evaluate_json(request: String) -> String {
         crate::json::evaluate_json(&request)
+    }
+
+    fn decide_lease(probe: engine::LeaseProbe) -> engine::LeaseVerdict {
+        use crate::{LeaseVerdict as V, LocalProbe as L, ServerProbe as S};
+        let probe = crate::LeaseProbe {
+            now_ms: probe.now_ms,
+            expires_ms: probe.expires_ms,
+            local: match probe.local {
+                engine::LocalProbe::Unrecorded => L::Unrecorded,
+                engine::LocalProbe::OtherMachine => L::OtherMachine,
+                engine::LocalProbe::Running => L::Running,
+                engine::LocalProbe::Exited => L::Exited,
+                engine::LocalProbe::PidReused => L::PidReused,
+                engine::LocalProbe::Unreadable => L::Unreadable,
+            },
+            server: match probe.server {
+                engine::ServerProbe::Unrecorded => S::Unrecorded,
+                engine::ServerProbe::Alive => S::Alive,
+                engine::ServerProbe::Gone => S::Gone,
+                engine::ServerProbe::Unknown => S::Unknown,
+            },
+        };
+        match crate::lease_verdict(&probe) {
+            V::Free => engine::LeaseVerdict::Free,
+            V::HolderExited => engine::LeaseVerdict::HolderExited,
+            V::PidReused => engine::LeaseVerdict::PidReused,
+            V::BackendGone => engine::LeaseVerdict::BackendGone,
+            V::Stands => engine::LeaseVerdict::Stands,
+        }
+    }
+
+    fn decide_lease_json(request: String) -> String {
+        crate::json::decide_lease_json(&request)
     }
 
     fn version() -> String {

@@ -24,6 +24,7 @@
 
 use crate::decide::is_producible;
 use crate::errno;
+use crate::lease::LeaseHolder;
 use crate::model::{CaptureFailure, Cause, Copy, CopyContext, DivertFailure, Durability, Engine, Outcome, TlsFailure};
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -93,6 +94,8 @@ pub(crate) struct Facts<'a> {
     pub(crate) tls: Option<TlsFailure>,
     /// The engine the failure came from: the steps a copy names are its own.
     pub(crate) engine: Engine,
+    /// The holder of the lease that fenced a `turn_lease` write.
+    pub(crate) lease: Option<&'a LeaseHolder>,
 }
 
 impl<'a> Facts<'a> {
@@ -115,6 +118,7 @@ impl<'a> Facts<'a> {
             durability: ctx.durability,
             tls: None,
             engine: ctx.engine,
+            lease: ctx.lease.as_ref(),
         }
     }
 }
@@ -129,7 +133,7 @@ fn reason(cause: Cause) -> &'static str {
         Cause::DeletedWal => "the session database's write-ahead log was deleted or replaced while it was open",
         Cause::Corrupt => "the session database is damaged",
         Cause::FtsIndex => "the search index of the session database is damaged",
-        Cause::TurnLease => "another process took over this conversation turn",
+        Cause::TurnLease => "another process holds this conversation turn",
         Cause::Compression => "the session was being compacted",
         Cause::CompressionClosed => "compaction closed this session and continued it in a new one",
         Cause::SessionRowMissing => "the session's record was missing from the database",
@@ -195,7 +199,8 @@ fn cause_steps(cause: Cause) -> &'static [&'static str] {
         ],
         Cause::FtsIndex => &["Rebuild the search index with `turnsafe doctor --repair-fts` when no writer is running."],
         Cause::TurnLease => &[
-            "Let the process that now holds this turn finish; send the messages again in a later turn if they are still needed.",
+            "The turn's lease ends when its holder exits or stops renewing it; send the messages again after that if \
+             they are still needed.",
         ],
         Cause::CompressionClosed => &["Continue the conversation in the continuation session."],
         Cause::SessionRowMissing => &["Run `turnsafe doctor` if sessions keep disappearing."],
@@ -270,6 +275,11 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>, written: bool) -
     }
     if let Some(path) = ctx.pending_capture {
         return pending_capture_steps(outcome, path);
+    }
+    if cause == Cause::TurnLease
+        && let Some(holder) = ctx.lease
+    {
+        return alloc::vec![holder.remedy()];
     }
     // With the capture failed, the retired frames live only in the writer's
     // open files: stopping it first would destroy them, so that step comes
@@ -599,6 +609,9 @@ fn details(outcome: Outcome, ctx: &Facts<'_>, written: bool) -> Vec<(String, Str
     if written && outcome != Outcome::Persisted {
         add("commit", "possibly written");
     }
+    if let Some(holder) = ctx.lease {
+        holder.details(&mut add);
+    }
     details
 }
 
@@ -638,9 +651,17 @@ pub(crate) fn explain_facts(
     if !is_producible(cause, outcome) {
         return Err(CopyError::NotProducible { cause, outcome });
     }
-    let why = capitalise(match ctx.tls {
-        Some(_) => "the TLS handshake with the database server failed",
-        None => reason(cause),
+    // A lease's holder is named only by the copy of the lease that fenced.
+    let facts = Facts {
+        lease: ctx.lease.filter(|_| cause == Cause::TurnLease),
+        ..*ctx
+    };
+    let ctx = &facts;
+    let holder = ctx.lease.filter(|_| cause == Cause::TurnLease).map(LeaseHolder::reason);
+    let why = capitalise(match (ctx.tls, &holder) {
+        (Some(_), _) => "the TLS handshake with the database server failed",
+        (None, Some(held)) => held,
+        (None, None) => reason(cause),
     });
     // After a lost COMMIT nobody can say the messages are not stored: the
     // copy says what is known instead. The same after a COMMIT that failed

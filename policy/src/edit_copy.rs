@@ -115,7 +115,7 @@ pub fn explain_edit(edit: &str, session: &str, cause: Cause, attempts: u32, poss
             steps
         }
         Cause::TurnLease => alloc::vec![String::from(
-            "Let the process that holds it finish its turn, or its lease expire."
+            "The session's turn lease ends when its holder exits or stops renewing it."
         )],
         _ => crate::copy::cause_remediation(cause),
     };

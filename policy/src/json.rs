@@ -19,6 +19,7 @@ use crate::copy::{explain, explain_tls, parse_capture_failure, parse_divert_fail
 use crate::decide::{decide, outcome_for};
 use crate::fields::Fields;
 use crate::jsontext::{Json, parse};
+use crate::lease::{HolderPlace, LeaseHolder, LeaseProbe, LocalProbe, ServerProbe, lease_verdict};
 use crate::model::{
     CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, Decision, DivertFailure, DivertResidue, Engine, Evidence,
     Observation, Operation, Outcome, TlsFailure,
@@ -70,8 +71,108 @@ pub(crate) fn observation_from_json(obj: &Json) -> Result<Observation, String> {
         attempt: f.int("attempt").map_or(1, |a| a.clamp(1, i64::from(u32::MAX)) as u32),
         elapsed_ms: f.int("elapsed_ms").map_or(0, |e| e.max(0) as u64),
         seed: seed_field(&mut f),
+        lease: f.check(lease_holder(obj.get("lease"))).map(Box::new),
     };
     f.done(obs)
+}
+
+/// A pid field of a lease: absent, or an integer from 1 to 2^32 - 1.
+fn pid_field(f: &mut Fields<'_>, key: &str) -> Option<u32> {
+    let n = f.int(key)?;
+    match u32::try_from(n) {
+        Ok(pid) if pid > 0 => Some(pid),
+        _ => {
+            f.fail_field(key, "must be a pid from 1 to 4294967295");
+            None
+        }
+    }
+}
+
+/// A present `lease` object, the holder of the lease that fenced a write:
+/// `{name, place, pid?, backend_pid?, expires_ms?}`, `place` one of
+/// `this_machine`, `other_machine`, `unknown` (the default).
+pub(crate) fn lease_holder(v: Option<&Json>) -> Result<Option<LeaseHolder>, String> {
+    let Some(obj) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    if !obj.is_object() {
+        return Err("field `lease` must be a JSON object".into());
+    }
+    let mut f = Fields::new(obj, "lease");
+    let name = f.string("name");
+    let place = match f.opt_string("place") {
+        None => HolderPlace::Unknown,
+        Some(label) => HolderPlace::from_label(&label).unwrap_or_else(|| {
+            f.fail_field("place", "must be this_machine, other_machine or unknown");
+            HolderPlace::Unknown
+        }),
+    };
+    let holder = LeaseHolder {
+        name,
+        place,
+        pid: pid_field(&mut f, "pid"),
+        backend_pid: pid_field(&mut f, "backend_pid"),
+        expires_ms: f.int("expires_ms"),
+    };
+    f.done(Some(holder))
+}
+
+/// The wire object of a lease holder: what [`lease_holder`] reads.
+pub(crate) fn lease_holder_value(h: &LeaseHolder) -> Json {
+    let mut o = v::Obj::new();
+    o.str("name", &h.name);
+    o.str("place", h.place.label());
+    o.opt_int("pid", h.pid.map(i64::from));
+    o.opt_int("backend_pid", h.backend_pid.map(i64::from));
+    o.opt_int("expires_ms", h.expires_ms);
+    o.done()
+}
+
+/// `decide-lease-json`: `{now_ms, expires_ms?, local?, server?}` in
+/// (`local` and `server` are probe labels, `unrecorded` when absent);
+/// `{verdict, take_over}` out.
+pub fn decide_lease_json(request: &str) -> String {
+    let run = || -> Result<Json, String> {
+        let v = parse_request(request)?;
+        if !v.is_object() {
+            return Err("request must be a JSON object".into());
+        }
+        let mut f = Fields::new(&v, "");
+        let now_ms = f.int("now_ms");
+        if now_ms.is_none() {
+            f.fail_field("now_ms", "must be an integer");
+        }
+        let expires_ms = f.int("expires_ms");
+        let local = match f.opt_string("local") {
+            None => LocalProbe::Unrecorded,
+            Some(l) => LocalProbe::from_label(&l).unwrap_or_else(|| {
+                f.fail_field(
+                    "local",
+                    "must be unrecorded, other_machine, running, exited, pid_reused or unreadable",
+                );
+                LocalProbe::Unrecorded
+            }),
+        };
+        let server = match f.opt_string("server") {
+            None => ServerProbe::Unrecorded,
+            Some(l) => ServerProbe::from_label(&l).unwrap_or_else(|| {
+                f.fail_field("server", "must be unrecorded, alive, gone or unknown");
+                ServerProbe::Unrecorded
+            }),
+        };
+        let probe = f.done(LeaseProbe {
+            now_ms: now_ms.unwrap_or_default(),
+            expires_ms,
+            local,
+            server,
+        })?;
+        let verdict = lease_verdict(&probe);
+        let mut out = v::Obj::new();
+        out.str("verdict", verdict.label());
+        out.bool("take_over", verdict.takes_over());
+        Ok(out.done())
+    };
+    run().unwrap_or_else(v::error).to_text()
 }
 
 /// A present `sqlstate`: five digits or capitals.
@@ -215,6 +316,7 @@ fn context_from_json(v: Option<&Json>) -> Result<CopyContext, String> {
         pending_capture: f.opt_string("pending_capture"),
         durability: f.durability("durability"),
         engine: f.check(engine_value(obj.get("engine"), false)),
+        lease: f.check(lease_holder(obj.get("lease"))),
     };
     f.done(ctx)
 }
@@ -361,6 +463,9 @@ pub fn evaluate_json(request: &str) -> String {
         }
         // The copy names the steps of the engine the failure came from.
         ctx.engine = obs.engine;
+        if ctx.lease.is_none() {
+            ctx.lease = obs.lease.as_deref().cloned();
+        }
         let d = decide(&obs);
         let cause = d.classification.cause;
         // The copy the flush machine would give this failure: its TLS

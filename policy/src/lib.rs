@@ -50,6 +50,7 @@ pub mod errno;
 mod fields;
 pub mod json;
 mod jsontext;
+mod lease;
 pub mod machine;
 mod model;
 mod retry;
@@ -84,6 +85,7 @@ pub use decide::{
     producible_pairs,
 };
 pub use edit_copy::{EditCopy, explain_edit};
+pub use lease::{HolderPlace, LeaseHolder, LeaseProbe, LeaseVerdict, LocalProbe, ServerProbe, lease_verdict};
 pub use model::{
     ActionKind, Basis, CaptureFailure, CaptureReceipt, CapturedFile, Cause, Classification, Copy, CopyContext,
     Decision, DivertFailure, DivertResidue, Durability, Engine, Evidence, Observation, Operation, Outcome, TlsFailure,
@@ -92,4 +94,4 @@ pub use retry::RetryPlan;
 pub use written::possibly_written;
 
 /// The WIT package this crate implements.
-pub const WIT_PACKAGE: &str = "turnsafe:policy@0.3.0";
+pub const WIT_PACKAGE: &str = "turnsafe:policy@0.4.0";

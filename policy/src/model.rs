@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 /// which is in the order of its `ALL`, so the component carries one search
 /// instead of one per enum; a plain index rather than an `Option` comes
 /// back in a register, not through memory, in each caller.
-fn position(labels: &[&str], label: &str) -> usize {
+pub(crate) fn position(labels: &[&str], label: &str) -> usize {
     labels.iter().position(|l| *l == label).unwrap_or(labels.len())
 }
 
@@ -216,6 +216,9 @@ pub struct Observation {
     pub attempt: u32,
     pub elapsed_ms: u64,
     pub seed: u64,
+    /// The holder of the lease that fenced the write (with
+    /// [`Evidence::TurnLeaseLost`]), as the host read it: the copy names it.
+    pub lease: Option<Box<crate::lease::LeaseHolder>>,
 }
 
 impl Observation {
@@ -233,6 +236,7 @@ impl Observation {
             attempt: 1,
             elapsed_ms: 0,
             seed: 0,
+            lease: None,
         }
     }
 
@@ -555,6 +559,8 @@ pub struct CopyContext {
     /// The engine the failure came from: a PostgreSQL cause's copy names
     /// PostgreSQL's steps, never a SQLite command.
     pub engine: Engine,
+    /// The holder of the lease that fenced a `turn_lease` write.
+    pub lease: Option<crate::lease::LeaseHolder>,
 }
 
 /// User-facing copy: a structured value that hosts render as they like.

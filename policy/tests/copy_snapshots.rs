@@ -512,3 +512,111 @@ fn the_tls_reason_refines_only_a_disk_copy_without_sqlstate() {
     let plain = copy_to_value(&explain(Cause::Disk, Outcome::Diverted, &context_for(Outcome::Diverted)).unwrap());
     assert!(plain["details"].get("tls").is_none(), "{plain}");
 }
+
+/// The holders a fenced write can meet, as hosts read them from a lease.
+fn lease_holders() -> Vec<(&'static str, turnsafe_policy::LeaseHolder)> {
+    use turnsafe_policy::{HolderPlace, LeaseHolder};
+    // 2026-12-07T12:00:31Z
+    let expires = Some(1_796_644_831_000);
+    vec![
+        (
+            "this_machine",
+            LeaseHolder {
+                name: "pid-4242".into(),
+                place: HolderPlace::ThisMachine,
+                pid: Some(4242),
+                backend_pid: None,
+                expires_ms: expires,
+            },
+        ),
+        (
+            "other_machine",
+            LeaseHolder {
+                name: "worker-7".into(),
+                place: HolderPlace::OtherMachine,
+                pid: Some(4242),
+                backend_pid: None,
+                expires_ms: expires,
+            },
+        ),
+        (
+            "backend",
+            LeaseHolder {
+                name: "worker-7".into(),
+                place: HolderPlace::OtherMachine,
+                pid: Some(4242),
+                backend_pid: Some(31337),
+                expires_ms: expires,
+            },
+        ),
+        (
+            "unknown",
+            LeaseHolder {
+                name: "an older writer".into(),
+                place: HolderPlace::Unknown,
+                pid: None,
+                backend_pid: None,
+                expires_ms: expires,
+            },
+        ),
+    ]
+}
+
+/// A write fenced by another holder's lease, through the flush machine:
+/// the copy names the holder, where it runs and when its lease ends, says
+/// what ends it, and never that the holder is working.
+#[test]
+fn one_snapshot_per_lease_holder() {
+    turnsafe_tests::snapshot_settings().bind(|| {
+        for (name, holder) in lease_holders() {
+            let mut h = Handle::new();
+            h.start(FlushStart {
+                session: "s-7f3a".into(),
+                uids: vec!["u1".into()],
+                ..FlushStart::default()
+            })
+            .unwrap();
+            assert_eq!(h.poll(), Some(Step::Open));
+            h.handle(Event::Opened).unwrap();
+            assert!(matches!(h.poll(), Some(Step::Write(_))));
+            h.handle(Event::Failed(Failure {
+                message: "the session's turn lease is held by another writer".into(),
+                evidence: vec![turnsafe_policy::Evidence::TurnLeaseLost],
+                lease: Some(Box::new(holder.clone())),
+                ..Failure::default()
+            }))
+            .unwrap();
+            let copy = match h.poll() {
+                Some(Step::Done(report)) => report.copy.expect("a fenced flush has copy"),
+                other => panic!("not done: {other:?}"),
+            };
+            let value = copy_to_value(&copy);
+            assert_eq!(value["code"], "turn_lease.handed_back", "{value}");
+            assert_eq!(value["details"]["lease_holder"], holder.name.as_str(), "{value}");
+            assert_eq!(value["details"]["lease_expires"], "2026-12-07T12:00:31Z", "{value}");
+            let body = value["body"].as_str().unwrap();
+            assert!(body.contains("until 12:00:31 UTC"), "{body}");
+            assert!(!value.to_string().contains("finish"), "{value}");
+            // evaluate-json, given the same observation, gives the same copy.
+            let request = serde_json::json!({
+                "observation": {
+                    "operation": "append_batch",
+                    "message": "the session's turn lease is held by another writer",
+                    "evidence": ["turn_lease_lost"],
+                    "lease": {
+                        "name": holder.name,
+                        "place": holder.place.label(),
+                        "pid": holder.pid,
+                        "backend_pid": holder.backend_pid,
+                        "expires_ms": holder.expires_ms,
+                    },
+                },
+                "context": {"session": "s-7f3a"},
+            });
+            let evaluated: serde_json::Value =
+                serde_json::from_str(&turnsafe_policy::json::evaluate_json(&request.to_string())).unwrap();
+            assert_eq!(evaluated["copy"], value, "{evaluated}");
+            insta::assert_json_snapshot!(format!("copy__turn_lease__handed_back__{name}"), value);
+        }
+    });
+}

@@ -72,6 +72,7 @@ fn failure_for(cause: Cause, elapsed_ms: u64) -> Failure {
         errno: None,
         evidence,
         elapsed_ms,
+        lease: None,
     }
 }
 
@@ -88,6 +89,7 @@ fn cause_of(operation: Operation, f: &Failure) -> Cause {
         attempt: 1,
         elapsed_ms: f.elapsed_ms,
         seed: 0,
+        lease: f.lease.clone(),
     })
     .cause
 }

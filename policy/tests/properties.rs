@@ -7,9 +7,28 @@ use turnsafe_policy::json::{classify_json, copy_to_value, evaluate_json, explain
 use turnsafe_policy::machine::DivertReceipt;
 use turnsafe_policy::{
     ActionKind, CaptureFailure, CaptureReceipt, Cause, CopyContext, DivertFailure, DivertResidue, Durability, Engine,
-    Evidence, KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, Observation, Operation, Outcome, classify, decide, explain,
-    is_producible, possible_actions,
+    Evidence, HolderPlace, KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, LeaseHolder, Observation, Operation, Outcome, classify,
+    decide, explain, is_producible, possible_actions,
 };
+
+fn any_holder() -> impl Strategy<Value = Option<LeaseHolder>> {
+    proptest::option::of(
+        (
+            ".{0,80}",
+            prop::sample::select(HolderPlace::ALL.to_vec()),
+            proptest::option::of(1u32..u32::MAX),
+            proptest::option::of(1u32..u32::MAX),
+            proptest::option::of(any::<i64>()),
+        )
+            .prop_map(|(name, place, pid, backend_pid, expires_ms)| LeaseHolder {
+                name,
+                place,
+                pid,
+                backend_pid,
+                expires_ms,
+            }),
+    )
+}
 
 fn any_code() -> impl Strategy<Value = Option<i64>> {
     prop_oneof![
@@ -79,8 +98,9 @@ prop_compose! {
             "[0-9A-Z]{5}".prop_map(Some),
             ".{0,8}".prop_map(Some),
         ],
+        lease in any_holder().prop_map(|h| h.map(Box::new)),
     ) -> Observation {
-        Observation { operation, engine, sqlstate, code, extended_code, message, errno, evidence, attempt, elapsed_ms, seed }
+        Observation { operation, engine, sqlstate, code, extended_code, message, errno, evidence, attempt, elapsed_ms, seed, lease }
     }
 }
 
@@ -194,6 +214,7 @@ proptest! {
         pending in any::<bool>(),
         unsynced in any::<bool>(),
         engine in prop::sample::select(Engine::ALL.to_vec()),
+        lease in any_holder(),
     ) {
         let durability = if unsynced { Durability::Unsynced } else { Durability::Synced };
         let ctx = CopyContext {
@@ -214,6 +235,7 @@ proptest! {
             pending_capture: pending.then(|| "/h/state.db.retired-20261201T000000Z-9".to_string()),
             durability,
             engine,
+            lease: lease.clone(),
         };
         // Every pair sampled is producible: an `Err` here is a failure, not a pass.
         let copy = explain(cause, outcome, &ctx);
@@ -251,6 +273,23 @@ proptest! {
             if engine == Engine::Postgres && capture_path.is_none() && !pending {
                 for sqlite_only in ["turnsafe recover", "turnsafe capture", "--repair-fts", "state.db", "ulimit"] {
                     prop_assert!(!text.contains(sqlite_only), "{}: {}", sqlite_only, text);
+                }
+            }
+            // A lease's holder is named only by the copy of the lease that
+            // fenced, and never as working or finishing: only the lease's
+            // facts (who, where, until when) and what ends it.
+            let names_holder = text.contains("lease_holder");
+            prop_assert_eq!(names_holder, lease.is_some() && cause == Cause::TurnLease, "{}", text);
+            if cause == Cause::TurnLease {
+                for claim in ["finish", "still working", "took over"] {
+                    prop_assert!(!text.contains(claim), "{}: {}", claim, text);
+                }
+                prop_assert!(pending || text.contains("lease ends"), "{}", text);
+                if let Some(pid) = lease.as_ref().filter(|h| h.place == HolderPlace::ThisMachine).and_then(|h| h.pid) {
+                    prop_assert!(text.contains(&format!("pid {pid} on this machine")), "{}", text);
+                }
+                if let Some(ms) = lease.as_ref().and_then(|h| h.expires_ms) {
+                    prop_assert!(text.contains(" utc"), "expiry {} not named: {}", ms, text);
                 }
             }
             if residue && outcome == Outcome::DivertFailed {

@@ -7,7 +7,7 @@ use crate::exit;
 
 /// Write out the policy component this binary carries.
 ///
-/// WIT `turnsafe:policy@0.3.0`, world `policy`, no imports; written byte
+/// WIT `turnsafe:policy@0.4.0`, world `policy`, no imports; written byte
 /// for byte as embedded.
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -248,17 +248,24 @@ impl PgStore {
             let result = (|| -> Result<T, Stop> {
                 let mut tx = client.transaction()?;
                 // Another writer's live turn lease fences the session.
-                let lease: Option<(Option<String>, Option<i64>)> = tx
+                // Its lease ends on its expiry, or on the policy's word that
+                // its holder is gone.
+                let lease: Option<(Option<String>, Option<i64>, Option<String>)> = tx
                     .query_opt(
-                        "SELECT lease_token, lease_expires_ms FROM sessions WHERE id = $1 FOR UPDATE",
+                        "SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = $1 FOR UPDATE",
                         &[&session.as_str()],
                     )?
-                    .map(|r| (r.get(0), r.get(1)));
-                if let Some((Some(token), Some(expires))) = lease
-                    && expires > now_ms()
+                    .map(|r| (r.get(0), r.get(1), r.get(2)));
+                if let Some((Some(token), expires, stored)) = lease
                     && ours.as_deref() != Some(token.as_str())
                 {
-                    return Err(Stop::LeaseLost);
+                    let proof = crate::lease_proof::Proof::read(stored.as_deref());
+                    let server = super::write::backend_probe(&mut tx, &proof)?;
+                    if let crate::lease_proof::Judged::Fenced(holder) =
+                        crate::lease_proof::judge(session.as_str(), stored.as_deref(), expires, now_ms(), server)
+                    {
+                        return Err(Stop::LeaseLost(Some(holder)));
+                    }
                 }
                 let v = f(&mut tx, session.as_str())?;
                 tx.commit().map_err(Stop::Commit)?;

@@ -74,6 +74,9 @@ pub struct Postgres {
     /// Whether this connection's COMMIT waits for its WAL flush
     /// (`synchronous_commit`), read at every connect.
     durability: Durability,
+    /// This connection's server backend: its pid and `backend_start` (in
+    /// microseconds since the epoch), recorded with every lease it takes.
+    pub(crate) backend: Option<(i32, i64)>,
 }
 
 /// Why no connection was made ready.
@@ -105,6 +108,7 @@ impl Postgres {
             generation: None,
             guard: guard::Guard::default(),
             durability: Durability::Synced,
+            backend: None,
         }
     }
 
@@ -250,6 +254,17 @@ impl Postgres {
             Ok(row) if row.get::<_, String>(0) != "off" => Durability::Synced,
             _ => Durability::Unsynced,
         };
+        // Who this connection is on the server, for the leases it takes: a
+        // backend the server no longer lists is proof that its writer is gone.
+        self.backend = client
+            .query_opt(
+                "SELECT pid, (EXTRACT(EPOCH FROM backend_start) * 1000000)::int8 FROM pg_stat_activity \
+                 WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .ok()
+            .flatten()
+            .and_then(|r| Some((r.get::<_, Option<i32>>(0)?, r.get::<_, Option<i64>>(1)?)));
         tracing::debug!(target_db = self.url.display(), "postgres store opened");
         self.generation = Some(generation);
         self.prepared.clear();
@@ -645,9 +660,10 @@ impl PgStore {
             write::Stop::Client(e) => self.pg.client_failure(&e, Fault::Client(&e)),
             write::Stop::Commit(e) => self.pg.client_failure(&e, Fault::Commit(&e)),
             write::Stop::Conflict => translate::failure(&Fault::UidConflict, 0),
-            write::Stop::LeaseLost => Failure {
+            write::Stop::LeaseLost(holder) => Failure {
                 evidence: vec![Evidence::TurnLeaseLost],
                 message: "the session's turn lease is held by another writer".into(),
+                lease: holder,
                 ..Failure::default()
             },
             write::Stop::Replaced(found) => replaced(&self.pg.url, &generation, &found),
@@ -750,12 +766,23 @@ impl PgStore {
         let generation = self.pg.generation.clone().unwrap_or_default();
         let divert_dir = self.ledger.divert_dir.clone();
         let promised = |session: &str| crate::backend::group::divert_max_seq(&divert_dir, session).map(|m| m + 1);
+        // The lease names this process and this connection's backend.
+        let (backend_pid, backend_start) = self.pg.backend.unzip();
+        let lease = Lease {
+            holder: crate::lease_proof::Proof {
+                backend_pid,
+                backend_start,
+                ..crate::lease_proof::Proof::mine(&self.lease.holder)
+            }
+            .to_text(),
+            ttl_ms: self.lease.ttl_ms,
+        };
         let written = write::write_group(
             client,
             prepared,
             batches,
             &mut self.ledger.sessions,
-            &self.lease,
+            &lease,
             &generation,
             &promised,
         );

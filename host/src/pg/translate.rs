@@ -159,6 +159,7 @@ pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
         errno,
         evidence,
         elapsed_ms,
+        lease: None,
     }
 }
 

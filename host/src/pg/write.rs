@@ -28,7 +28,9 @@ use postgres::{Client, Statement, Transaction};
 use turnsafe_policy::machine::WritePlan;
 
 use crate::backend::{Cursor, Flush, Lease};
+use crate::lease_proof::{Judged, Proof, judge};
 use crate::store::{mint_id, now_ms};
+use turnsafe_policy::{LeaseHolder, ServerProbe};
 
 pub(super) enum Stop {
     Client(postgres::Error),
@@ -37,8 +39,9 @@ pub(super) enum Stop {
     Commit(postgres::Error),
     /// A uid of the batch is stored with different content.
     Conflict,
-    /// Another writer holds this session's turn lease.
-    LeaseLost,
+    /// Another writer holds this session's turn lease (named, when its
+    /// row names it).
+    LeaseLost(Option<Box<LeaseHolder>>),
     /// The database's generation is not the one the handle opened.
     Replaced(String),
     /// A failure already in the policy's terms (one statement's error,
@@ -167,9 +170,9 @@ fn take_leases(
     // order, so two groups never wait on each other in a cycle.
     let lock = prepared.get(
         tx,
-        "SELECT g.value, s.id, s.lease_token, s.lease_expires_ms \
+        "SELECT g.value, s.id, s.lease_token, s.lease_expires_ms, s.lease_holder \
          FROM (SELECT (SELECT value FROM state_meta WHERE key = 'generation') AS value) g \
-         LEFT JOIN LATERAL (SELECT id, lease_token, lease_expires_ms FROM sessions \
+         LEFT JOIN LATERAL (SELECT id, lease_token, lease_expires_ms, lease_holder FROM sessions \
              WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED) s ON true",
     )?;
     let found = tx.query(&lock, &[&ids])?;
@@ -177,9 +180,9 @@ fn take_leases(
     if found_generation.as_deref() != Some(generation) {
         return Err(Stop::Replaced(found_generation.unwrap_or_default()));
     }
-    let locked: BTreeMap<String, (Option<String>, Option<i64>)> = found
+    let locked: BTreeMap<String, LeaseRow> = found
         .iter()
-        .filter_map(|r| Some((r.get::<_, Option<String>>(1)?, (r.get(2), r.get(3)))))
+        .filter_map(|r| Some((r.get::<_, Option<String>>(1)?, (r.get(2), r.get(3), r.get(4)))))
         .collect();
 
     let now = now_ms();
@@ -187,11 +190,11 @@ fn take_leases(
     let mut set: Vec<(String, String)> = Vec::new();
     let mut create: Vec<(String, String)> = Vec::new();
     let mut alone: Vec<&str> = Vec::new();
-    let mut fenced: Vec<&str> = Vec::new();
+    let mut fenced: Vec<(&str, Option<Box<LeaseHolder>>)> = Vec::new();
     for &id in &ids {
         let ours = cursors.get(id).and_then(|c| c.lease_token.clone());
         let decided = match locked.get(id) {
-            Some((token, held_until)) => decide(token.as_deref(), *held_until, ours, now, lease),
+            Some(row) => decide(tx, id, row, ours, now, lease)?,
             // Missing, or held by another transaction: a session new to
             // this handle is tried in one insert, and what that cannot
             // settle (and every session we wrote before) alone.
@@ -205,7 +208,7 @@ fn take_leases(
                 keep(pending, cursors, id, token);
             }
             Decision::Create(token) => create.push((id.to_string(), token)),
-            Decision::Fenced => fenced.push(id),
+            Decision::Fenced(holder) => fenced.push((id, holder)),
             Decision::Alone => alone.push(id),
         }
     }
@@ -264,48 +267,95 @@ fn take_leases(
         match in_savepoint {
             Ok(Ok(token)) => keep(pending, cursors, id, token),
             Ok(Err(Stop::Failed(f))) => fail_session(batches, each, id, || Stop::Failed(f.clone())),
-            Ok(Err(Stop::LeaseLost)) => fenced.push(id),
+            Ok(Err(Stop::LeaseLost(holder))) => fenced.push((id, holder)),
             Ok(Err(other)) => return Err(other),
             // The savepoint itself failed: the connection is gone.
             Err(e) => return Err(Stop::Client(e)),
         }
     }
-    for id in fenced {
-        fail_session(batches, each, id, || Stop::LeaseLost);
+    for (id, holder) in fenced {
+        fail_session(batches, each, id, || Stop::LeaseLost(holder.clone()));
     }
     Ok(())
 }
 
+/// A session row's lease: its token, expiry and holder (with its proof).
+type LeaseRow = (Option<String>, Option<i64>, Option<String>);
+
 enum Decision {
     /// Ours, as it is.
     Keep(String),
-    /// Ours once the row says this token.
+    /// Ours once the row says this token (and this writer's proof).
     Set(String),
     /// The row is inserted with this token.
     Create(String),
-    /// Another writer holds the lease.
-    Fenced,
+    /// Another writer holds the lease (named, when the row names it).
+    Fenced(Option<Box<LeaseHolder>>),
     /// Locked on its own, in a savepoint.
     Alone,
 }
 
-/// What to do with a session's lease, from its locked row.
-fn decide(token: Option<&str>, held_until: Option<i64>, ours: Option<String>, now: i64, lease: &Lease) -> Decision {
-    match (token, ours) {
+/// What to do with a session's lease, from its locked row. A lease another
+/// holder has ends on its expiry, or on the policy's word that its holder
+/// is gone: its process (seen from this machine) or its server backend
+/// (seen in `pg_stat_activity`).
+fn decide(
+    tx: &mut Transaction<'_>,
+    session: &str,
+    (token, held_until, stored): &LeaseRow,
+    ours: Option<String>,
+    now: i64,
+    lease: &Lease,
+) -> Result<Decision, postgres::Error> {
+    Ok(match (token.as_deref(), ours) {
         (Some(t), Some(mine)) if t == mine => {
             // Still ours. Renewed once half its time has passed, not with
-            // every batch, as the SQLite store does.
-            if held_until.is_none_or(|e| e - now < lease.ttl_ms - lease.ttl_ms / 2) {
+            // every batch, as the SQLite store does; and at once after a
+            // reconnect, so the row names the backend this writer has now.
+            let half_gone = held_until.is_none_or(|e| e - now < lease.ttl_ms - lease.ttl_ms / 2);
+            if half_gone || stored.as_deref() != Some(lease.holder.as_str()) {
                 Decision::Set(mine)
             } else {
                 Decision::Keep(mine)
             }
         }
         // We held the lease and someone else took it: fenced.
-        (_, Some(_)) => Decision::Fenced,
-        (Some(_), None) if held_until.is_some_and(|e| e > now) => Decision::Fenced,
-        (_, None) => Decision::Set(mint_id()),
-    }
+        (token, Some(_)) => {
+            Decision::Fenced(token.map(|_| Box::new(Proof::read(stored.as_deref()).holder(*held_until))))
+        }
+        (token, None) => {
+            let proof = Proof::read(stored.as_deref());
+            let server = match token {
+                Some(_) => backend_probe(tx, &proof)?,
+                None => ServerProbe::Unrecorded,
+            };
+            match judge(session, stored.as_deref(), token.and(*held_until), now, server) {
+                Judged::Take(_) => Decision::Set(mint_id()),
+                Judged::Fenced(holder) => Decision::Fenced(Some(holder)),
+            }
+        }
+    })
+}
+
+/// Whether the server still runs the backend a lease's holder recorded:
+/// the same pid with the same start time. Read once per transaction (the
+/// server keeps one snapshot of its activity for it).
+pub(super) fn backend_probe(tx: &mut Transaction<'_>, proof: &Proof) -> Result<ServerProbe, postgres::Error> {
+    let (Some(pid), Some(start)) = (proof.backend_pid, proof.backend_start) else {
+        return Ok(ServerProbe::Unrecorded);
+    };
+    let row = tx.query_opt(
+        "SELECT (EXTRACT(EPOCH FROM backend_start) * 1000000)::int8 FROM pg_stat_activity WHERE pid = $1",
+        &[&pid],
+    )?;
+    Ok(match row.map(|r| r.get::<_, Option<i64>>(0)) {
+        None => ServerProbe::Gone,
+        // Another role's backend whose start the server will not show.
+        Some(None) => ServerProbe::Unknown,
+        Some(Some(s)) if s == start => ServerProbe::Alive,
+        // The pid belongs to a newer backend now.
+        Some(Some(_)) => ServerProbe::Gone,
+    })
 }
 
 fn keep(pending: &mut HashMap<String, Cursor>, cursors: &HashMap<String, Cursor>, id: &str, token: String) {
@@ -567,15 +617,15 @@ fn take_lease(
     let now = now_ms();
     let expires = now.saturating_add(lease.ttl_ms);
     for _ in 0..2 {
-        let row: Option<(Option<String>, Option<i64>)> = tx
+        let row: Option<LeaseRow> = tx
             .query_opt(
-                "SELECT lease_token, lease_expires_ms FROM sessions WHERE id = $1 FOR UPDATE",
+                "SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = $1 FOR UPDATE",
                 &[&session],
             )?
-            .map(|r| (r.get(0), r.get(1)));
+            .map(|r| (r.get(0), r.get(1), r.get(2)));
         match row {
-            Some((token, held_until)) => {
-                return match decide(token.as_deref(), held_until, ours, now, lease) {
+            Some(row) => {
+                return match decide(tx, session, &row, ours, now, lease)? {
                     Decision::Keep(mine) => Ok(mine),
                     Decision::Set(mine) => {
                         tx.execute(
@@ -585,7 +635,8 @@ fn take_lease(
                         )?;
                         Ok(mine)
                     }
-                    _ => Err(Stop::LeaseLost),
+                    Decision::Fenced(holder) => Err(Stop::LeaseLost(holder)),
+                    Decision::Create(_) | Decision::Alone => Err(Stop::LeaseLost(None)),
                 };
             }
             None if ours.is_some() && !recreate => return Ok(ours.unwrap_or_default()),
@@ -603,7 +654,7 @@ fn take_lease(
             }
         }
     }
-    Err(Stop::LeaseLost)
+    Err(Stop::LeaseLost(None))
 }
 
 /// Which of `uids` are stored for `session`, in the order asked.

@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::lease_proof::{Judged, judge};
 use rusqlite::{Connection, OptionalExtension};
 use turnsafe_policy::machine::Failure;
 use turnsafe_policy::machine::{EditEvent, EditMachine, EditStep};
@@ -231,16 +232,24 @@ impl SessionStore {
                 }
             }
             // Another writer's live turn lease fences the session.
-            let lease: Option<(Option<String>, Option<i64>)> = conn
+            // Its lease ends on its expiry, or on the policy's word that
+            // its holder is gone.
+            let lease: Option<(Option<String>, Option<i64>, Option<String>)> = conn
                 .query_row(
-                    "SELECT lease_token, lease_expires_ms FROM sessions WHERE id = ?1",
+                    "SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = ?1",
                     [session.as_str()],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                 )
                 .optional()?;
-            if let Some((Some(token), Some(expires))) = lease
-                && expires > now_ms()
+            if let Some((Some(token), expires, stored)) = lease
                 && ours.as_deref() != Some(token.as_str())
+                && let Judged::Fenced(_) = judge(
+                    session.as_str(),
+                    stored.as_deref(),
+                    expires,
+                    now_ms(),
+                    turnsafe_policy::ServerProbe::Unrecorded,
+                )
             {
                 return Err(Stop::Evidence(
                     Evidence::TurnLeaseLost,

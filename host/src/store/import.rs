@@ -68,11 +68,24 @@ pub struct ImportCounts {
 /// Whether `session`'s live turn lease is held (by anyone: an import holds
 /// none).
 fn lease_live(conn: &Connection, session: &str) -> rusqlite::Result<bool> {
-    let lease: Option<(Option<String>, Option<i64>)> = conn
-        .prepare_cached("SELECT lease_token, lease_expires_ms FROM sessions WHERE id = ?1")?
-        .query_row([session], |r| Ok((r.get(0)?, r.get(1)?)))
+    let lease: Option<(Option<String>, Option<i64>, Option<String>)> = conn
+        .prepare_cached("SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = ?1")?
+        .query_row([session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
-    Ok(matches!(lease, Some((Some(_), Some(expires))) if expires > now_ms()))
+    Ok(match lease {
+        // Live until its expiry, or until the policy finds its holder gone.
+        Some((Some(_), expires, stored)) => matches!(
+            crate::lease_proof::judge(
+                session,
+                stored.as_deref(),
+                expires,
+                now_ms(),
+                turnsafe_policy::ServerProbe::Unrecorded
+            ),
+            crate::lease_proof::Judged::Fenced(_)
+        ),
+        _ => false,
+    })
 }
 
 fn table_exists(conn: &Connection, name: &str) -> rusqlite::Result<bool> {

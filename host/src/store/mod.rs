@@ -559,10 +559,11 @@ fn failure_of_write(failure: &WriteFailure, elapsed_ms: u64) -> Failure {
             let errno = e.source.raw_os_error().map(i64::from);
             failure_of(&probe_error(e), errno, Vec::new(), elapsed_ms)
         }
-        WriteFailure::LeaseLost => Failure {
+        WriteFailure::LeaseLost(holder) => Failure {
             evidence: vec![Evidence::TurnLeaseLost],
             message: "the session's turn lease is held by another writer".into(),
             elapsed_ms,
+            lease: holder.clone(),
             ..Failure::default()
         },
     }
@@ -710,6 +711,7 @@ fn failure_of(err: &rusqlite::Error, errno: Option<i64>, evidence: Vec<Evidence>
         errno: obs.errno,
         evidence: obs.evidence,
         elapsed_ms,
+        lease: None,
     }
 }
 

@@ -2,8 +2,10 @@
 //! Nothing is read before the write lock is held, so a stale snapshot
 //! (`SQLITE_BUSY_SNAPSHOT`) cannot arise.
 
+use crate::lease_proof::{Judged, Proof, judge};
 use rusqlite::{Connection, OptionalExtension, params};
 use turnsafe_policy::Evidence;
+use turnsafe_policy::ServerProbe;
 use turnsafe_policy::machine::WritePlan;
 
 use std::collections::HashMap;
@@ -18,8 +20,9 @@ pub(super) enum WriteFailure {
         errno: Option<i64>,
         evidence: Vec<Evidence>,
     },
-    /// Another writer holds this session's turn lease.
-    LeaseLost,
+    /// Another writer holds this session's turn lease (named, when its
+    /// row names it).
+    LeaseLost(Option<Box<turnsafe_policy::LeaseHolder>>),
     /// The guard found the generation changed under the handle.
     Guard { evidence: Evidence, detail: String },
     /// A guard probe itself failed.
@@ -33,7 +36,7 @@ enum Stop {
     /// COMMIT itself failed: the policy tells from its code whether the
     /// batch may have been written (`commit_sent`).
     Commit(rusqlite::Error),
-    LeaseLost,
+    LeaseLost(Option<Box<turnsafe_policy::LeaseHolder>>),
 }
 
 impl From<rusqlite::Error> for Stop {
@@ -158,13 +161,13 @@ impl SessionStore {
                     // Fenced: the writer has no claim on any position of
                     // the session (a batch it diverts later, say after the
                     // guard tripped, carries no seq: replay appends it).
-                    Err(Stop::LeaseLost) if savepoints => {
+                    Err(Stop::LeaseLost(holder)) if savepoints => {
                         conn.prepare_cached("ROLLBACK TO batch")?.execute([])?;
                         conn.prepare_cached("RELEASE batch")?.execute([])?;
                         state.next_seq = None;
                         first_seqs.remove(flush.session.as_str());
                         fenced.push(flush.session.as_str().to_string());
-                        each[k] = Some(WriteFailure::LeaseLost);
+                        each[k] = Some(WriteFailure::LeaseLost(holder));
                     }
                     Err(stop) if savepoints && !ends_transaction(conn, &stop) => {
                         conn.prepare_cached("ROLLBACK TO batch")?.execute([])?;
@@ -177,7 +180,7 @@ impl SessionStore {
                         each[k] = Some(stop.into_failure(None));
                     }
                     Err(stop) => {
-                        if matches!(stop, Stop::LeaseLost) {
+                        if matches!(stop, Stop::LeaseLost(_)) {
                             first_seqs.remove(flush.session.as_str());
                             fenced.push(flush.session.as_str().to_string());
                         }
@@ -240,7 +243,7 @@ impl Stop {
                 errno,
                 evidence: vec![Evidence::CommitSent],
             },
-            Stop::LeaseLost => WriteFailure::LeaseLost,
+            Stop::LeaseLost(holder) => WriteFailure::LeaseLost(holder),
             Stop::Guard(evidence, detail) => WriteFailure::Guard { evidence, detail },
             Stop::Probe(e) => WriteFailure::Probe(e),
         }
@@ -257,7 +260,7 @@ fn ends_transaction(conn: &Connection, stop: &Stop) -> bool {
         return true;
     }
     match stop {
-        Stop::LeaseLost => false,
+        Stop::LeaseLost(_) => false,
         Stop::Guard(..) | Stop::Probe(_) | Stop::Commit(_) => true,
         Stop::Sqlite(e) => match e.sqlite_error() {
             Some(f) => matches!(
@@ -343,13 +346,13 @@ fn take_lease(
     ttl_ms: i64,
 ) -> Result<String, Stop> {
     let now = now_ms();
-    let row: Option<(Option<String>, Option<i64>)> = conn
-        .prepare_cached("SELECT lease_token, lease_expires_ms FROM sessions WHERE id = ?1")?
-        .query_row([flush.session.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+    let row: Option<(Option<String>, Option<i64>, Option<String>)> = conn
+        .prepare_cached("SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = ?1")?
+        .query_row([flush.session.as_str()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     let ours = state.lease_token.clone();
     match (row, ours) {
-        (Some((Some(t), expires)), Some(mine)) if t == mine => {
+        (Some((Some(t), expires, _)), Some(mine)) if t == mine => {
             // Still ours. Renew it once half its time has passed, not with
             // every batch: a renewal dirties the sessions page, and a batch
             // that skips it commits one page fewer. The lease then never has
@@ -360,17 +363,33 @@ fn take_lease(
             }
             Ok(mine)
         }
-        // We held the lease and someone else took it: fenced, whatever its expiry.
-        (Some(_), Some(_)) => Err(Stop::LeaseLost),
-        (Some((token, expires)), None) => {
-            let live = token.is_some() && expires.is_some_and(|e| e > now);
-            if live {
-                return Err(Stop::LeaseLost);
+        // We held the lease and someone else took it: fenced, whatever its
+        // expiry. The copy names whoever holds it now.
+        (Some((token, expires, stored)), Some(_)) => Err(Stop::LeaseLost(
+            token.map(|_| Box::new(Proof::read(stored.as_deref()).holder(expires))),
+        )),
+        (Some((token, expires, stored)), None) => {
+            // Another holder's lease ends on its expiry, or on the policy's
+            // word that its holder is gone; never on this writer's guess.
+            let expires = token.and(expires);
+            if let Judged::Fenced(holder) = judge(
+                flush.session.as_str(),
+                stored.as_deref(),
+                expires,
+                now,
+                ServerProbe::Unrecorded,
+            ) {
+                return Err(Stop::LeaseLost(Some(holder)));
             }
             let mine = super::mint_id();
             conn.execute(
                 "UPDATE sessions SET lease_token = ?2, lease_holder = ?3, lease_expires_ms = ?4 WHERE id = ?1",
-                params![flush.session.as_str(), mine, holder, now + ttl_ms],
+                params![
+                    flush.session.as_str(),
+                    mine,
+                    Proof::mine(holder).to_text(),
+                    now + ttl_ms
+                ],
             )?;
             Ok(mine)
         }
@@ -384,7 +403,7 @@ fn take_lease(
             let mine = ours.unwrap_or_else(super::mint_id);
             conn.execute(
                 "INSERT INTO sessions(id, created_ms, lease_token, lease_holder, lease_expires_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![flush.session.as_str(), now, mine, holder, now + ttl_ms],
+                params![flush.session.as_str(), now, mine, Proof::mine(holder).to_text(), now + ttl_ms],
             )?;
             Ok(mine)
         }

@@ -107,6 +107,9 @@ pub struct FlushMachine {
     /// The TLS reason the failure the outcome rests on names (it shapes
     /// the copy of `disk`).
     tls: Option<TlsFailure>,
+    /// The holder of the lease that fenced the write (it shapes the copy
+    /// of `turn_lease`).
+    lease: Option<Box<crate::lease::LeaseHolder>>,
     /// The capture this flush made, for the outcome.
     capture: Option<CaptureReport>,
     /// A COMMIT's answer was lost and its batch is not looked up yet: the
@@ -144,6 +147,7 @@ impl FlushMachine {
             action,
             errno: None,
             tls: None,
+            lease: None,
             capture: None,
             resolving: false,
             written: false,
@@ -270,6 +274,7 @@ impl FlushMachine {
             attempt: self.attempts,
             elapsed_ms: f.elapsed_ms,
             seed: self.start.seed,
+            lease: f.lease,
         };
         let d = crate::decide(&obs);
         handle.engine = obs.engine;
@@ -279,6 +284,7 @@ impl FlushMachine {
         self.last = Some((d.classification.cause, operation));
         self.errno = obs.errno;
         self.tls = TlsFailure::of(&obs);
+        self.lease = obs.lease.filter(|_| d.classification.cause == Cause::TurnLease);
         self.action = Some(d.action);
         if d.sticky {
             // Quarantined: nothing opens or writes this database again.
@@ -370,6 +376,7 @@ impl FlushMachine {
             action: self.action,
             errno: self.errno,
             tls: self.tls,
+            lease: self.lease,
             written: self.written,
             capture_now: self.capture,
             capture_known: handle.capture.as_ref(),

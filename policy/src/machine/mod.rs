@@ -113,6 +113,10 @@ pub struct Failure {
     pub evidence: Vec<Evidence>,
     /// Milliseconds since the flush started.
     pub elapsed_ms: u64,
+    /// The holder of the lease that fenced the write, with
+    /// [`Evidence::TurnLeaseLost`]: the copy names it.
+    #[serde(default)]
+    pub lease: Option<Box<crate::lease::LeaseHolder>>,
 }
 
 /// Proof that a batch is in the divert file, made after its fsync.

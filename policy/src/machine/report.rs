@@ -208,6 +208,8 @@ pub(super) struct Parts<'a> {
     pub action: Option<ActionKind>,
     pub errno: Option<i64>,
     pub tls: Option<crate::model::TlsFailure>,
+    /// The holder of the lease that fenced the write.
+    pub lease: Option<Box<crate::lease::LeaseHolder>>,
     /// An attempt failed at or after its COMMIT's write.
     pub written: bool,
     pub capture_now: Option<CaptureReport>,
@@ -232,6 +234,7 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
         tls: p.tls.filter(|_| p.cause == Some(Cause::Disk)),
         pending_capture: p.start.pending_capture.as_ref().map(|c| c.path.as_str()),
         engine: p.engine,
+        lease: p.lease.as_deref(),
         ..known
     };
     let (outcome, facts) = match &p.ending {

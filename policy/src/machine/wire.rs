@@ -21,7 +21,8 @@
 //!
 //! Events (by `type`): `opened`; `committed`; `failed` with `code`,
 //! `extended_code`, `message`, `errno`, `evidence`, `elapsed_ms`, and
-//! optionally `engine` and `sqlstate`; `waited` with `elapsed_ms`;
+//! optionally `engine`, `sqlstate` and `lease` (the holder of the lease
+//! that fenced the write: `name`, `place`, `pid`, `backend_pid`, `expires_ms`); `waited` with `elapsed_ms`;
 //! `resolved` with `all_stored` (true or false); `captured` with `receipt` (`path`, `files` of `name`
 //! and `size`, `manifest_sha256`); `capture_failed` with `operation`,
 //! `errno`, `error`; `diverted` with `receipt` (`path`, `offset`, `length`,
@@ -196,6 +197,7 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
                 errno: f.i64_opt("errno"),
                 evidence,
                 elapsed_ms: f.u64("elapsed_ms"),
+                lease: f.check(crate::json::lease_holder(f.get("lease"))).map(Box::new),
             })
         }
         "waited" => Event::Waited {
@@ -295,6 +297,9 @@ pub(crate) fn event_to_value(e: &Event) -> Value {
             }
             if let Some(s) = &f.sqlstate {
                 o.str("sqlstate", s);
+            }
+            if let Some(h) = &f.lease {
+                o.field("lease", crate::json::lease_holder_value(h));
             }
         }
         Event::Resolved { all_stored } => o.bool("all_stored", *all_stored),
