@@ -18,6 +18,7 @@ import { capture, holds, holdsSession, holdValue } from './captures.js';
 import { putBack, settleLines, takeLines } from './clear.js';
 import { divert, divertMaxSeq, fsyncDir, validSession } from './divert.js';
 import { Guard, fdsOf } from './guard.js';
+import { holderOf, judge, proofText, readProof } from './lease.js';
 import { codesOf, editNext, flushStep, outcomeText, refused, spent, version } from './policy.js';
 import { recordObservation } from './record.js';
 import { sameText } from './same.js';
@@ -466,7 +467,7 @@ export class Host {
       commit: db.prepare('COMMIT'),
       rollback: db.prepare('ROLLBACK'),
       maxSeq: db.prepare('SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM messages WHERE session_id = ?'),
-      lease: db.prepare('SELECT lease_token, lease_expires_ms FROM sessions WHERE id = ?'),
+      lease: db.prepare('SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = ?'),
       renew: db.prepare('UPDATE sessions SET lease_expires_ms = ? WHERE id = ?'),
       take: db.prepare('UPDATE sessions SET lease_token = ?, lease_holder = ?, lease_expires_ms = ? WHERE id = ?'),
       newSession: db.prepare('INSERT INTO sessions(id, created_ms, lease_token, lease_holder, lease_expires_ms) VALUES (?, ?, ?, ?, ?)'),
@@ -683,7 +684,8 @@ export class Host {
       }
       if (e.leaseLost) {
         this.cursor(batch.session).nextSeq = null;
-        return failedEvent(e, startedMs, { evidence: ['turn_lease_lost'] });
+        // The copy names whoever holds the lease.
+        return { ...failedEvent(e, startedMs, { evidence: ['turn_lease_lost'] }), ...(e.lease ? { lease: e.lease } : {}) };
       }
       if (e.evidence) return failedEvent(e, startedMs, { evidence: e.evidence });
       return failedEvent(e, startedMs, { errno: e.probeErrno ? Math.abs(e.probeErrno) : null });
@@ -729,25 +731,30 @@ export class Host {
     const row = st.lease.get(session);
     const mine = cur.lease;
     const ttl = this.leaseTtlMs;
-    const lost = () => Object.assign(new Error("the session's turn lease is held by another writer"), { leaseLost: true });
+    const lost = (lease) => Object.assign(new Error("the session's turn lease is held by another writer"), { leaseLost: true, lease });
     if (row && mine) {
       if (row.lease_token === mine) {
         if (row.lease_expires_ms === null || row.lease_expires_ms - now < ttl - Math.floor(ttl / 2)) st.renew.run(now + ttl, session);
         return mine;
       }
-      throw lost();
+      // We held the lease and someone else took it: fenced, whatever its
+      // expiry or its holder's state.
+      throw lost(row.lease_token === null ? null : holderOf(readProof(row.lease_holder), row.lease_expires_ms));
     }
     if (row) {
-      if (row.lease_token !== null && row.lease_expires_ms !== null && row.lease_expires_ms > now) throw lost();
+      // Another holder's lease ends on its expiry, or on the policy's word
+      // that its holder is gone (src/lease.js); never on this writer's guess.
+      const judged = judge(session, row.lease_holder, row.lease_token === null ? null : row.lease_expires_ms, now);
+      if (!judged.take) throw lost(judged.holder);
       const token = mintId();
-      st.take.run(token, this.holder, now + ttl, session);
+      st.take.run(token, proofText(this.holder), now + ttl, session);
       return token;
     }
     // A session row that vanished after our first batch is left missing, so
     // the insert fails with a foreign-key error and the policy decides.
     if (mine && !recreate) return mine;
     const token = mine ?? mintId();
-    st.newSession.run(session, now, token, this.holder, now + ttl);
+    st.newSession.run(session, now, token, proofText(this.holder), now + ttl);
     return token;
   }
 
@@ -888,9 +895,13 @@ export class Host {
         if (write) {
           const row = st.lease.get(session);
           const ours = this.cursors.get(session)?.lease ?? null;
-          if (row && row.lease_token !== null && row.lease_expires_ms !== null && row.lease_expires_ms > Date.now()
-            && row.lease_token !== ours) {
-            throw Object.assign(new Error("the session's turn lease is held by another writer"), { evidence: ['turn_lease_lost'] });
+          // Another holder's lease fences the edit until it expires or the
+          // policy finds its holder gone; an edit never takes the lease.
+          const judged = row && row.lease_token !== null && row.lease_token !== ours
+            ? judge(session, row.lease_holder, row.lease_expires_ms, Date.now()) : null;
+          if (judged && !judged.take) {
+            throw Object.assign(new Error("the session's turn lease is held by another writer"),
+              { evidence: ['turn_lease_lost'], lease: judged.holder });
           }
           if (degraded) st.degrade.run();
         }
@@ -903,7 +914,7 @@ export class Host {
       }
     } catch (e) {
       if (e instanceof Refusal || e.userError) throw e;
-      if (e.evidence) return failedEvent(e, started, { evidence: e.evidence });
+      if (e.evidence) return { ...failedEvent(e, started, { evidence: e.evidence }), ...(e.lease ? { lease: e.lease } : {}) };
       if (!(e instanceof Database.SqliteError)) throw e;
       return failedEvent(e, started);
     }

@@ -36,6 +36,8 @@ function timed(f, arg) {
 export const flushStep = (request) => timed((s) => engine.flushStepJson(s), JSON.stringify(request));
 export const classifyJson = (s) => timed((x) => engine.classifyJson(x), s);
 export const explainJson = (s) => timed((x) => engine.explainJson(x), s);
+/** Whether a writer may take a lease another holder has: `{verdict, take_over}`'s raw text. */
+export const decideLease = (request) => timed((s) => engine.decideLeaseJson(s), JSON.stringify(request));
 export const version = () => engine.version();
 
 /** The outcome object of a `done` answer, byte for byte as the component wrote it. */

@@ -55,7 +55,11 @@ test('rows are the native schema: version, session row, uid and seq, item verbat
   assert.equal(rows[1].item, JSON.stringify(call('c1')));
   assert.equal(new Set(rows.map((r) => r.uid)).size, 2);
   let lease = db.prepare('SELECT lease_token, lease_holder FROM sessions WHERE id = ?').get('s1');
-  assert.equal(lease.lease_holder, 'js-test');
+  // The holder's name and the proof of its process (src/lease.js), as the native host writes it.
+  const proof = JSON.parse(lease.lease_holder);
+  assert.deepEqual(Object.keys(proof), ['name', 'boot', 'pidns', 'pid', 'start']);
+  assert.equal(proof.name, 'js-test');
+  assert.equal(proof.pid, process.pid);
   assert.ok(lease.lease_token);
   // The database is in WAL mode: it, its WAL and its shm are there, each
   // readable by its owner only, while the writer is open and after (the
