@@ -8,8 +8,9 @@
 //!
 //! Then the client does what the outcomes tell it to: every batch that was
 //! handed back (fenced) or never answered (killed) is resent with its
-//! uids, by a fresh writer per session that waits out a dead holder's lease
-//! (one second here). The store is reopened, `turnsafe replay` runs (and is
+//! uids, at once, by a fresh writer per session: a dead holder's lease ends
+//! on the evidence that its process is gone, never by waiting it out (the
+//! lease is the default 30 s, and a resend fenced by it is a failure). The store is reopened, `turnsafe replay` runs (and is
 //! killed first at the replay points), every capture a retired generation
 //! left is checked to hold nothing the database lacks and settled, and
 //! everything is recounted from disk, with a read-only connection of our
@@ -46,11 +47,10 @@ use super::{POINTS, Rng, Stats, append_command, replay, retire_sidecars, settle_
 /// The session of each writer.
 pub const WRITERS: [&str; 4] = ["s1", "s2", "s3", "s3"];
 const SESSIONS: [&str; 3] = ["s1", "s2", "s3"];
-/// Every writer's lease TTL (seconds): a killed holder's lease on `s3` is
-/// taken over by the client's resend within the iteration.
-const LEASE_TTL: &str = "1";
-/// How long a resend waits out a lease before it counts as a failure.
-const LEASE_PATIENCE: Duration = Duration::from_secs(5);
+/// Every writer's lease TTL (seconds): the default. A killed holder's lease
+/// on `s3` ends on the evidence that it is gone, so the client's resend,
+/// started the moment the writers have ended, takes it over at once.
+const LEASE_TTL: &str = "30";
 
 struct Batch {
     session: &'static str,
@@ -387,36 +387,29 @@ pub fn iteration(i: u64, rng: &mut Rng, stats: &mut Stats) {
     for (session, list) in &pending {
         let mut client = Client::start(home, session);
         for batch in list {
-            let since = Instant::now();
-            loop {
-                let o = match client.send(&batch.line) {
-                    Some(Ok(o)) => o,
-                    Some(Err(line)) => {
-                        stats.failures.push(format!(
-                            "{label}: the resending writer of {session} printed a line that is not JSON: {line:?}"
-                        ));
-                        break;
-                    }
-                    None => {
-                        stats
-                            .failures
-                            .push(format!("{label}: the resending writer of {session} died"));
-                        break;
-                    }
-                };
-                check_outcome(&format!("{label} resend to {session}"), batch, &o, stats);
-                if acknowledged(&o) {
-                    resent.extend(batch.uids.iter().map(String::as_str));
+            let o = match client.send(&batch.line) {
+                Some(Ok(o)) => o,
+                Some(Err(line)) => {
+                    stats.failures.push(format!(
+                        "{label}: the resending writer of {session} printed a line that is not JSON: {line:?}"
+                    ));
                     break;
                 }
-                if o["cause"] == "turn_lease" && since.elapsed() < LEASE_PATIENCE {
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
+                None => {
+                    stats
+                        .failures
+                        .push(format!("{label}: the resending writer of {session} died"));
+                    break;
                 }
+            };
+            check_outcome(&format!("{label} resend to {session}"), batch, &o, stats);
+            if acknowledged(&o) {
+                resent.extend(batch.uids.iter().map(String::as_str));
+            } else {
+                // Every writer has ended: no live holder fences the resend.
                 stats
                     .failures
                     .push(format!("{label}: resend to {session} not persisted: {o}"));
-                break;
             }
         }
         stats
