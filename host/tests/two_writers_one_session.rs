@@ -2,8 +2,9 @@
 //! one holding the session's turn lease makes progress; every batch of the
 //! other is answered `turn_lease`, handed back and never diverted (fencing:
 //! a second writer interleaving its turns would corrupt the transcript).
-//! When the holder's lease expires (`--lease-ttl`), because it went quiet
-//! or was killed, the other takes the session over and the batches it got
+//! When the holder's lease expires (`--lease-ttl`), because it went quiet,
+//! or at once when it was killed (its process is gone), the other takes
+//! the session over and the batches it got
 //! back are resent with their uids; the old holder is then fenced in turn.
 //! Recounted from disk: every message once, none lost, none duplicated.
 use serde_json::{Value, json};
@@ -121,41 +122,20 @@ fn the_lease_holder_progresses_the_other_is_fenced_and_takes_over_after_expiry()
 }
 
 #[test]
-fn a_killed_lease_holder_is_taken_over_once_its_lease_expires() {
+fn a_killed_lease_holder_is_taken_over_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
-    let mut a = Live::start_with(&home, "s1", TTL);
-    let mut b = Live::start_with(&home, "s1", TTL);
-    // A's lease is taken by this batch's commit, so it lasts until at
-    // least one TTL after the batch was sent.
-    let sent = std::time::Instant::now();
+    // A lease far longer than the test: only the evidence can end it.
+    let long = ["--lease-ttl", "600"];
+    let mut a = Live::start_with(&home, "s1", &long);
+    let mut b = Live::start_with(&home, "s1", &long);
     persisted(&a.send(&line("a1", 2)), 2);
     let b1 = line("b1", 2);
     fenced(&b.send(&b1), 2);
-    // SIGKILL: no release. The lease is held until its TTL runs out.
+    // SIGKILL: no release. Its process is gone, so its lease ends: B's
+    // very next resend takes the session over.
     a.kill();
-    let mut tries = 0;
-    loop {
-        let o = b.send(&b1);
-        tries += 1;
-        if o["persisted"] == true {
-            persisted(&o, 2);
-            break;
-        }
-        fenced(&o, 2);
-        assert!(
-            sent.elapsed().as_secs() < 5,
-            "still fenced {:?} after the lease",
-            sent.elapsed()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert!(tries > 1, "the dead holder's lease fenced B until it expired");
-    assert!(
-        sent.elapsed().as_millis() >= 990,
-        "taken over before the lease expired: {:?}",
-        sent.elapsed()
-    );
+    persisted(&b.send(&b1), 2);
     // Resending what is already stored changes nothing.
     persisted(&b.send(&b1), 2);
     assert_eq!(b.finish(), 3);
