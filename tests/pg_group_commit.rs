@@ -296,7 +296,8 @@ fn prepared_statements(store: &mut turnsafe_host::pg::PgStore) -> i64 {
 /// The write path prepares its statements once per connection: more
 /// groups add none. When the server ends the connection, the next
 /// connection prepares its own (a statement belongs to the connection that
-/// prepared it), and every batch is stored once.
+/// prepared it), the leases name the new backend, and every batch is
+/// stored once.
 #[test]
 fn the_write_path_prepares_its_statements_once_per_connection() {
     let server = pg_or_skip!();
@@ -336,11 +337,30 @@ fn the_write_path_prepares_its_statements_once_per_connection() {
         }
     }
     assert!(stored_after, "writes go on over a new connection");
+    // The new connection prepared its own, and the renewal that writes
+    // its backend into the leases it holds (the first connection never
+    // renewed: its leases had more than half their time left).
     assert_eq!(
         prepared_statements(&mut store),
-        settled,
+        settled + 1,
         "the new connection prepared its own"
     );
+    let now: i32 = store
+        .backend()
+        .client()
+        .expect("connected")
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    for session in names {
+        let holder: String = server
+            .admin(&db)
+            .query_one("SELECT lease_holder FROM sessions WHERE id = $1", &[&session])
+            .unwrap()
+            .get(0);
+        let holder: serde_json::Value = serde_json::from_str(&holder).unwrap();
+        assert_eq!(holder["backend_pid"], now, "{session}'s lease names the old backend: {holder}");
+    }
     let uids: Vec<String> = server
         .admin(&db)
         .query("SELECT uid FROM messages", &[])
