@@ -27,7 +27,13 @@ pub fn run(args: Args) -> i32 {
     if let Some(out) = &args.out {
         if let Err(e) = std::fs::write(out, COMPONENT) {
             eprintln!("turnsafe component: writing {}: {e}", out.display());
-            return exit::FAILURE;
+            // A folder that is not there, or not writable: the path given is wrong.
+            return match e.kind() {
+                std::io::ErrorKind::NotFound
+                | std::io::ErrorKind::PermissionDenied
+                | std::io::ErrorKind::IsADirectory => exit::USAGE,
+                _ => exit::FAILURE,
+            };
         }
         eprintln!("wrote {} ({} bytes)", out.display(), COMPONENT.len());
     }

@@ -115,7 +115,7 @@ fn open(t: &Target) -> Result<(Box<dyn Backend>, SessionId), i32> {
         Ok(DbChoice::Sqlite(db)) => {
             if !db.is_file() {
                 eprintln!("error: no turnsafe store at {}", db.display());
-                return Err(exit::FAILURE);
+                return Err(exit::USAGE);
             }
             if let Some(code) = super::refuse_newer_schema(&db) {
                 return Err(code);

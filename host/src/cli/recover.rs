@@ -85,7 +85,7 @@ pub fn run(args: Args) -> i32 {
             eprintln!("turnsafe recover: {e}");
             match e {
                 RecoverError::Refused(_) => exit::REFUSED,
-                RecoverError::NotACapture(_) => exit::USAGE,
+                RecoverError::NotACapture(_) | RecoverError::NoSource(_) => exit::USAGE,
                 _ => exit::FAILURE,
             }
         }

@@ -85,8 +85,12 @@ pub fn run(args: Args) -> i32 {
         Err(e) => {
             eprintln!("error: {e}");
             return match e {
-                SearchError::EmptyQuery | SearchError::Syntax(_) | SearchError::NewerSchema(_) => exit::USAGE,
-                SearchError::NoDatabase(_) | SearchError::Sqlite(_) => exit::FAILURE,
+                // A home without a store is a wrong `--home`, the user's to fix.
+                SearchError::EmptyQuery
+                | SearchError::Syntax(_)
+                | SearchError::NewerSchema(_)
+                | SearchError::NoDatabase(_) => exit::USAGE,
+                SearchError::Sqlite(_) => exit::FAILURE,
             };
         }
     };

@@ -104,7 +104,7 @@ pub fn run(args: Args) -> i32 {
     };
     if !db.is_file() {
         eprintln!("error: no turnsafe store at {}", db.display());
-        return exit::FAILURE;
+        return exit::USAGE;
     }
     if let Some(code) = super::refuse_newer_schema(&db) {
         return code;
@@ -166,7 +166,7 @@ fn show_thread(args: &Args, thread: &str) -> i32 {
         Ok(crate::backend::DbChoice::Sqlite(db)) => {
             if !db.is_file() {
                 eprintln!("error: no turnsafe store at {}", db.display());
-                return exit::FAILURE;
+                return exit::USAGE;
             }
             if let Some(code) = super::refuse_newer_schema(&db) {
                 return code;
