@@ -55,6 +55,7 @@ fn main() {
         attempt: 1,
         elapsed_ms: 0,
         seed: 0,
+        lease: None,
     };
     let wctx = wit::CopyContext {
         session: None,
@@ -72,6 +73,7 @@ fn main() {
         divert_residue: None,
         pending_capture: None,
         durability: wit::Durability::Synced,
+        lease: None,
     };
     let m = 20_000u32;
     let t = Instant::now();

@@ -67,8 +67,6 @@ fn expected(tags: &[&str], n: usize) -> Vec<(String, i64)> {
         .collect()
 }
 
-const TTL: &[&str] = &["--lease-ttl", "1"];
-
 #[test]
 fn the_lease_holder_progresses_the_other_is_fenced_and_takes_over_after_expiry() {
     let dir = tempfile::tempdir().unwrap();
