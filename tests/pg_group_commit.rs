@@ -359,7 +359,10 @@ fn the_write_path_prepares_its_statements_once_per_connection() {
             .unwrap()
             .get(0);
         let holder: serde_json::Value = serde_json::from_str(&holder).unwrap();
-        assert_eq!(holder["backend_pid"], now, "{session}'s lease names the old backend: {holder}");
+        assert_eq!(
+            holder["backend_pid"], now,
+            "{session}'s lease names the old backend: {holder}"
+        );
     }
     let uids: Vec<String> = server
         .admin(&db)
