@@ -73,14 +73,17 @@ fs.copyFileSync(path.join(root, 'examples', 'sqlite-codes.json'), path.join(gen,
 
 // The extension that switches off SQLite's checkpoint at close on a
 // connection to a retired generation (native/no_ckpt_on_close.c), built
-// against better-sqlite3's own SQLite headers. Without a C compiler the
-// host still runs, and keeps such a connection open instead (it says so).
+// against better-sqlite3's own SQLite headers. It calls SQLite only through
+// the routines table it is handed, so it is linked with no C library: the
+// one object loads on glibc and musl alike (x86-64 Linux, as the tarball
+// ships it). Without it a store refuses to open (src/extension.js).
 try {
   const headers = path.join(here, 'node_modules', 'better-sqlite3', 'deps', 'sqlite3');
-  execFileSync(process.env.CC ?? 'cc', ['-shared', '-fPIC', '-O2', '-I', headers, path.join(here, 'native', 'no_ckpt_on_close.c'),
-    '-o', path.join(gen, 'no_ckpt_on_close.so')], { stdio: 'inherit' });
+  execFileSync(process.env.CC ?? 'cc', ['-shared', '-fPIC', '-O2', '-nostdlib', '-fno-stack-protector', '-I', headers,
+    path.join(here, 'native', 'no_ckpt_on_close.c'), '-o', path.join(gen, 'no_ckpt_on_close.so')], { stdio: 'inherit' });
 } catch (e) {
   console.error(`turnsafe-store: the no-checkpoint-at-close extension was not built (${e.message})`);
+  process.exit(1);
 }
 
 // The schema this binary writes: its version and every object of a home it

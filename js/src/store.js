@@ -8,6 +8,7 @@ import { Worker } from 'node:worker_threads';
 
 import { createDirAll } from './durable.js';
 import { revive } from './errors.js';
+import { requireNoCkptExtension } from './extension.js';
 import { makeOps } from './ops.js';
 
 const stores = new Map();
@@ -15,6 +16,8 @@ const stores = new Map();
 export class Store {
   /** The shared store for `home` and these options. */
   static for(home, options = {}) {
+    // Refused loudly, before the home is made, where the guard's extension cannot load.
+    requireNoCkptExtension();
     const abs = path.resolve(home);
     // Each missing level made durable in its parent (the home's own parent
     // is fsynced again at the first open).
@@ -32,6 +35,7 @@ export class Store {
   }
 
   constructor(home, options = {}) {
+    requireNoCkptExtension();
     this.home = home;
     this.closed = false;
     this.users = 0;
