@@ -132,11 +132,17 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// The cause it records; `unknown` for a manifest that records none.
+    /// The cause it records; `unknown` for a manifest that records none,
+    /// or one no capture is made for (a capture is made for a sticky
+    /// cause: `replaced`, `deleted_wal`, `corrupt`). The manifest is read
+    /// from disk, and the cause shapes the copy of every batch it holds
+    /// back: `outcome_unknown` there would tell of a lost COMMIT that
+    /// never happened.
     pub fn cause(&self) -> turnsafe_policy::Cause {
         self.cause
             .as_deref()
             .and_then(turnsafe_policy::Cause::from_label)
+            .filter(|c| turnsafe_policy::is_sticky(*c))
             .unwrap_or(turnsafe_policy::Cause::Unknown)
     }
 }

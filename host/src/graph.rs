@@ -217,6 +217,35 @@ impl GraphLine {
             if obj.get("session").and_then(Value::as_str) != Some(session) {
                 return Err("line belongs to another session");
             }
+            // A field this turnsafe does not know would be dropped by the
+            // import: the line is set aside whole, never stored without it.
+            let known: &[&str] = match kind {
+                "checkpoint" => &[
+                    "thread_id",
+                    "checkpoint_ns",
+                    "checkpoint_id",
+                    "parent_checkpoint_id",
+                    "type",
+                    "checkpoint",
+                    "metadata",
+                ],
+                _ => &[
+                    "thread_id",
+                    "checkpoint_ns",
+                    "checkpoint_id",
+                    "task_id",
+                    "task_path",
+                    "idx",
+                    "channel",
+                    "type",
+                    "value",
+                ],
+            };
+            if let Some(Value::Object(record)) = obj.get(kind)
+                && record.keys().any(|k| !known.contains(&k.as_str()))
+            {
+                return Err("the record holds a field this turnsafe does not know");
+            }
             let line = match kind {
                 "checkpoint" => obj
                     .get("checkpoint")

@@ -438,9 +438,11 @@ fn flush_start(u: &mut Unstructured<'_>) -> AResult<FlushStart> {
         minted_uids,
         seed: u.arbitrary()?,
         pending_capture: if u.ratio(1, 6)? {
+            // As the host reads it from a manifest: a sticky cause, or
+            // `unknown` for any other label (`captures::Manifest::cause`).
             Some(PendingCapture {
                 path: text(u, PATHS)?,
-                cause: *pick(u, &Cause::ALL)?,
+                cause: *pick(u, &[Cause::Replaced, Cause::DeletedWal, Cause::Corrupt, Cause::Unknown])?,
             })
         } else {
             None

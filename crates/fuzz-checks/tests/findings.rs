@@ -85,3 +85,50 @@ fn the_component_and_the_hosts_share_one_nesting_limit() {
         json::check(obj.as_bytes()).unwrap_or_else(|e| panic!("{levels} levels of objects: {e}"));
     }
 }
+
+/// A capture manifest is read from disk: one recording `outcome_unknown`
+/// (or any cause no capture is made for) became the cause of every batch
+/// the capture held back, and the copy told of a COMMIT lost on the way
+/// to a server while nothing was written at all (found by the
+/// `flush_machine` target: "an unknown outcome told as not saved").
+#[test]
+fn a_manifest_cause_no_capture_is_made_for_reads_as_unknown() {
+    use turnsafe_policy::Cause;
+    for (label, want) in [
+        ("outcome_unknown", Cause::Unknown),
+        ("locked", Cause::Unknown),
+        ("no_such_cause", Cause::Unknown),
+        ("deleted_wal", Cause::DeletedWal),
+        ("replaced", Cause::Replaced),
+        ("corrupt", Cause::Corrupt),
+    ] {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join("state.db.retired-20260101T000000Z-1");
+        std::fs::create_dir(&dir).unwrap();
+        let manifest = serde_json::json!({"trigger": "t", "cause": label, "missing_rows": {"s1": 1}});
+        std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
+        let holds = turnsafe_host::captures::holds(home.path()).unwrap();
+        assert_eq!(holds.len(), 1);
+        assert_eq!(holds[0].cause, want, "{label}");
+    }
+}
+
+/// A LangGraph divert line whose record holds a field this turnsafe does
+/// not know was replayed without that field: stored bytes other than the
+/// line's (found by the `divert_file` target). It is quarantined now,
+/// its bytes kept in `settled/`.
+#[test]
+fn a_graph_record_with_an_unknown_field_is_quarantined_not_stored_without_it() {
+    let write = serde_json::json!({
+        "thread_id": "s1", "checkpoint_ns": "", "checkpoint_id": "c1", "task_id": "t", "task_path": "",
+        "idx": 0, "channel": "messages", "type": "json", "value": "WzFd", "type_path": "",
+    });
+    let line = serde_json::json!({
+        "v": 3, "kind": "write", "session": "s1", "uid": "w1", "batch": "b", "cause": "disk",
+        "at": "2026-01-01T00:00:00.000Z", "write": write,
+    });
+    divert::check(format!("{line}\n").as_bytes()).unwrap();
+    let mut known = line.clone();
+    known["write"].as_object_mut().unwrap().remove("type_path");
+    divert::check(format!("{known}\n").as_bytes()).unwrap();
+}
