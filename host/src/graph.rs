@@ -266,8 +266,45 @@ impl GraphLine {
             if !line.metadata_ok() {
                 return Err("checkpoint metadata is not a JSON object");
             }
+            // The record as read must hold the line's bytes (absent fields
+            // read as their defaults): a number the typed reading rewrites
+            // (`-0` as an index) would be stored as other bytes.
+            if let Some(Value::Object(written)) = obj.get(kind)
+                && !line.reads_back_as(written)
+            {
+                return Err("the record does not read back as its bytes");
+            }
             Ok(line)
         })())
+    }
+
+    /// Whether this record, read from `written`, has its canonical bytes.
+    fn reads_back_as(&self, written: &Map<String, Value>) -> bool {
+        let (mut written, defaults, read) = match self {
+            GraphLine::Checkpoint(c) => (
+                written.clone(),
+                &[
+                    ("checkpoint_ns", json!("")),
+                    ("parent_checkpoint_id", Value::Null),
+                    ("type", Value::Null),
+                    ("metadata", json!({})),
+                ][..],
+                json!(c),
+            ),
+            GraphLine::Write(w) => (
+                written.clone(),
+                &[
+                    ("checkpoint_ns", json!("")),
+                    ("task_path", json!("")),
+                    ("type", Value::Null),
+                ][..],
+                json!(w),
+            ),
+        };
+        for (k, v) in defaults {
+            written.entry(*k).or_insert_with(|| v.clone());
+        }
+        crate::same::canonical_object(&written) == crate::same::canonical(&read)
     }
 
     pub fn thread_id(&self) -> &str {

@@ -32,7 +32,7 @@ use turnsafe_policy::{
 };
 
 /// Turns of one input: enough for several flushes of many steps.
-const MAX_TURNS: usize = 600;
+const MAX_TURNS: usize = 300;
 
 /// What the path so far tells the checks about the next step (as the model's `Last`).
 #[derive(Debug, Clone, PartialEq)]
@@ -58,7 +58,13 @@ struct Track {
     capture_receipt_seen: bool,
     /// The running flush's start.
     start: Option<FlushStart>,
+    /// Every text the host handed the machine (session, paths, failure
+    /// operations and messages): the copy may quote them.
+    host_texts: Vec<String>,
 }
+
+/// What the checks search the copy for.
+const CLAIMS: [&str; 4] = ["a copy was kept", "was captured", "captured at", "were not saved"];
 
 /// The classifier's answer for a failure at `operation`, as the machine
 /// asks it. Through `classify_json`, so that this check names only the
@@ -100,15 +106,16 @@ fn check_report(r: &FlushReport, s: &Track) -> Result<(), String> {
         .as_ref()
         .map(|c| format!("{} {} {:?} {:?}", c.title, c.body, c.remediation, c.details))
         .unwrap_or_default();
-    // The paths the copy names are the host's words, not the copy's: a
-    // path may read "captured at" (the model's paths never do).
-    let paths = [
-        r.receipt.as_ref().map(|x| &x.path),
-        r.pending_capture.as_ref().map(|p| &p.path),
-    ];
-    for path in paths.into_iter().flatten().filter(|p| !p.is_empty()) {
-        text = text.replace(path.as_str(), "");
-        text = text.replace(&format!("{path:?}"), "");
+    // What the copy quotes of the host's own texts (a session id, a
+    // path, a failed operation) is the host's words, not the copy's claim:
+    // such a text may read "a copy was kept" (the model's texts never do).
+    for quoted in s
+        .host_texts
+        .iter()
+        .filter(|t| CLAIMS.iter().any(|c| t.to_lowercase().contains(c)))
+    {
+        text = text.replace(&format!("{quoted:?}"), "");
+        text = text.replace(quoted.as_str(), "");
     }
     let kept = text.to_lowercase().contains("a copy was kept");
     if kept != r.receipt.is_some() && !(r.receipt.is_some() && r.copy.is_none()) {
@@ -258,10 +265,14 @@ const ELAPSED: &[u64] = &[
 // lease's evidence, say), whichever fields the machine's failure has.
 #[allow(clippy::needless_update)]
 fn failure(u: &mut Unstructured<'_>) -> AResult<Failure> {
-    let phrases: Vec<&str> = turnsafe_policy::known_phrases()
-        .into_iter()
-        .chain(["", "database is locked", "disk I/O error", "turnsafe guard: replaced"])
-        .collect();
+    // Built once: a fuzzer calls this millions of times.
+    static PHRASES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let phrases = PHRASES.get_or_init(|| {
+        turnsafe_policy::known_phrases()
+            .into_iter()
+            .chain(["", "database is locked", "disk I/O error", "turnsafe guard: replaced"])
+            .collect()
+    });
     let mut evidence = Vec::new();
     for e in Evidence::ALL {
         if u.ratio(1, 6)? {
@@ -277,7 +288,7 @@ fn failure(u: &mut Unstructured<'_>) -> AResult<Failure> {
         },
         code: number(u, CODES)?,
         extended_code: number(u, CODES)?,
-        message: text(u, &phrases)?,
+        message: text(u, phrases)?,
         errno: number(u, ERRNOS)?,
         evidence,
         elapsed_ms: if u.ratio(7, 8)? {
@@ -466,6 +477,7 @@ pub fn check(data: &[u8]) -> Result<(), String> {
         sticky_seen: false,
         capture_receipt_seen: false,
         start: None,
+        host_texts: Vec::new(),
     };
     for _ in 0..MAX_TURNS {
         if u.is_empty() {
@@ -474,6 +486,11 @@ pub fn check(data: &[u8]) -> Result<(), String> {
         let Ok(start_now) = u.ratio(1, 12) else { break };
         if start_now || !handle.in_flush() {
             let Ok(start) = flush_start(&mut u) else { break };
+            s.host_texts.push(start.session.clone());
+            s.host_texts.extend(start.uids.iter().cloned());
+            if let Some(p) = &start.pending_capture {
+                s.host_texts.push(p.path.clone());
+            }
             let before = handle.clone();
             let running = handle.in_flush();
             match handle.start(start.clone()) {
@@ -543,6 +560,23 @@ pub fn check(data: &[u8]) -> Result<(), String> {
             _ => Last::Other,
         };
         let captured = matches!(event, Event::Captured(_));
+        match &event {
+            Event::Diverted(r) => s.host_texts.push(r.path.clone()),
+            Event::Captured(r) => s.host_texts.push(r.path.clone()),
+            Event::DivertFailed {
+                failure,
+                message,
+                residue,
+            } => {
+                s.host_texts.extend([failure.operation.clone(), message.clone()]);
+                s.host_texts.extend(residue.iter().map(|r| r.path.clone()));
+            }
+            Event::CaptureFailed { failure, error } => {
+                s.host_texts.extend([failure.operation.clone(), error.clone()]);
+            }
+            Event::Failed(f) => s.host_texts.push(f.message.clone()),
+            _ => {}
+        }
         match handle.handle(event) {
             Ok(()) => {
                 s.sticky_seen |= matches!(

@@ -132,3 +132,18 @@ fn a_graph_record_with_an_unknown_field_is_quarantined_not_stored_without_it() {
     known["write"].as_object_mut().unwrap().remove("type_path");
     divert::check(format!("{known}\n").as_bytes()).unwrap();
 }
+
+/// A LangGraph write whose `idx` was written `-0` was stored as `0`: the
+/// typed reading rewrote a number, so the stored bytes were not the
+/// line's (found by the `divert_file` target). A record that does not
+/// read back as its own bytes is quarantined now.
+#[test]
+fn a_graph_record_that_does_not_read_back_as_its_bytes_is_quarantined() {
+    let line = |idx: &str| {
+        format!(
+            r#"{{"v":3,"kind":"write","session":"s1","uid":"w","batch":"b","cause":"disk","at":"2026-01-01T00:00:00.000Z","write":{{"thread_id":"s1","checkpoint_ns":"","checkpoint_id":"c1","task_id":"t","task_path":"","idx":{idx},"channel":"messages","type":"json","value":"WzFd"}}}}"#
+        )
+    };
+    divert::check(format!("{}\n", line("-0")).as_bytes()).unwrap();
+    divert::check(format!("{}\n{}\n", line("0"), line("-1")).as_bytes()).unwrap();
+}
