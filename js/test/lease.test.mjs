@@ -10,7 +10,7 @@ import { once } from 'node:events';
 import fs from 'node:fs';
 import path from 'node:path';
 import readline from 'node:readline';
-import { test } from 'node:test';
+import { afterEach, test } from 'node:test';
 import { pathToFileURL } from 'node:url';
 
 import Database from 'better-sqlite3';
@@ -39,6 +39,23 @@ await s.close();
 const JS_WRITER_FILE = path.join(tmp('turnsafe-js-writer-'), 'writer.mjs');
 fs.writeFileSync(JS_WRITER_FILE, JS_WRITER);
 
+// Every writer and session a test started, ended after it whatever its
+// result: a failed assertion leaves no process that keeps the file running.
+const started = new Set();
+afterEach(async () => {
+  for (const w of started) {
+    if (w instanceof Writer) w.child.kill('SIGKILL');
+    else await w.close().catch(() => {});
+  }
+  started.clear();
+});
+
+const session = (home) => {
+  const s = new TurnsafeSession('s1', home);
+  started.add(s);
+  return s;
+};
+
 /** A writer process streaming into session s1 of `home`, answered batch by batch. */
 class Writer {
   constructor(kind, home) {
@@ -48,6 +65,7 @@ class Writer {
         env: { ...process.env, WRITER_HOME: home }, stdio: ['pipe', 'pipe', 'pipe'] })
       : spawn(turnsafeBin(), ['append', '--session', 's1', '--home', home], { stdio: ['pipe', 'pipe', 'pipe'] });
     this.closed = once(this.child, 'close');
+    started.add(this);
     this.lines = readline.createInterface({ input: this.child.stdout })[Symbol.asyncIterator]();
     this.stderr = '';
     this.child.stderr.setEncoding('utf8');
@@ -179,7 +197,7 @@ test('a live holder in another process still fences, and the copy names its pid 
   const holder = new Writer('js', home);
   assert.equal((await holder.send('a1')).persisted, true);
   const { lease_expires_ms: expires } = lease(home);
-  const ours = new TurnsafeSession('s1', home);
+  const ours = session(home);
   const e = await ours.addItems([{ role: 'user', content: 'b1-1' }, { role: 'assistant', content: 'b1-2' }])
     .then(() => null, (err) => err);
   assert.ok(e, 'a live holder did not fence');
@@ -205,7 +223,7 @@ test('an edit is not fenced by a dead holder, and takes no lease', async () => {
   assert.equal((await first.send('a1')).persisted, true);
   await first.kill9();
   const token = lease(home).lease_token;
-  const ours = new TurnsafeSession('s1', home);
+  const ours = session(home);
   assert.deepEqual(await ours.popItem(), { role: 'assistant', content: 'a1-2' });
   assert.equal(lease(home).lease_token, token, 'an edit took the lease');
   await ours.close();
