@@ -20,13 +20,14 @@ function readStat(pid) {
   try {
     text = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
   } catch (e) {
-    if (e.code === 'ENOENT' || e.code === 'ESRCH') return null;
+    // Only a missing entry proves the process gone; any other error is unreadable.
+    if (e.code === 'ENOENT') return null;
     throw e;
   }
   // The command name (field 2) is in parentheses and may hold spaces and
   // parentheses itself, so the fields are counted from the last `)`.
   const close = text.lastIndexOf(')');
-  const fields = close < 0 ? [] : text.slice(close + 1).split(/[ \t\n\r\f\v]+/).filter(Boolean);
+  const fields = close < 0 ? [] : text.slice(close + 1).split(/[ \t\n\f\r]+/).filter(Boolean);
   // Field 3 is the state; field 22, the 20th after the name, the start time.
   if (fields.length < 20 || !/^\d+$/.test(fields[19])) throw new Error(`unreadable /proc/${pid}/stat line`);
   return { state: fields[0][0], start: BigInt(fields[19]) };

@@ -16,6 +16,7 @@ import { pathToFileURL } from 'node:url';
 import Database from 'better-sqlite3';
 
 import { TurnsafeSession } from '../src/index.js';
+import { probeLocal, readProof } from '../src/lease.js';
 import { JS, tmp, turnsafeBin } from './helpers.mjs';
 
 // A JavaScript writer: one batch of two messages per stdin line (the
@@ -306,3 +307,28 @@ for (const [dies, takes] of [['native', 'js'], ['js', 'native']]) {
     noDivert(home);
   });
 }
+
+test("a holder's process is read past a command name with spaces and parentheses", async (t) => {
+  // `sleep` under a name that reads like more stat fields: only the last
+  // `)` ends the name, so its state is not taken for the name's `Z`.
+  const dir = tmp();
+  const bin = path.join(dir, 'x) Z 1 (y');
+  const which = ['/bin/sleep', '/usr/bin/sleep'].find((p) => fs.existsSync(p));
+  assert.ok(which, 'no sleep binary');
+  fs.copyFileSync(which, bin);
+  fs.chmodSync(bin, 0o755);
+  const child = spawn(bin, ['600'], { stdio: 'ignore' });
+  t.after(() => child.kill('SIGKILL'));
+  await once(child, 'spawn');
+  // Exec has happened once the kernel names the process after the file.
+  while (!fs.readFileSync(`/proc/${child.pid}/stat`, 'utf8').includes('(x) Z 1 (y)')) await new Promise(setImmediate);
+  const here = { name: 'w', boot: fs.readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim(),
+    pidns: fs.readlinkSync('/proc/self/ns/pid'), pid: child.pid };
+  const start = startOf(child.pid);
+  assert.equal(probeLocal(readProof(JSON.stringify({ ...here, start }))), 'running');
+  assert.equal(probeLocal(readProof(JSON.stringify({ ...here, start: start + 1 }))), 'pid_reused');
+  // An older writer's bare name, or text that is no proof, has nothing to check.
+  assert.equal(probeLocal(readProof('pid-42')), 'unrecorded');
+  assert.equal(readProof('{not json').name, '{not json');
+  assert.equal(probeLocal(readProof(JSON.stringify({ ...here, pid: -1 }))), 'unrecorded');
+});
