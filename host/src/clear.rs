@@ -483,12 +483,15 @@ fn parse_lines(data: &[u8], session: &str) -> Vec<Line> {
         number += 1;
         let line_offset = offset;
         offset += raw.len() as u64;
-        let text = String::from_utf8_lossy(raw);
-        if text.trim().is_empty() {
+        // As replay: only ASCII whitespace is blank, and a line that is not
+        // UTF-8 is never read as lossy text.
+        if raw.trim_ascii().is_empty() {
             continue;
         }
-        let text = text.trim_end_matches('\n');
-        let (uid, kind) = classify(text, session);
+        let (uid, kind) = match std::str::from_utf8(raw) {
+            Ok(text) => classify(text.trim_end_matches('\n'), session),
+            Err(_) => (None, Kind::Unreadable("not UTF-8")),
+        };
         out.push(Line {
             number,
             offset: line_offset,
