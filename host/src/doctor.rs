@@ -494,9 +494,10 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
     // Pending lines by kind: messages, and LangGraph checkpoints and writes.
     let (mut messages, mut checkpoints, mut writes) = (0u64, 0u64, 0u64);
     for p in &pending {
-        let Ok(text) = std::fs::read_to_string(p) else { continue };
-        for line in text.lines() {
-            if let Ok(v) = serde_json::from_str::<Value>(line) {
+        // Bytes, line by line: one line that is not UTF-8 hides no other.
+        let Ok(bytes) = std::fs::read(p) else { continue };
+        for line in bytes.split(|b| *b == b'\n') {
+            if let Ok(v) = serde_json::from_slice::<Value>(line) {
                 match v.get("kind").and_then(Value::as_str) {
                     Some("checkpoint") => checkpoints += 1,
                     Some("write") => writes += 1,

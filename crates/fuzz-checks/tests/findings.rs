@@ -147,3 +147,25 @@ fn a_graph_record_that_does_not_read_back_as_its_bytes_is_quarantined() {
     divert::check(format!("{}\n", line("-0")).as_bytes()).unwrap();
     divert::check(format!("{}\n{}\n", line("0"), line("-1")).as_bytes()).unwrap();
 }
+
+/// Doctor's count of pending divert lines read each file as text: one
+/// byte that is not UTF-8 hid every line of the file (found reading the
+/// ledger's twin). Each line is read on its own now.
+#[test]
+fn a_pending_divert_line_that_is_not_utf8_hides_no_other_line() {
+    let home = tempfile::tempdir().unwrap();
+    let sessions = home.path().join("sessions");
+    std::fs::create_dir(&sessions).unwrap();
+    let mut file = Vec::new();
+    for (uid, content) in [("u1", &b"fine"[..]), ("u2", &b"caf\xff"[..]), ("u3", &b"also fine"[..])] {
+        file.extend_from_slice(
+            format!(r#"{{"v":2,"session":"s1","uid":"{uid}","seq":null,"batch":"b","cause":"disk","at":"t","message":{{"role":"user","content":""#)
+                .as_bytes(),
+        );
+        file.extend_from_slice(content);
+        file.extend_from_slice(b"\"}}\n");
+    }
+    std::fs::write(sessions.join("s1.jsonl"), &file).unwrap();
+    let (_, facts) = turnsafe_host::doctor::examine(home.path(), false);
+    assert_eq!(facts["pending_divert_lines"]["message"], Value::from(2), "{facts}");
+}
