@@ -69,7 +69,9 @@ def test_a_child_that_drops_its_inherited_store_leaves_the_parents_lease(home):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     row = sqlite3.connect(home / "state.db").execute("SELECT lease_holder FROM sessions WHERE id = 's1'").fetchone()
-    assert row == ("parent",)
+    # The lease is still the parent's: its name, and its own process.
+    holder = json.loads(row[0])
+    assert (holder["name"], holder["pid"]) == ("parent", os.getpid()), holder
     assert store.append("s1", [{"role": "user", "content": "y"}]).persisted
     store.close()
 
