@@ -230,6 +230,13 @@ fn raw_text(u: &mut Unstructured<'_>) -> AResult<String> {
         Ok(s) => s,
         Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
     };
+    // A host text that itself reads like one of the copy's claims ("a
+    // copy was kept") would be quoted back (escaped, shell-quoted) and
+    // pass for the copy's own words: such texts are left empty.
+    let lower = valid.to_lowercase();
+    if ["kept", "captur", "saved"].iter().any(|w| lower.contains(w)) {
+        return Ok(String::new());
+    }
     Ok(valid.to_string())
 }
 
