@@ -5,7 +5,7 @@
 //! run of this crate) see every vector.
 
 use serde_json::{Value, json};
-use turnsafe_policy::json::{classify_json, evaluate_json};
+use turnsafe_policy::json::{classify_json, decide_lease_json, evaluate_json};
 
 fn load_vectors() -> Vec<(String, Value)> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/vectors");
@@ -13,8 +13,9 @@ fn load_vectors() -> Vec<(String, Value)> {
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.expect("dir entry").path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        // The flush machine's event sequences have their own runner.
-        .filter(|p| !p.ends_with("flush_sequences.json"))
+        // The flush machine's event sequences and the lease decisions have
+        // their own runners.
+        .filter(|p| !p.ends_with("flush_sequences.json") && !p.ends_with("lease.json"))
         .collect();
     files.sort();
     let mut out = Vec::new();
@@ -63,4 +64,18 @@ fn every_vector_meets_expected_natively() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The lease decisions (`tests/vectors/lease.json`), natively: each probe
+/// gets its `expected` verdict.
+#[test]
+fn every_lease_vector_meets_expected_natively() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/vectors/lease.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let vectors: Vec<Value> = serde_json::from_str(&text).expect("lease vectors parse");
+    assert!(vectors.len() >= 12, "only {} lease vectors", vectors.len());
+    for v in &vectors {
+        let out: Value = serde_json::from_str(&decide_lease_json(&v["probe"].to_string())).expect("JSON");
+        assert_eq!(out, v["expected"], "{}: {}", v["name"], v["why"]);
+    }
 }
