@@ -37,10 +37,12 @@ use serde_json::{Map, Value, json};
 use crate::backend::Backend;
 use crate::divert::sync_dir;
 use crate::divert_files;
-use crate::graph::{GraphEdited, GraphLine, thread_session};
+use crate::graph::{GraphEdited, GraphLine};
+use crate::ids::thread_session;
 use crate::history::Cleared;
 use crate::replay::{ReplayError, io_err, open_ledger, parse_divert_line, session_of_settling};
-use crate::store::{EditError, SessionId, now_ms};
+use crate::backend::EditError;
+use crate::ids::{SessionId, now_ms};
 
 pub(crate) use crate::pending::PutBeforeDelete;
 pub use crate::pending::{PendingMessage, PendingRecord};

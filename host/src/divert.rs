@@ -19,7 +19,7 @@ use crate::message::Message;
 /// replay still reads it).
 pub const FORMAT_VERSION: u64 = 2;
 /// Longest accepted session id, in bytes.
-pub const MAX_SESSION_ID: usize = 128;
+pub use crate::ids::{MAX_SESSION_ID, validate_session_id};
 
 /// Proof that a batch is durably on disk: written, then fsynced. The
 /// policy's own type, so the flush machine can carry it into the outcome.
@@ -65,24 +65,6 @@ impl DivertError {
             errno: self.errno,
         }
     }
-}
-
-/// A session id is safe as a file name: 1 to 128 bytes of ASCII letters,
-/// digits, `-`, `_`, `.` and `:`, not starting with `.`.
-pub fn validate_session_id(id: &str) -> Result<(), String> {
-    if id.is_empty() || id.len() > MAX_SESSION_ID {
-        return Err(format!("session id must be 1 to {MAX_SESSION_ID} bytes"));
-    }
-    if id.starts_with('.') || id.contains("..") {
-        return Err("session id must not start with `.` or contain `..`".into());
-    }
-    if !id
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
-    {
-        return Err("session id may hold only ASCII letters, digits, `-`, `_`, `.` and `:`".into());
-    }
-    Ok(())
 }
 
 /// One diverted message, fully described.

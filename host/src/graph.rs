@@ -23,7 +23,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::store::SessionId;
+use crate::ids::{SessionId, thread_session};
 
 /// The divert line format of a graph line (`docs/DIVERT.md`).
 pub const FORMAT_VERSION: u64 = 3;
@@ -183,15 +183,6 @@ impl GraphBatch {
             GraphBatch::Writes(w) => w.iter().map(|w| ("write", w.uid(), json!(w))).collect(),
         }
     }
-}
-
-/// The flush machine's session for a thread: its safe id, as
-/// `TurnsafeSession` maps free-form session ids (a valid id as it is,
-/// any other a readable prefix and a hash). The divert file of the
-/// thread's lines is `sessions/<safe id>.jsonl`, every namespace of the
-/// thread included.
-pub fn thread_session(thread_id: &str) -> String {
-    crate::import_hermes::safe_session_id(thread_id)
 }
 
 /// A graph line read back from a divert file.

@@ -1,4 +1,5 @@
-//! Ids and seeds, minted in user space.
+//! Ids: session ids (what is a valid one, and the safe id of any other
+//! string), and the ids and seeds minted in user space.
 //!
 //! A flush used to ask the kernel for randomness once per id (`getrandom`,
 //! eleven calls for a batch of ten). Here each thread keeps a ChaCha12
@@ -28,6 +29,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use chacha20::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
+use sha2::{Digest, Sha256};
 
 /// The current process id, refreshed in a forked child (0: not read yet).
 static PID: AtomicU32 = AtomicU32::new(0);
@@ -163,6 +165,87 @@ pub fn mint() -> String {
         *b = HEX[((suffix >> (76 - 4 * i)) & 0xf) as usize];
     }
     out.iter().map(|&b| b as char).collect()
+}
+
+/// The longest session id, in bytes.
+pub const MAX_SESSION_ID: usize = 128;
+
+/// A session id is safe as a file name: 1 to 128 bytes of ASCII letters,
+/// digits, `-`, `_`, `.` and `:`, not starting with `.`.
+pub fn validate_session_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_SESSION_ID {
+        return Err(format!("session id must be 1 to {MAX_SESSION_ID} bytes"));
+    }
+    if id.starts_with('.') || id.contains("..") {
+        return Err("session id must not start with `.` or contain `..`".into());
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    {
+        return Err("session id may hold only ASCII letters, digits, `-`, `_`, `.` and `:`".into());
+    }
+    Ok(())
+}
+
+/// A session id that is safe as a file name (see [`validate_session_id`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionId(String);
+
+impl SessionId {
+    pub fn new(id: &str) -> Result<SessionId, String> {
+        validate_session_id(id).map(|()| SessionId(id.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// A LangGraph thread's session: its safe id, always valid.
+    pub fn graph(thread_id: &str) -> SessionId {
+        SessionId(thread_session(thread_id))
+    }
+}
+
+/// The turnsafe session id for a free-form id, exactly as Python's
+/// `turnsafe_store.agents.safe_session_id`: a valid id as it is; any other
+/// string a readable prefix of its safe characters (at most 48, each other
+/// character as `_`) and `-h` with 32 hex digits of its SHA-256.
+pub fn safe_session_id(id: &str) -> String {
+    if validate_session_id(id).is_ok() {
+        return id.to_string();
+    }
+    let digest = hex::encode(Sha256::digest(id.as_bytes()));
+    let prefix: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(48)
+        .collect();
+    if prefix.is_empty() {
+        format!("h{}", &digest[..32])
+    } else {
+        format!("{prefix}-h{}", &digest[..32])
+    }
+}
+
+/// The flush machine's session for a LangGraph thread: its safe id, as
+/// `TurnsafeSession` maps free-form session ids (a valid id as it is,
+/// any other a readable prefix and a hash). The divert file of the
+/// thread's lines is `sessions/<safe id>.jsonl`, every namespace of the
+/// thread included.
+pub fn thread_session(thread_id: &str) -> String {
+    safe_session_id(thread_id)
+}
+
+/// Wall-clock milliseconds (leases and row times cross processes).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

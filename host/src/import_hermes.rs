@@ -60,10 +60,13 @@ use sha2::{Digest, Sha256};
 use turnsafe_policy::Cause;
 
 use crate::history::Reason;
+use crate::ids::safe_session_id;
 use crate::message::Message;
 use crate::store::import::{ImportCounts, ImportRow, ImportSession, import_session};
 use crate::store::schema::NewerSchema;
-use crate::store::{EditError, SessionId, SessionStore, StoreOptions};
+use crate::store::{SessionStore, StoreOptions};
+use crate::backend::EditError;
+use crate::ids::SessionId;
 
 pub mod align;
 pub mod clean;
@@ -251,33 +254,6 @@ impl Report {
 
 // ---------------------------------------------------------------------------
 // Pure parts: ids, decoding, lines.
-
-/// The turnsafe session id for a free-form id, exactly as Python's
-/// `turnsafe_store.agents.safe_session_id`: a valid id as it is; any other
-/// string a readable prefix of its safe characters (at most 48, each other
-/// character as `_`) and `-h` with 32 hex digits of its SHA-256.
-pub fn safe_session_id(id: &str) -> String {
-    if crate::divert::validate_session_id(id).is_ok() {
-        return id.to_string();
-    }
-    let digest = hex::encode(Sha256::digest(id.as_bytes()));
-    let prefix: String = id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(48)
-        .collect();
-    if prefix.is_empty() {
-        format!("h{}", &digest[..32])
-    } else {
-        format!("{prefix}-h{}", &digest[..32])
-    }
-}
 
 /// Hermes' file name for a session id (`run_agent._safe_session_filename_component`):
 /// every character but word characters and `-` as `_`, `.` and `_` trimmed,
@@ -898,7 +874,7 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
             .as_ref()
             .and_then(|m| m.get("started_at"))
             .and_then(Value::as_f64)
-            .map_or_else(crate::store::now_ms, |s| (s * 1000.0) as i64);
+            .map_or_else(crate::ids::now_ms, |s| (s * 1000.0) as i64);
         let meta = json!({ "hermes": record, "parent": parent }).to_string();
         let report = run.reports.len();
         let (divert, snapshot) = (files.divert.remove(&hermes_id), files.snapshot.remove(&hermes_id));

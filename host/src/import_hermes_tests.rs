@@ -36,7 +36,7 @@ fn safe_ids_match_the_python_package() {
         format!("{}-hc12cb024a2e5551cca0e08fce8f1c5e3", "a".repeat(48))
     );
     for id in ["user 42/ü", "", "..x", &long] {
-        assert!(crate::divert::validate_session_id(&safe_session_id(id)).is_ok());
+        assert!(crate::ids::validate_session_id(&safe_session_id(id)).is_ok());
     }
 }
 

@@ -37,7 +37,8 @@ use crate::divert_files;
 use crate::graph::{GraphLine, StoredGraph};
 use crate::message::Message;
 use crate::settle::{self, Verdict};
-use crate::store::{StoreOptions, configure, index, now_ms, rows};
+use crate::store::{StoreOptions, configure, index, rows};
+use crate::ids::now_ms;
 
 /// Lines imported per transaction.
 const CHUNK: usize = 2_000;

@@ -34,7 +34,8 @@ use crate::divert::{self, DivertError};
 use crate::graph::GraphBatch;
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
-use crate::store::{Counters, SessionId};
+use crate::backend::Counters;
+use crate::ids::SessionId;
 
 /// The most batches one transaction commits together.
 pub const GROUP_MAX_BATCHES: usize = 64;

@@ -11,11 +11,13 @@
 //! machines over either; the divert folder is always on the local disk
 //! (`--home`), so a server that cannot be reached costs no turn.
 
+pub mod edit;
 pub mod group;
 pub mod readable;
 pub mod target;
 
 pub use group::{Flush, GROUP_MAX_BATCHES, GROUP_MAX_BYTES, GroupWrite, Ledger};
+pub use edit::{EditError, run_edit};
 pub use readable::readable;
 pub use target::{DbChoice, TargetError};
 
@@ -31,8 +33,17 @@ use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, Restor
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 use crate::pending::{PendingMessage, PendingRecord};
-use crate::store::{EditError, SessionId};
+use crate::ids::SessionId;
 use crate::transcript::StoredMessage;
+
+/// Effects counted for the fail-closed tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub open_attempts: u64,
+    pub connections_opened: u64,
+    pub append_attempts: u64,
+    pub diverts: u64,
+}
 
 /// What a writer knows of one session between batches.
 #[derive(Debug, Clone, Default)]

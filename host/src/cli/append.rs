@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::backend::{Backend, DbChoice, LeaseOptions};
 use crate::exit;
 use crate::message::Message;
-use crate::store::{SessionId, SessionStore, StoreOptions, Synchronous};
+use crate::store::{SessionStore, StoreOptions, Synchronous};
+use crate::ids::SessionId;
 
 /// Append batches read from stdin, one batch per line, to one session
 /// (`--session`) or, without it, to the session each line names.

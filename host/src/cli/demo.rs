@@ -14,7 +14,8 @@ use crate::divert::{self, Receipt};
 use crate::exit;
 use crate::faultvfs::{self, Fault, FileKind, Op};
 use crate::message::Message;
-use crate::store::{SessionId, SessionStore, StoreOptions};
+use crate::store::{SessionStore, StoreOptions};
+use crate::ids::SessionId;
 
 /// Run a scripted conversation with real injected failures and verify that
 /// every message ends committed, diverted with a receipt, or handed back.

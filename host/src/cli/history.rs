@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use crate::backend::{Backend, DbChoice, LeaseOptions};
 use crate::exit;
 use crate::history::{Reason, Selector};
-use crate::store::{EditError, SessionId, SessionStore, StoreOptions};
+use crate::store::{SessionStore, StoreOptions};
+use crate::backend::EditError;
+use crate::ids::SessionId;
 
 /// Where the session lives.
 #[derive(Debug, clap::Args)]
@@ -283,7 +285,7 @@ fn since_ms(s: &str) -> Result<i64, String> {
     let ago =
         humantime::parse_duration(s).map_err(|e| format!("`{s}` is neither an RFC 3339 time nor a duration ({e})"))?;
     let ms = i64::try_from(ago.as_millis()).map_err(|e| e.to_string())?;
-    Ok(crate::store::now_ms().saturating_sub(ms))
+    Ok(crate::ids::now_ms().saturating_sub(ms))
 }
 
 pub fn restore(args: RestoreArgs) -> i32 {

@@ -17,7 +17,8 @@ use super::write::Stop;
 use crate::backend::ReadError;
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, Reason, RestoreReport, Selector, fork_uid};
 use crate::message::Message;
-use crate::store::{EditError, SessionId, now_ms};
+use crate::backend::EditError;
+use crate::ids::{SessionId, now_ms};
 use crate::transcript::StoredMessage;
 
 impl super::Postgres {
@@ -212,7 +213,7 @@ impl PgStore {
         Stamp {
             reason,
             holder: self.lease.holder.clone(),
-            edit: crate::store::mint_id(),
+            edit: crate::ids::mint(),
             at_ms: now_ms(),
         }
     }
@@ -232,7 +233,7 @@ impl PgStore {
             .sessions
             .get(session.as_str())
             .and_then(|c| c.lease_token.clone());
-        crate::store::run_edit(edit, session, sticky, |_, elapsed_ms| {
+        crate::backend::run_edit(edit, session, sticky, |_, elapsed_ms| {
             let at = |mut f: Failure| {
                 f.elapsed_ms = elapsed_ms;
                 f

@@ -163,7 +163,7 @@ pub(super) struct GraphWritten {
 /// savepoint, after checking the database's generation.
 pub(super) fn write_group(client: &mut Client, batches: &[&Flush<'_>], generation: &str) -> GraphWritten {
     let mut each: Vec<Option<Stop>> = batches.iter().map(|_| None).collect();
-    let now = crate::store::now_ms();
+    let now = crate::ids::now_ms();
     let result = (|| -> Result<(), Stop> {
         let mut tx = client.transaction()?;
         let found: Option<String> = tx

@@ -4,7 +4,7 @@
 
 use postgres::Transaction;
 
-use crate::graph::thread_session;
+use crate::ids::thread_session;
 use crate::pending::{PendingRecord, PutBeforeDelete};
 
 /// Store the pending records of a thread being deleted as replay would

@@ -36,7 +36,8 @@ use crate::backend::{
 use crate::capture::{Capture, CaptureError};
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::outcome::FlushOutcome;
-use crate::store::{Counters, EditError, SessionId};
+use crate::backend::{Counters, EditError};
+use crate::ids::SessionId;
 use crate::transcript::StoredMessage;
 use schema::Migrated;
 use translate::Fault;
@@ -553,7 +554,7 @@ pub fn inspect(url: &DbUrl) -> Result<ServerState, connect::ConnectError> {
         .unwrap_or(0);
     let row = client.query_one(
         "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM sessions),                 (SELECT count(*) FROM sessions WHERE lease_token IS NOT NULL AND lease_expires_ms > $1),                 (SELECT count(*) FROM messages m WHERE NOT EXISTS                     (SELECT 1 FROM messages_search s WHERE s.message_id = m.id))",
-        &[&crate::store::now_ms()],
+        &[&crate::ids::now_ms()],
     )?;
     state.messages = row.get(0);
     state.sessions = row.get(1);
@@ -870,7 +871,7 @@ impl Backend for PgStore {
 
     fn graph_edit(&mut self, edit: &crate::graph::GraphEdit) -> Result<crate::graph::GraphEdited, EditError> {
         let session = edit.session();
-        let now = crate::store::now_ms();
+        let now = crate::ids::now_ms();
         self.edit(edit.name(), &session, |tx, _| graph::edit(tx, edit, now))
     }
 
@@ -881,7 +882,7 @@ impl Backend for PgStore {
     ) -> Result<crate::graph::GraphEdited, EditError> {
         let edit = crate::graph::GraphEdit::DeleteThread(thread.to_string());
         let session = edit.session();
-        let now = crate::store::now_ms();
+        let now = crate::ids::now_ms();
         self.edit(edit.name(), &session, |tx, _| {
             graph_marks::store_pending(tx, pending, now)?;
             graph::edit(tx, &edit, now)

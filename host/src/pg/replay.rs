@@ -8,7 +8,7 @@ use super::connect;
 use super::url::DbUrl;
 use crate::graph::{GraphLine, StoredGraph};
 use crate::replay::{Lease, ReplayError, Row, Target};
-use crate::store::now_ms;
+use crate::ids::now_ms;
 
 /// The replay target on a PostgreSQL server.
 pub struct PgTarget {

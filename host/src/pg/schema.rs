@@ -116,7 +116,7 @@ pub fn migrate(client: &mut Client) -> Result<Migrated, postgres::Error> {
         to_items(&mut tx)?;
         tx.batch_execute(V3)?;
         tx.batch_execute(super::graph::TABLES)?;
-        let generation = crate::store::mint_id();
+        let generation = crate::ids::mint();
         tx.execute(
             "INSERT INTO state_meta(key, value) VALUES ('generation', $1), ('schema_version', $2) \
              ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value WHERE state_meta.key = 'schema_version'",

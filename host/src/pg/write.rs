@@ -29,7 +29,7 @@ use turnsafe_policy::machine::WritePlan;
 
 use crate::backend::{Cursor, Flush, Lease};
 use crate::lease_proof::{Judged, Proof, judge};
-use crate::store::{mint_id, now_ms};
+use crate::ids::{mint, now_ms};
 use turnsafe_policy::{LeaseHolder, ServerProbe};
 
 pub(super) enum Stop {
@@ -198,7 +198,7 @@ fn take_leases(
             // Missing, or held by another transaction: a session new to
             // this handle is tried in one insert, and what that cannot
             // settle (and every session we wrote before) alone.
-            None if ours.is_none() || recreate.contains(id) => Decision::Create(ours.unwrap_or_else(mint_id)),
+            None if ours.is_none() || recreate.contains(id) => Decision::Create(ours.unwrap_or_else(mint)),
             None => Decision::Alone,
         };
         match decided {
@@ -330,7 +330,7 @@ fn decide(
                 None => ServerProbe::Unrecorded,
             };
             match judge(session, stored.as_deref(), token.and(*held_until), now, server) {
-                Judged::Take(_) => Decision::Set(mint_id()),
+                Judged::Take(_) => Decision::Set(mint()),
                 Judged::Fenced(holder) => Decision::Fenced(Some(holder)),
             }
         }
@@ -641,7 +641,7 @@ fn take_lease(
             }
             None if ours.is_some() && !recreate => return Ok(ours.unwrap_or_default()),
             None => {
-                let mine = ours.clone().unwrap_or_else(mint_id);
+                let mine = ours.clone().unwrap_or_else(mint);
                 let n = tx.execute(
                     "INSERT INTO sessions(id, created_ms, lease_token, lease_holder, lease_expires_ms) \
                      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",

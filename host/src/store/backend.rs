@@ -128,7 +128,7 @@ impl Backend for SessionStore {
     fn graph_edit(&mut self, edit: &crate::graph::GraphEdit) -> Result<crate::graph::GraphEdited, EditError> {
         let session = edit.session();
         self.edit(edit.name(), &session, |conn, _| {
-            super::graph::edit(conn, edit, super::now_ms())
+            super::graph::edit(conn, edit, crate::ids::now_ms())
         })
     }
 
@@ -140,7 +140,7 @@ impl Backend for SessionStore {
         let edit = crate::graph::GraphEdit::DeleteThread(thread.to_string());
         let session = edit.session();
         self.edit(edit.name(), &session, |conn, _| {
-            let now = super::now_ms();
+            let now = crate::ids::now_ms();
             super::graph_marks::store_pending(conn, pending, now)?;
             super::graph::edit(conn, &edit, now)
         })

@@ -6,7 +6,7 @@
 use rusqlite::{Connection, params};
 
 use crate::clear::{PendingRecord, PutBeforeDelete};
-use crate::graph::thread_session;
+use crate::ids::thread_session;
 
 /// Store the pending records of a thread being deleted as replay would
 /// have stored them, inside the delete's transaction: the delete then

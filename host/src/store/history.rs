@@ -6,7 +6,8 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{EditError, SessionId, SessionStore, mint_id, now_ms};
+use super::{EditError, SessionId, SessionStore, mint_id};
+use crate::ids::now_ms;
 use crate::backend::ReadError;
 use crate::history::{
     Archived, Cleared, ForkRefused, ForkReport, Keep, Lineage, PruneOptions, PruneReport, PrunedSession, Reason,

@@ -22,7 +22,8 @@ use std::collections::HashSet;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{EditError, SessionId, SessionStore, now_ms};
+use super::{EditError, SessionId, SessionStore};
+use crate::ids::now_ms;
 use crate::history::Reason;
 use crate::message::Message;
 

@@ -31,20 +31,20 @@ mod write;
 use crate::backend::{Cursor, Flush, Ledger};
 pub use crate::backend::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES};
 pub use backend::transcript;
-pub use edit::EditError;
-pub(crate) use edit::run_edit;
+pub use crate::backend::EditError;
+pub use crate::backend::Counters;
+pub use crate::ids::SessionId;
 pub use shared::SharedStore;
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 use turnsafe_policy::machine::Failure;
 use turnsafe_policy::{Cause, Evidence, Operation};
 
 use crate::capture::{self, Capture, CaptureError};
-use crate::divert;
 use crate::guard::{self, Guard, Verdict};
 use crate::message::Message;
 use crate::observe;
@@ -108,38 +108,12 @@ impl Default for StoreOptions {
     }
 }
 
-/// Effects counted for the fail-closed tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub open_attempts: u64,
-    pub connections_opened: u64,
-    pub append_attempts: u64,
-    pub diverts: u64,
-}
-
 /// Why the database could not be opened, with the connection if SQLite
 /// opened the file before a later step (configuration, the guard) failed.
 struct OpenFailure {
     error: rusqlite::Error,
     errno: Option<i64>,
     conn: Option<Connection>,
-}
-
-/// A session id that is safe as a file name (see [`divert::validate_session_id`]).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct SessionId(String);
-
-impl SessionId {
-    pub fn new(id: &str) -> Result<SessionId, String> {
-        divert::validate_session_id(id).map(|()| SessionId(id.to_string()))
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-    /// A LangGraph thread's session: its safe id, always valid.
-    pub fn graph(thread_id: &str) -> SessionId {
-        SessionId(crate::graph::thread_session(thread_id))
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -175,13 +149,6 @@ pub struct SessionStore {
     home_synced: bool,
     /// What the flushes saw of the write lock while they waited for it.
     lock_watch: lockwait::LockWatch,
-}
-
-/// Wall-clock milliseconds (leases and row times cross processes).
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn random_u64() -> u64 {

@@ -10,7 +10,8 @@ use turnsafe_policy::machine::WritePlan;
 
 use std::collections::HashMap;
 
-use super::{Cursor, Flush, SessionStore, now_ms};
+use super::{Cursor, Flush, SessionStore};
+use crate::ids::now_ms;
 use crate::observe;
 
 pub(super) enum WriteFailure {
