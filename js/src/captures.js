@@ -12,6 +12,7 @@ import path from 'node:path';
 import Database from 'better-sqlite3';
 
 import { fsyncDir } from './divert.js';
+import { version } from './policy.js';
 
 export const PREFIX = 'state.db.retired-';
 export const MARKER = 'SETTLED';
@@ -265,3 +266,32 @@ export function capture(guard, why, version) {
     return { error: e.operation ? e : captureError('write', null, e) };
   }
 }
+
+/** Host's capture step of a flush: the retired generation copied once per handle (host.js). */
+export const capturing = {
+  captureStep() {
+    this.retired = true;
+    this.forbidCloseCheckpoint();
+    if (this.captured) {
+      return this.captured.receipt ? { type: 'captured', receipt: this.captured.receipt }
+        : { type: 'capture_failed', ...this.captured.error };
+    }
+    if (!this.guard) {
+      this.captured = { error: { operation: 'read', errno: null,
+        error: 'capture of the retired generation failed at read: this handle recorded no generation (its guard is off or its open failed)' } };
+    } else {
+      let verdict = null;
+      try {
+        verdict = this.guard.check();
+      } catch {
+        verdict = null;
+      }
+      const evidence = verdict ? [verdict.evidence] : [];
+      const cause = evidence.includes('db_replaced') ? 'replaced' : evidence.includes('deleted_wal_generation') ? 'deleted_wal' : 'unknown';
+      this.captured = capture(this.guard, { trigger: verdict ? `write: ${verdict.detail}` : 'the flush machine asked for a capture',
+        cause, evidence }, version());
+    }
+    return this.captured.receipt ? { type: 'captured', receipt: this.captured.receipt }
+      : { type: 'capture_failed', ...this.captured.error };
+  },
+};

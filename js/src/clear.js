@@ -14,9 +14,11 @@
 import fs from 'node:fs';
 import path from 'node:path';
 
-import { appendBytes, flockExclusive, fsyncDir } from './divert.js';
+import { appendBytes, flockExclusive, fsyncDir, validSession } from './divert.js';
 import { ownsLines, readLine, splitLines } from './divert_lines.js';
-import { TurnsafeError } from './errors.js';
+import { Refusal, TurnsafeError } from './errors.js';
+import { mintId } from './ids.js';
+import { textOf } from './projection.js';
 
 const LEDGER = 'ledger.jsonl';
 
@@ -249,3 +251,49 @@ export function settleLines(home, session, files) {
   if (files.length) step(session, 'fsync', 'settling/', () => fsyncDir(path.join(sessions, 'settling')));
   return count;
 }
+
+/** Host's clear: the rows and the lines read, archived together, then the lines settled (host.js). */
+export const clearing = {
+  /**
+   * Remove every stored item of `session` (to the archive with schema 4,
+   * with its pending divert lines) and settle those lines (docs/DIVERT.md,
+   * "Cleared"): the session's divert file is taken into settling/ and read
+   * first (clear.js), so the lines archived and settled are exactly the
+   * lines read; one diverted after that stays pending. A file that cannot
+   * be read fails the clear before the database is touched.
+   */
+  clear(session) {
+    if (!validSession(session)) throw new Refusal(`invalid session id: ${JSON.stringify(session)}`, { code: 'invalid_session_id' });
+    // A handle that refuses edits takes no file either.
+    this.refuseIfSticky('clear', session);
+    const editId = mintId();
+    const files = takeLines(this.home, session);
+    const lines = files.flatMap((f) => f.lines.filter((l) => l.kind === 'message'));
+    let n;
+    try {
+      n = this.edit('clear', session, (db) => this.clearRows(db, session, lines, editId));
+    } catch (e) {
+      putBack(this.home, files);
+      throw e;
+    }
+    settleLines(this.home, session, files);
+    this.cursor(session).nextSeq = null;
+    return n;
+  },
+
+  /** The clear's transaction: the rows and the lines read to the archive (schema 4), the rows removed. */
+  clearRows(db, session, lines, editId) {
+    const taken = this.takeOut(db, session, {}, 'clear', editId);
+    if (this.hasArchive(db)) {
+      const ins = db.prepare(`INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, reason, holder, edit)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'clear', ?, ?)`);
+      const now = Date.now();
+      for (const l of lines) {
+        // The message's text as it was diverted, byte for byte.
+        ins.run(session, l.uid, l.seq ?? 0, typeof l.message.role === 'string' ? l.message.role : null, textOf(l.message.content),
+          l.text, now, now, this.holder, editId);
+      }
+    }
+    return taken;
+  },
+};

@@ -249,3 +249,22 @@ export function divertMaxSeq(home, session) {
   }
   return max;
 }
+
+/** Host's divert step of a flush: the batch's lines written at the seqs it would have had (host.js). */
+export const diverting = {
+  divertStep(batch, cause) {
+    const cur = this.cursor(batch.session);
+    const first = cur.nextSeq;
+    this.counters.diverts += 1;
+    try {
+      const receipt = divert(this.home, batch.session, cause, batch.items.map((message, i) => ({
+        uid: batch.uids[i], seq: first === null ? null : first + i, message })));
+      if (first !== null) cur.nextSeq = first + batch.items.length;
+      return { type: 'diverted', receipt };
+    } catch (e) {
+      if (!e?.divert) throw e;
+      return { type: 'divert_failed', operation: e.operation, errno: e.errno, message: String(e.message ?? e),
+        residue: e.residue ?? null };
+    }
+  },
+};

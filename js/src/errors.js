@@ -73,3 +73,39 @@ export function flatten(e) {
   if (e.stack) out.workerStack = e.stack;
   return out;
 }
+
+// The host's own errors, thrown in the worker (or the calling thread) and
+// flattened across: a Refusal crosses as Refused, an EditFailure as
+// TurnsafeError, an Incomplete as HistoryIncomplete (their names).
+
+/** A refusal before anything is written: a newer (or older) schema, an invalid session id. */
+export class Refusal extends Error {
+  constructor(message, extra = {}) {
+    super(message);
+    this.name = 'Refused';
+    Object.assign(this, extra);
+  }
+}
+
+/** An edit that did not happen: nothing was changed. */
+export class EditFailure extends Error {
+  constructor(edit, session, cause, action, message, attempts) {
+    super(`${edit} of session ${session} failed: session_persistence_failed:${cause}: ${message}`);
+    this.name = 'TurnsafeError';
+    Object.assign(this, { edit, session, cause, action, attempts });
+  }
+}
+
+/** Reads that cannot present the transcript as complete while a capture holds rows of it. */
+export class Incomplete extends Error {
+  constructor(session, rows, captures) {
+    super(`the history of session ${session} is not complete: an unsettled capture holds rows of it (${captures.map((c) => c.path).join(', ')})`);
+    this.name = 'HistoryIncomplete';
+    Object.assign(this, { session, rows, captures });
+  }
+}
+
+/** A caller's mistake the SDK reports as its own UserError (a history operation replayed differently). */
+export function userError(message) {
+  return Object.assign(new Error(message), { userError: true, name: 'UserError' });
+}

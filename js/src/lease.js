@@ -12,6 +12,7 @@
 // ends; it never decides here.
 import fs from 'node:fs';
 
+import { mintId } from './ids.js';
 import { decideLease } from './policy.js';
 
 /** The fields of `/proc/<pid>/stat` a probe reads; null when no process has `pid`. */
@@ -167,3 +168,51 @@ export function judge(session, stored, expiresMs, nowMs) {
   }
   return { take: true, verdict: answer.verdict };
 }
+
+/** Host's methods for its own turn leases: taken, renewed or fenced in a write, given back (host.js). */
+export const leasing = {
+  takeLease(session, cur, recreate) {
+    const st = this.stmts;
+    const now = Date.now();
+    const row = st.lease.get(session);
+    const mine = cur.lease;
+    const ttl = this.leaseTtlMs;
+    const lost = (lease) => Object.assign(new Error("the session's turn lease is held by another writer"), { leaseLost: true, lease });
+    if (row && mine) {
+      if (row.lease_token === mine) {
+        if (row.lease_expires_ms === null || row.lease_expires_ms - now < ttl - Math.floor(ttl / 2)) st.renew.run(now + ttl, session);
+        return mine;
+      }
+      // We held the lease and someone else took it: fenced, whatever its
+      // expiry or its holder's state.
+      throw lost(row.lease_token === null ? null : holderOf(readProof(row.lease_holder), row.lease_expires_ms));
+    }
+    if (row) {
+      // Another holder's lease ends on its expiry, or on the policy's word
+      // that its holder is gone (src/lease.js); never on this writer's guess.
+      const judged = judge(session, row.lease_holder, row.lease_token === null ? null : row.lease_expires_ms, now);
+      if (!judged.take) throw lost(judged.holder);
+      const token = mintId();
+      st.take.run(token, proofText(this.holder), now + ttl, session);
+      return token;
+    }
+    // A session row that vanished after our first batch is left missing, so
+    // the insert fails with a foreign-key error and the policy decides.
+    if (mine && !recreate) return mine;
+    const token = mine ?? mintId();
+    st.newSession.run(session, now, token, proofText(this.holder), now + ttl);
+    return token;
+  },
+
+  /** Give back this handle's lease on `session`. */
+  releaseLease(session) {
+    const cur = this.cursors.get(session);
+    if (!cur?.lease || !this.db || this.stickyCause()) return;
+    try {
+      this.stmts.releaseLease.run(session, cur.lease);
+    } catch {
+      // the lease then expires on its own
+    }
+    cur.lease = null;
+  },
+};
