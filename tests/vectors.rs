@@ -11,9 +11,9 @@ fn load_vectors() -> Vec<(String, Value)> {
         .expect("tests/vectors exists")
         .map(|e| e.expect("dir entry").path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        // The flush machine's event sequences and the lease decisions
-        // have their own runners.
-        .filter(|p| !p.ends_with("flush_sequences.json") && !p.ends_with("lease.json"))
+        // The flush machine's event sequences, the lease decisions and the
+        // failure scopes have their own runners.
+        .filter(|p| !p.ends_with("flush_sequences.json") && !p.ends_with("lease.json") && !p.ends_with("scope.json"))
         .collect();
     files.sort();
     let mut out = Vec::new();
@@ -141,6 +141,94 @@ fn every_lease_vector_agrees_natively_and_in_wasm() {
         assert_eq!(
             native.decide_lease_json(bad).unwrap(),
             wasm.decide_lease_json(bad).unwrap()
+        );
+    }
+}
+
+/// A scope vector's observation as the component's typed record.
+fn wit_observation(o: &Value) -> turnsafe_host::engine::wit::Observation {
+    use turnsafe_host::engine::wit;
+    let evidence = o["evidence"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|e| match e.as_str().expect("an evidence label") {
+                    "deleted_wal_generation" => wit::Evidence::DeletedWalGeneration,
+                    "db_replaced" => wit::Evidence::DbReplaced,
+                    "turn_lease_lost" => wit::Evidence::TurnLeaseLost,
+                    "compression_in_progress" => wit::Evidence::CompressionInProgress,
+                    "compression_closed" => wit::Evidence::CompressionClosed,
+                    "fts_scope" => wit::Evidence::FtsScope,
+                    "commit_sent" => wit::Evidence::CommitSent,
+                    other => panic!("unknown evidence {other}"),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    wit::Observation {
+        operation: wit::Operation::AppendBatch,
+        engine: match o["engine"].as_str() {
+            Some("postgres") => wit::DbEngine::Postgres,
+            _ => wit::DbEngine::Sqlite,
+        },
+        sqlstate: o["sqlstate"].as_str().map(String::from),
+        code: o["code"].as_i64(),
+        extended_code: o["extended_code"].as_i64(),
+        message: o["message"].as_str().unwrap_or_default().to_string(),
+        errno: o["errno"].as_i64(),
+        evidence,
+        attempt: 1,
+        elapsed_ms: 0,
+        seed: 0,
+        lease: None,
+    }
+}
+
+/// The failure scopes (`tests/vectors/scope.json`): how far a failure
+/// inside a group's transaction reaches, natively and in the component
+/// (its JSON entry point byte for byte, and its typed `decide-scope`).
+#[test]
+fn every_scope_vector_agrees_natively_and_in_wasm() {
+    use turnsafe_host::engine::wit::FailureScope;
+    let text = std::fs::read_to_string(turnsafe_tests::root().join("tests/vectors/scope.json")).expect("scope vectors");
+    let vectors: Vec<Value> = serde_json::from_str(&text).expect("scope vectors parse");
+    assert!(vectors.len() >= 40, "only {} scope vectors", vectors.len());
+    let mut native = NativeEngine;
+    let mut wasm = WasmEngine::new().expect("component loads");
+    let mut scopes = std::collections::BTreeSet::new();
+    for v in &vectors {
+        let name = v["name"].as_str().expect("named");
+        let request = v["request"].to_string();
+        let n = native.decide_scope_json(&request).expect("native never fails");
+        let w = wasm.decide_scope_json(&request).expect("component does not trap");
+        assert_eq!(n, w, "{name}: native and wasm differ");
+        let out: Value = serde_json::from_str(&n).expect("JSON out");
+        assert_eq!(out, v["expected"], "{name}: {}", v["why"]);
+        let obs = wit_observation(&v["request"]["observation"]);
+        let open = v["request"]["transaction_open"].as_bool().expect("transaction_open");
+        let typed = wasm
+            .call(|g, s| g.call_decide_scope(s, &obs, open))
+            .expect("component does not trap");
+        let typed = match typed {
+            FailureScope::Batch => "batch",
+            FailureScope::Transaction => "transaction",
+        };
+        assert_eq!(typed, out["scope"], "{name}: the typed export differs");
+        scopes.insert(typed);
+    }
+    assert_eq!(scopes.into_iter().collect::<Vec<_>>(), ["batch", "transaction"]);
+    for bad in [
+        r#"{"observation": {}}"#,
+        r#"{"observation": {"code": "x"}, "transaction_open": true}"#,
+        "[]",
+        "{",
+    ] {
+        let out: Value = serde_json::from_str(&native.decide_scope_json(bad).unwrap()).unwrap();
+        assert!(out["error"].is_string(), "{bad}: {out}");
+        assert_eq!(
+            native.decide_scope_json(bad).unwrap(),
+            wasm.decide_scope_json(bad).unwrap()
         );
     }
 }

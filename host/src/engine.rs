@@ -49,6 +49,9 @@ pub trait PolicyEngine {
     /// Whether a writer may take a lease another holder has
     /// (`{now_ms, expires_ms?, local?, server?}` in).
     fn decide_lease_json(&mut self, request: &str) -> Result<String, EngineError>;
+    /// How far a failure inside a group's transaction reaches
+    /// (`{observation, transaction_open}` in).
+    fn decide_scope_json(&mut self, request: &str) -> Result<String, EngineError>;
 }
 
 /// The native policy.
@@ -70,6 +73,9 @@ impl PolicyEngine for NativeEngine {
     }
     fn decide_lease_json(&mut self, request: &str) -> Result<String, EngineError> {
         Ok(turnsafe_policy::json::decide_lease_json(request))
+    }
+    fn decide_scope_json(&mut self, request: &str) -> Result<String, EngineError> {
+        Ok(turnsafe_policy::json::decide_scope_json(request))
     }
 }
 
@@ -163,6 +169,9 @@ impl PolicyEngine for WasmEngine {
     }
     fn decide_lease_json(&mut self, request: &str) -> Result<String, EngineError> {
         self.call(|g, s| g.call_decide_lease_json(s, request))
+    }
+    fn decide_scope_json(&mut self, request: &str) -> Result<String, EngineError> {
+        self.call(|g, s| g.call_decide_scope_json(s, request))
     }
 }
 

@@ -449,6 +449,17 @@ impl Guest for Component {
         crate::json::decide_lease_json(&request)
     }
 
+    fn decide_scope(observation: Observation, transaction_open: bool) -> engine::FailureScope {
+        match machine::failure_scope(&self::observation(observation), transaction_open) {
+            machine::Scope::Batch => engine::FailureScope::Batch,
+            machine::Scope::Transaction => engine::FailureScope::Transaction,
+        }
+    }
+
+    fn decide_scope_json(request: String) -> String {
+        crate::json::decide_scope_json(&request)
+    }
+
     fn version() -> String {
         env!("CARGO_PKG_VERSION").to_string()
     }

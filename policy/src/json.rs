@@ -499,3 +499,25 @@ pub fn evaluate_json(request: &str) -> String {
     };
     run().unwrap_or_else(v::error).to_text()
 }
+
+/// `decide-scope-json`: `{observation, transaction_open}` in (the
+/// observation of a failure inside a group's transaction, and whether the
+/// engine still holds that transaction open); `{scope}` out, `batch` or
+/// `transaction` (see [`crate::machine::failure_scope`]).
+pub fn decide_scope_json(request: &str) -> String {
+    let run = || -> Result<Json, String> {
+        let v = parse_request(request)?;
+        if !v.is_object() {
+            return Err("request must be a JSON object".into());
+        }
+        let obs = observation_from_json(v.get("observation").unwrap_or(&Json::Null))?;
+        let transaction_open = match v.get("transaction_open") {
+            Some(Json::Bool(b)) => *b,
+            _ => return Err("field `transaction_open` must be true or false".into()),
+        };
+        let mut out = v::Obj::new();
+        out.str("scope", crate::machine::failure_scope(&obs, transaction_open).label());
+        Ok(out.done())
+    };
+    run().unwrap_or_else(v::error).to_text()
+}

@@ -66,7 +66,7 @@ impl LocalProbe {
     }
 
     pub fn from_label(s: &str) -> Option<LocalProbe> {
-        Self::ALL.get(crate::model::position(&Self::LABELS, s)).copied()
+        Self::ALL.get(crate::text::position(&Self::LABELS, s)).copied()
     }
 }
 
@@ -99,7 +99,7 @@ impl ServerProbe {
     }
 
     pub fn from_label(s: &str) -> Option<ServerProbe> {
-        Self::ALL.get(crate::model::position(&Self::LABELS, s)).copied()
+        Self::ALL.get(crate::text::position(&Self::LABELS, s)).copied()
     }
 }
 
@@ -147,7 +147,7 @@ impl LeaseVerdict {
     }
 
     pub fn from_label(s: &str) -> Option<LeaseVerdict> {
-        Self::ALL.get(crate::model::position(&Self::LABELS, s)).copied()
+        Self::ALL.get(crate::text::position(&Self::LABELS, s)).copied()
     }
 
     /// Whether the writer takes the lease (every verdict but [`LeaseVerdict::Stands`]).
@@ -206,7 +206,7 @@ impl HolderPlace {
     }
 
     pub fn from_label(s: &str) -> Option<HolderPlace> {
-        Self::ALL.get(crate::model::position(&Self::LABELS, s)).copied()
+        Self::ALL.get(crate::text::position(&Self::LABELS, s)).copied()
     }
 }
 

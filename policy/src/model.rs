@@ -6,14 +6,7 @@
 use crate::prelude::*;
 use serde::{Deserialize, Serialize};
 
-/// Where `label` is in `labels`, or `labels.len()` when it is not there.
-/// Every `from_label` is this one search over its enum's table of labels,
-/// which is in the order of its `ALL`, so the component carries one search
-/// instead of one per enum; a plain index rather than an `Option` comes
-/// back in a register, not through memory, in each caller.
-pub(crate) fn position(labels: &[&str], label: &str) -> usize {
-    labels.iter().position(|l| *l == label).unwrap_or(labels.len())
-}
+use crate::text::position;
 
 /// The storage operation that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

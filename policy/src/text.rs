@@ -9,6 +9,15 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
+/// Where `label` is in `labels`, or `labels.len()` when it is not there.
+/// Every `from_label` is this one search over its enum's table of labels,
+/// which is in the order of its `ALL`, so the component carries one search
+/// instead of one per enum; a plain index rather than an `Option` comes
+/// back in a register, not through memory, in each caller.
+pub(crate) fn position(labels: &[&str], label: &str) -> usize {
+    labels.iter().position(|l| *l == label).unwrap_or(labels.len())
+}
+
 /// The parts, joined: `cat(&["a", b, "c"])` is `format!("a{b}c")`.
 pub(crate) fn cat(parts: &[&str]) -> String {
     let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());

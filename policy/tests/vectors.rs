@@ -5,7 +5,7 @@
 //! run of this crate) see every vector.
 
 use serde_json::{Value, json};
-use turnsafe_policy::json::{classify_json, decide_lease_json, evaluate_json};
+use turnsafe_policy::json::{classify_json, decide_lease_json, decide_scope_json, evaluate_json};
 
 fn load_vectors() -> Vec<(String, Value)> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/vectors");
@@ -13,9 +13,9 @@ fn load_vectors() -> Vec<(String, Value)> {
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.expect("dir entry").path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        // The flush machine's event sequences and the lease decisions have
-        // their own runners.
-        .filter(|p| !p.ends_with("flush_sequences.json") && !p.ends_with("lease.json"))
+        // The flush machine's event sequences, the lease decisions and the
+        // failure scopes have their own runners.
+        .filter(|p| !p.ends_with("flush_sequences.json") && !p.ends_with("lease.json") && !p.ends_with("scope.json"))
         .collect();
     files.sort();
     let mut out = Vec::new();
@@ -77,5 +77,32 @@ fn every_lease_vector_meets_expected_natively() {
     for v in &vectors {
         let out: Value = serde_json::from_str(&decide_lease_json(&v["probe"].to_string())).expect("JSON");
         assert_eq!(out, v["expected"], "{}: {}", v["name"], v["why"]);
+    }
+}
+
+/// The failure scopes (`tests/vectors/scope.json`), natively: each failure
+/// inside a group's transaction reaches as far as its `expected` says, and
+/// the typed function answers what the JSON entry point does.
+#[test]
+fn every_scope_vector_meets_expected_natively() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/vectors/scope.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let vectors: Vec<Value> = serde_json::from_str(&text).expect("scope vectors parse");
+    assert!(vectors.len() >= 40, "only {} scope vectors", vectors.len());
+    let mut seen = std::collections::BTreeSet::new();
+    for v in &vectors {
+        let out: Value = serde_json::from_str(&decide_scope_json(&v["request"].to_string())).expect("JSON");
+        assert_eq!(out, v["expected"], "{}: {}", v["name"], v["why"]);
+        seen.insert(out["scope"].as_str().unwrap_or_default().to_string());
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["batch", "transaction"]);
+    for bad in [
+        r#"{"observation": {}}"#,
+        r#"{"observation": {}, "transaction_open": 1}"#,
+        "[]",
+        "{",
+    ] {
+        let out: Value = serde_json::from_str(&decide_scope_json(bad)).expect("JSON");
+        assert!(out["error"].is_string(), "{bad}: {out}");
     }
 }

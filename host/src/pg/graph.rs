@@ -180,7 +180,7 @@ pub(super) fn write_group(client: &mut Client, batches: &[&Flush<'_>], generatio
                 // An error of this batch alone (a constraint, say): its
                 // savepoint is rolled back, the others go on. A lost
                 // connection fails the next statement too, and the group.
-                Err(e) if e.as_db_error().is_some() && !ends_transaction(&e) => {
+                Err(e) if !super::translate::ends_transaction(&e) => {
                     sp.rollback()?;
                     each[k] = Some(Stop::Client(e));
                 }
@@ -195,15 +195,6 @@ pub(super) fn write_group(client: &mut Client, batches: &[&Flush<'_>], generatio
         group: result.err(),
         each,
     }
-}
-
-/// Errors after which nothing more is written in the transaction: the
-/// server shutting down, out of space, a serialization or lock failure.
-fn ends_transaction(e: &postgres::Error) -> bool {
-    e.code().is_some_and(|c| {
-        let class = &c.code()[..2];
-        matches!(class, "53" | "57" | "58" | "40" | "55" | "08" | "XX")
-    })
 }
 
 /// After a lost COMMIT: whether every record of the batch is stored,

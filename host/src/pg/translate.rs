@@ -83,6 +83,17 @@ pub fn sqlite_codes(sqlstate: Option<&str>) -> (Option<i64>, Option<i64>) {
     }
 }
 
+/// Whether `e`, inside a group's transaction, ends that transaction rather
+/// than only the savepoint it came in: the policy decides
+/// (`failure_scope`) from the SQLSTATE the failure carries. PostgreSQL
+/// keeps even an aborted transaction open until ROLLBACK, so whether it
+/// lives is the SQLSTATE's to say.
+pub fn ends_transaction(e: &postgres::Error) -> bool {
+    use turnsafe_policy::machine::{Scope, failure_scope};
+    let obs = failure(&Fault::Client(e), 0).into_observation(turnsafe_policy::Operation::AppendBatch);
+    failure_scope(&obs, true) == Scope::Transaction
+}
+
 /// The failure the flush machine takes.
 pub fn failure(fault: &Fault<'_>, elapsed_ms: u64) -> Failure {
     let (sqlstate, text, errno) = match fault {

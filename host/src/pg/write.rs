@@ -18,9 +18,11 @@
 //!   savepoint and each batch is written again in its own savepoint, so
 //!   only the batch at fault fails.
 //!
-//! A failure no savepoint contains (the connection lost, the server
-//! shutting down, a failed COMMIT) fails the whole group: nothing is half
-//! committed, and each batch settles as the policy says.
+//! A failure no savepoint contains fails the whole group: the policy says
+//! which (`failure_scope`: the connection lost, the server shutting down,
+//! out of space, a serialization failure or deadlock, a failed COMMIT;
+//! never a lock wait that timed out, 55P03). Nothing is half committed,
+//! and each batch settles as the policy says.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -28,8 +30,8 @@ use postgres::{Client, Statement, Transaction};
 use turnsafe_policy::machine::WritePlan;
 
 use crate::backend::{Cursor, Flush, Lease};
-use crate::lease_proof::{Judged, Proof, judge};
 use crate::ids::{mint, now_ms};
+use crate::lease_proof::{Judged, Proof, judge};
 use turnsafe_policy::{LeaseHolder, ServerProbe};
 
 pub(super) enum Stop {
@@ -251,7 +253,7 @@ fn take_leases(
                     sp.commit()?;
                     Ok(Ok(token))
                 }
-                Err(Stop::Client(e)) if e.as_db_error().is_some() => {
+                Err(Stop::Client(e)) if !super::translate::ends_transaction(&e) => {
                     sp.rollback()?;
                     Ok(Err(Stop::Failed(Box::new(super::translate::failure(
                         &super::translate::Fault::Client(&e),
@@ -510,7 +512,7 @@ fn insert_rows(
                 sp.rollback()?;
                 Ok(false)
             }
-            Err(e) if e.as_db_error().is_some() => {
+            Err(e) if !super::translate::ends_transaction(&e) => {
                 sp.rollback()?;
                 Ok(false)
             }
@@ -530,7 +532,7 @@ fn insert_rows(
                 sp.rollback()?;
                 each[k] = Some(Stop::Conflict);
             }
-            Err(e) if e.as_db_error().is_some() => {
+            Err(e) if !super::translate::ends_transaction(&e) => {
                 sp.rollback()?;
                 each[k] = Some(Stop::Client(e));
             }

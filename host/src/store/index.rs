@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
-use turnsafe_policy::machine::background::{self, Next};
+use turnsafe_policy::machine::background::{self, IndexNext};
 use turnsafe_policy::{Cause, Evidence, Observation, Operation};
 
 use super::{SessionStore, schema};
@@ -142,8 +142,9 @@ pub fn catch_up(
         let st = match state(conn) {
             Ok(st) => st,
             Err(e) => {
-                let (cause, _, obs) = decide(conn, &e, false, 1, 0, seed);
-                return Err(settle(conn, e, cause, obs));
+                // A failed read is not waited out: the catch-up stops here.
+                let (cause, next, obs) = decide(conn, &e, false, 1, 0, seed);
+                return Err(settle(conn, e, cause, next, obs));
             }
         };
         out.watermark = st.watermark;
@@ -174,11 +175,11 @@ pub fn catch_up(
                     started.elapsed().as_millis() as u64,
                     seed,
                 );
-                // The catch-up writes around nothing: a damaged index is
-                // marked for rebuild, and search scans without it.
                 match next {
-                    Next::Wait { ms } => std::thread::sleep(Duration::from_millis(ms)),
-                    Next::DegradeFts | Next::Stop { .. } => return Err(settle(conn, error, cause, obs)),
+                    IndexNext::Wait { ms } => std::thread::sleep(Duration::from_millis(ms)),
+                    IndexNext::MarkForRebuild | IndexNext::Stop { .. } => {
+                        return Err(settle(conn, error, cause, next, obs));
+                    }
                 }
             }
         }
@@ -195,7 +196,7 @@ fn decide(
     attempt: u32,
     elapsed_ms: u64,
     seed: u64,
-) -> (Cause, Next, Observation) {
+) -> (Cause, IndexNext, Observation) {
     let evidence = if in_index { vec![Evidence::FtsScope] } else { Vec::new() };
     let obs = observe::observation(
         Operation::AppendBatch,
@@ -207,7 +208,7 @@ fn decide(
         seed,
     );
     let cause = turnsafe_policy::decide(&obs).classification.cause;
-    let next = background::after_failure(&obs, true);
+    let next = background::after_index_failure(&obs);
     tracing::info!(
         attempt,
         code = ?obs.extended_code,
@@ -218,10 +219,17 @@ fn decide(
     (cause, next, obs)
 }
 
-/// A failure the catch-up stops at: damage marks the index for rebuild.
-fn settle(conn: &Connection, error: rusqlite::Error, cause: Cause, observation: Observation) -> IndexError {
+/// A failure the catch-up stops at: it marks the index for rebuild when
+/// the policy's step says so.
+fn settle(
+    conn: &Connection,
+    error: rusqlite::Error,
+    cause: Cause,
+    next: IndexNext,
+    observation: Observation,
+) -> IndexError {
     let observation = Box::new(observation);
-    if cause == Cause::FtsIndex {
+    if next == IndexNext::MarkForRebuild {
         let marked = mark_for_rebuild(conn).is_ok();
         tracing::warn!(marked, "search index damaged; marked for rebuild");
         return IndexError::Damaged {

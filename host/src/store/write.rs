@@ -4,9 +4,9 @@
 
 use crate::lease_proof::{Judged, Proof, judge};
 use rusqlite::{Connection, OptionalExtension, params};
-use turnsafe_policy::Evidence;
 use turnsafe_policy::ServerProbe;
 use turnsafe_policy::machine::WritePlan;
+use turnsafe_policy::{Evidence, Observation, Operation};
 
 use std::collections::HashMap;
 
@@ -252,36 +252,38 @@ impl Stop {
 }
 
 /// Whether `stop` ends the whole transaction rather than one batch's
-/// savepoint: SQLite already rolled back, or the error is of a class
-/// (busy, full, I/O, corruption, ...) after which nothing more should be
-/// written in it.
+/// savepoint: the policy decides from what the host saw, and whether
+/// SQLite still holds the transaction open.
 fn ends_transaction(conn: &Connection, stop: &Stop) -> bool {
-    use rusqlite::ffi;
-    if conn.is_autocommit() {
-        return true;
-    }
-    match stop {
-        Stop::LeaseLost(_) => false,
-        Stop::Guard(..) | Stop::Probe(_) | Stop::Commit(_) => true,
-        Stop::Sqlite(e) => match e.sqlite_error() {
-            Some(f) => matches!(
-                f.extended_code & 0xff,
-                ffi::SQLITE_BUSY
-                    | ffi::SQLITE_LOCKED
-                    | ffi::SQLITE_NOMEM
-                    | ffi::SQLITE_READONLY
-                    | ffi::SQLITE_INTERRUPT
-                    | ffi::SQLITE_IOERR
-                    | ffi::SQLITE_CORRUPT
-                    | ffi::SQLITE_FULL
-                    | ffi::SQLITE_CANTOPEN
-                    | ffi::SQLITE_PROTOCOL
-                    | ffi::SQLITE_NOTADB
-            ),
-            // Not an error SQLite returned (a bad parameter, say): the
-            // transaction is intact.
-            None => false,
-        },
+    let scope = turnsafe_policy::machine::failure_scope(&stop.observation(), !conn.is_autocommit());
+    scope == turnsafe_policy::machine::Scope::Transaction
+}
+
+impl Stop {
+    /// What the policy is shown of a stop inside the group's transaction:
+    /// the SQLite error's codes, and the host's own evidence for the
+    /// guard, COMMIT and a fenced lease. A failed guard probe is an I/O
+    /// error, as the flush machine is told (`probe_error`).
+    fn observation(&self) -> Observation {
+        let (error, evidence) = match self {
+            Stop::Sqlite(e) => (Some(e), Vec::new()),
+            Stop::Commit(e) => (Some(e), vec![Evidence::CommitSent]),
+            Stop::Guard(evidence, _) => (None, vec![*evidence]),
+            Stop::LeaseLost(_) => (None, vec![Evidence::TurnLeaseLost]),
+            Stop::Probe(_) => {
+                return Observation {
+                    code: Some(turnsafe_policy::codes::IOERR),
+                    ..Observation::new(Operation::AppendBatch)
+                };
+            }
+        };
+        match error {
+            Some(e) => observe::observation(Operation::AppendBatch, e, None, evidence, 1, 0, 0),
+            None => Observation {
+                evidence,
+                ..Observation::new(Operation::AppendBatch)
+            },
+        }
     }
 }
 

@@ -32,6 +32,35 @@ pub fn after_failure(obs: &Observation, degraded: bool) -> Next {
     }
 }
 
+/// The next move of the search index's catch-up after a failed chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexNext {
+    /// Wait this long, then try the chunk again.
+    Wait { ms: u64 },
+    /// The index itself is damaged (`fts_index`): mark it for rebuild, in
+    /// a transaction of its own, and stop. Search stops trusting it and
+    /// scans the committed rows without it.
+    MarkForRebuild,
+    /// Stop with this cause: the rows past the watermark stay committed
+    /// and unindexed, and search scans them. `action` is the one the
+    /// decision table named.
+    Stop { cause: Cause, action: ActionKind },
+}
+
+/// Decide the catch-up's next move for `obs`. The catch-up writes the
+/// index and nothing else, so there is nothing to write around: where other
+/// work would degrade the index once, the catch-up marks it for rebuild.
+pub fn after_index_failure(obs: &Observation) -> IndexNext {
+    match after_failure(obs, true) {
+        Next::Wait { ms } => IndexNext::Wait { ms },
+        Next::DegradeFts
+        | Next::Stop {
+            cause: Cause::FtsIndex, ..
+        } => IndexNext::MarkForRebuild,
+        Next::Stop { cause, action } => IndexNext::Stop { cause, action },
+    }
+}
+
 /// The move for work a sticky handle is asked to do: it never touches the
 /// database again, so it stops at once, failing closed with the sticky cause.
 pub fn refused(sticky: Cause) -> Next {
@@ -70,6 +99,25 @@ mod tests {
             after_failure(&o, true),
             Next::Stop {
                 cause: Cause::FtsIndex,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_damaged_index_is_marked_for_rebuild_at_any_attempt() {
+        let mut o = obs(codes::CORRUPT, vec![Evidence::FtsScope]);
+        assert_eq!(after_index_failure(&o), IndexNext::MarkForRebuild);
+        o.attempt = 3;
+        assert_eq!(after_index_failure(&o), IndexNext::MarkForRebuild);
+        assert!(matches!(
+            after_index_failure(&obs(codes::BUSY, vec![Evidence::FtsScope])),
+            IndexNext::Wait { .. }
+        ));
+        assert!(matches!(
+            after_index_failure(&obs(codes::FULL, vec![Evidence::FtsScope])),
+            IndexNext::Stop {
+                cause: Cause::DiskFull,
                 ..
             }
         ));

@@ -263,18 +263,9 @@ impl FlushMachine {
     fn failed(&mut self, handle: &mut HandleState, operation: Operation, f: Failure) -> Phase {
         self.attempts = self.attempts.saturating_add(1);
         let obs = Observation {
-            operation,
-            engine: f.engine,
-            sqlstate: f.sqlstate,
-            code: f.code,
-            extended_code: f.extended_code,
-            message: f.message,
-            errno: f.errno,
-            evidence: f.evidence,
             attempt: self.attempts,
-            elapsed_ms: f.elapsed_ms,
             seed: self.start.seed,
-            lease: f.lease,
+            ..f.into_observation(operation)
         };
         let d = crate::decide(&obs);
         handle.engine = obs.engine;

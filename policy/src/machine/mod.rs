@@ -54,17 +54,21 @@ use crate::prelude::*;
 pub mod background;
 mod edit;
 mod flush;
+mod group;
 mod report;
 pub(crate) mod wire;
 
 pub use edit::{EditEvent, EditMachine, EditStep};
 pub use flush::{FlushMachine, FlushStart, PendingCapture};
+pub use group::{Scope, failure_scope};
 pub use report::{CaptureReport, DivertErrorReport, FlushReport};
 pub use wire::{STATE_FORMAT, event_from_text, event_to_text, flush_step_json, step_to_text};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{CaptureFailure, CaptureReceipt, Cause, DivertFailure, DivertResidue, Evidence};
+use crate::model::{
+    CaptureFailure, CaptureReceipt, Cause, DivertFailure, DivertResidue, Evidence, Observation, Operation,
+};
 
 /// What the host changes about the write when it runs it again.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -117,6 +121,27 @@ pub struct Failure {
     /// [`Evidence::TurnLeaseLost`]: the copy names it.
     #[serde(default)]
     pub lease: Option<Box<crate::lease::LeaseHolder>>,
+}
+
+impl Failure {
+    /// What the policy is shown of this failure of `operation`: its first
+    /// attempt, seed 0 (the flush machine sets its own attempt and seed).
+    pub fn into_observation(self, operation: Operation) -> Observation {
+        Observation {
+            operation,
+            engine: self.engine,
+            sqlstate: self.sqlstate,
+            code: self.code,
+            extended_code: self.extended_code,
+            message: self.message,
+            errno: self.errno,
+            evidence: self.evidence,
+            attempt: 1,
+            elapsed_ms: self.elapsed_ms,
+            seed: 0,
+            lease: self.lease,
+        }
+    }
 }
 
 /// Proof that a batch is in the divert file, made after its fsync.
