@@ -5,7 +5,8 @@
 // the tarball needs no Rust; a clone builds it here with cargo.
 //
 // The binary, first found: $TURNSAFE_BIN; the workspace's target/release or
-// target/debug `turnsafe` when it is at least as new as the policy sources;
+// target/debug `turnsafe` when it is at least as new as the policy sources
+// and the schema's definitions;
 // else `cargo build --release -p turnsafe-host --bin turnsafe`.
 import { execFileSync } from 'node:child_process';
 import os from 'node:os';
@@ -24,6 +25,12 @@ function newestSource() {
     try {
       entries = fs.readdirSync(dir, { withFileTypes: true });
     } catch {
+      // a file of its own
+      try {
+        newest = Math.max(newest, fs.statSync(dir).mtimeMs);
+      } catch {
+        // not there
+      }
       return;
     }
     for (const e of entries) {
@@ -32,7 +39,9 @@ function newestSource() {
       else newest = Math.max(newest, fs.statSync(p).mtimeMs);
     }
   };
-  for (const d of ['policy/src', 'wit']) walk(path.join(root, d));
+  for (const d of ['policy/src', 'wit', 'host/src/store/schema.rs', 'host/src/store/graph.rs', 'host/src/cli/schema.rs']) {
+    walk(path.join(root, d));
+  }
   return newest;
 }
 
@@ -86,16 +95,32 @@ try {
   process.exit(1);
 }
 
-// The schema this binary writes: its version and every object of a home it
-// creates, so the JavaScript host writes the same one (a test compares them).
+// The schema this binary writes, so the JavaScript host writes the same one
+// from the same statements: its version, the statements that create a new
+// database and the DDL of each migration that only adds, as the binary runs
+// them (`turnsafe schema`, from host/src/store/schema.rs), and every object
+// of a home it creates (test/interop.test.mjs compares homes).
+let statements;
+try {
+  statements = JSON.parse(execFileSync(bin, ['schema'], { stdio: ['ignore', 'pipe', 'inherit'], encoding: 'utf8' }));
+} catch (e) {
+  console.error(`turnsafe-store: ${bin} did not print its schema (\`turnsafe schema\`; a turnsafe older than this package?): ${e.message}`);
+  process.exit(1);
+}
 const probe = fs.mkdtempSync(path.join(os.tmpdir(), 'turnsafe-schema-'));
 try {
   execFileSync(bin, ['append', '--home', probe, '--session', 'probe'], { input: '[{"role":"user","content":"x"}]\n',
     stdio: ['pipe', 'ignore', 'inherit'] });
   const { default: Database } = await import('better-sqlite3');
   const db = new Database(path.join(probe, 'state.db'), { readonly: true });
+  const version = db.pragma('user_version', { simple: true });
+  if (version !== statements.version) {
+    throw new Error(`turnsafe schema says version ${statements.version}, but a home the binary creates has ${version}`);
+  }
   const schema = {
-    version: db.pragma('user_version', { simple: true }),
+    version,
+    create: statements.create,
+    migrations: statements.migrations,
     objects: db.prepare("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name").all(),
   };
   db.close();

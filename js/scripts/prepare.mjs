@@ -12,8 +12,16 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const here = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
+// A schema.json without the schema's statements was written by an older build.
+const hasStatements = () => {
+  try {
+    return Array.isArray(JSON.parse(fs.readFileSync(path.join(here, 'gen', 'schema.json'), 'utf8')).create);
+  } catch {
+    return false;
+  }
+};
 const whole = ['gen/policy/turnsafe_policy.js', 'gen/policy/turnsafe_policy.core.wasm', 'gen/sqlite-codes.json', 'gen/schema.json']
-  .every((f) => fs.existsSync(path.join(here, f)));
+  .every((f) => fs.existsSync(path.join(here, f))) && hasStatements();
 if (whole) process.exit(0);
 const has = (p) => fs.existsSync(path.join(here, 'node_modules', ...p.split('/')));
 if (!has('@bytecodealliance/jco') || !has('better-sqlite3')) {
@@ -27,6 +35,6 @@ if (!has('@bytecodealliance/jco') || !has('better-sqlite3')) {
   execFileSync(cmd, [...args, 'install', '--no-audit', '--no-fund', '--no-save'], {
     cwd: here, stdio: 'inherit', env: { ...process.env, TURNSAFE_PREPARE_NESTED: '1' },
   });
-  if (['gen/policy/turnsafe_policy.js', 'gen/schema.json'].every((f) => fs.existsSync(path.join(here, f)))) process.exit(0);
+  if (fs.existsSync(path.join(here, 'gen', 'policy', 'turnsafe_policy.js')) && hasStatements()) process.exit(0);
 }
 execFileSync(process.execPath, [path.join(here, 'scripts', 'build.mjs')], { stdio: 'inherit' });

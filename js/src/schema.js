@@ -1,6 +1,9 @@
-// The schema of state.db as the native host writes it (host/src/store/schema.rs,
-// versions 3 to 6): the version this host writes, the refusal of a database
-// it must not write to, and the migration of a new or older one. A plain
+// The schema of state.db as the native host writes it: the version this
+// host writes, the refusal of a database it must not write to, and the
+// creation or migration of one. Every statement that makes or migrates
+// the schema comes from the native host's own definitions
+// (host/src/store/schema.rs and store/graph.rs), which the build writes
+// into gen/schema.json (`turnsafe schema`); none is written here. A plain
 // room: functions of a path or a connection, no handle.
 import fs from 'node:fs';
 
@@ -9,135 +12,39 @@ import Database from 'better-sqlite3';
 import { Refusal } from './errors.js';
 
 /**
- * The schema this host writes: the version of the native host it was
- * built with (the build asks that binary, gen/schema.json), one this file
- * knows how to write: 3 (messages of any shape), 4 (3 plus the archive of
- * what edits take out, and each session's lineage), 5 (4 plus the record
- * of imported sessions) or 6 (5 plus LangGraph's checkpoints and writes).
+ * The schema of the native host this package was built with
+ * (gen/schema.json): `version`; `create`, the batches of statements a new
+ * database is made with, in order; `migrations`, the steps that only add
+ * (`{from, to, ddl}`, each `ddl` a list of batches); and `objects`, what
+ * sqlite_master holds in a home that binary created.
  */
 const NATIVE_SCHEMA = JSON.parse(fs.readFileSync(new URL('../gen/schema.json', import.meta.url), 'utf8'));
 export const SCHEMA_VERSION = NATIVE_SCHEMA.version;
-if (![3, 4, 5, 6].includes(SCHEMA_VERSION)) {
-  throw new Error(`turnsafe-store writes schema versions 3 to 6; the turnsafe it was built with writes ${SCHEMA_VERSION}`);
+
+const batches = (x) => Array.isArray(x) && x.length > 0 && x.every((s) => typeof s === 'string' && s.trim() !== '');
+if (!Number.isInteger(SCHEMA_VERSION) || !batches(NATIVE_SCHEMA.create) || !Array.isArray(NATIVE_SCHEMA.migrations)
+  || !NATIVE_SCHEMA.migrations.every((m) => Number.isInteger(m.from) && m.to === m.from + 1 && batches(m.ddl))) {
+  throw new Error('turnsafe-store: gen/schema.json holds no schema statements (built by an older turnsafe); run `npm run build`');
 }
 
-const TABLES = `
-CREATE TABLE IF NOT EXISTS state_meta(
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS sessions(
-    id               TEXT PRIMARY KEY,
-    created_ms       INTEGER NOT NULL,
-    lease_token      TEXT,
-    lease_holder     TEXT,
-    lease_expires_ms INTEGER@LINEAGE@
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS messages(
-    id           INTEGER PRIMARY KEY,
-    session_id   TEXT NOT NULL REFERENCES sessions(id),
-    uid          TEXT NOT NULL,
-    seq          INTEGER NOT NULL,
-    role         TEXT,
-    content      TEXT,
-    item         TEXT NOT NULL,
-    created_ms   INTEGER NOT NULL,
-    UNIQUE(session_id, uid)
-);
-CREATE INDEX IF NOT EXISTS messages_by_seq ON messages(session_id, seq);
-CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
-    content, content='messages', content_rowid='id'
-);
-`;
-
-/** Version 4's archive: what edits took out of a transcript. */
-const ARCHIVE = `
-CREATE TABLE IF NOT EXISTS archive(
-    id           INTEGER PRIMARY KEY,
-    session_id   TEXT NOT NULL,
-    uid          TEXT NOT NULL,
-    seq          INTEGER NOT NULL,
-    role         TEXT,
-    content      TEXT,
-    item         TEXT NOT NULL,
-    created_ms   INTEGER NOT NULL,
-    archived_ms  INTEGER NOT NULL,
-    reason       TEXT NOT NULL,
-    holder       TEXT,
-    edit         TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS archive_by_session ON archive(session_id, archived_ms);
-`;
-
-/** Version 5's record of imported sessions (`turnsafe import hermes`). */
-const SESSION_META = `
-CREATE TABLE IF NOT EXISTS session_meta(
-    session_id   TEXT PRIMARY KEY,
-    origin       TEXT NOT NULL,
-    origin_id    TEXT NOT NULL,
-    meta         TEXT NOT NULL,
-    imported_ms  INTEGER NOT NULL
-) WITHOUT ROWID;
-`;
+/** The adding steps from `from` up to SCHEMA_VERSION, in order; null when they do not reach it. */
+function stepsFrom(from) {
+  const steps = [];
+  for (let v = from; v < SCHEMA_VERSION; v++) {
+    const step = NATIVE_SCHEMA.migrations.find((m) => m.from === v);
+    if (!step) return null;
+    steps.push(step);
+  }
+  return steps;
+}
 
 /**
- * Version 6's LangGraph checkpoints and pending writes, exactly as the
- * native host creates them (host/src/store/graph.rs `TABLES`). This host
- * writes none; it creates them so a home it makes is the native one.
+ * The oldest version this host migrates: every step from it on only adds.
+ * An older database (its rows move) is migrated by the native host alone.
  */
-const GRAPH = `
-CREATE TABLE IF NOT EXISTS checkpoints(
-    thread_id            TEXT NOT NULL,
-    checkpoint_ns        TEXT NOT NULL DEFAULT '',
-    checkpoint_id        TEXT NOT NULL,
-    parent_checkpoint_id TEXT,
-    type                 TEXT,
-    checkpoint           BLOB NOT NULL,
-    metadata             TEXT NOT NULL,
-    run_id               TEXT,
-    created_ms           INTEGER NOT NULL,
-    deleted_ms           INTEGER,
-    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS checkpoints_by_run ON checkpoints(run_id) WHERE run_id IS NOT NULL;
-CREATE TABLE IF NOT EXISTS checkpoint_writes(
-    thread_id     TEXT NOT NULL,
-    checkpoint_ns TEXT NOT NULL DEFAULT '',
-    checkpoint_id TEXT NOT NULL,
-    task_id       TEXT NOT NULL,
-    idx           INTEGER NOT NULL,
-    task_path     TEXT NOT NULL DEFAULT '',
-    channel       TEXT NOT NULL,
-    type          TEXT,
-    value         BLOB NOT NULL,
-    created_ms    INTEGER NOT NULL,
-    deleted_ms    INTEGER,
-    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
-) WITHOUT ROWID;
-`;
-
-const tables = (version) => TABLES.replace('@LINEAGE@', version >= 4 ? ',\n    forked_from      TEXT,\n    forked_at_seq    INTEGER' : '');
-
-const V2_TRIGGERS = `
-DROP TRIGGER IF EXISTS messages_fts_insert;
-CREATE TRIGGER IF NOT EXISTS messages_fts_unindex AFTER DELETE ON messages
-BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content)
-    SELECT 'delete', old.id, old.content
-    WHERE (SELECT value FROM state_meta WHERE key = 'fts_enabled') = '1'
-      AND old.id <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_watermark');
-    UPDATE state_meta
-       SET value = CAST(MIN(CAST(value AS INTEGER), COALESCE((SELECT MAX(id) FROM messages), 0)) AS TEXT)
-     WHERE key = 'fts_watermark';
-END;
-CREATE TRIGGER IF NOT EXISTS messages_fts_reindex AFTER UPDATE OF content ON messages
-WHEN (SELECT value FROM state_meta WHERE key = 'fts_enabled') = '1'
- AND old.id <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_watermark')
-BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-END;
-`;
+let oldest = SCHEMA_VERSION;
+while (oldest > 1 && stepsFrom(oldest - 1)) oldest -= 1;
+export const OLDEST_MIGRATED = oldest;
 
 /**
  * The schema version of the database at `db`, read without writing
@@ -186,14 +93,23 @@ export function newerSchema(found) {
     + 'use a newer turnsafe (nothing was written)', { found, code: 'newer_schema' });
 }
 
-/** Refuse a database newer than this host before anything writes to it. */
+/**
+ * A database older than this host migrates: the native host's first write
+ * migrates it (an append of no input writes nothing else); `show` and
+ * `doctor` only read.
+ */
+function olderSchema(found) {
+  return new Refusal(`state.db has schema version ${found}, older than this host migrates (${OLDEST_MIGRATED} to ${SCHEMA_VERSION}); `
+    + 'the native host\'s first write migrates it: `turnsafe append --home ... --session ... < /dev/null` writes nothing else '
+    + '(nothing was written)', { found, code: 'older_schema' });
+}
+
+/** Refuse a database newer than this host, or older than it migrates, before anything writes to it. */
 export function checkSchema(dbPath) {
   const found = versionAt(dbPath);
   if (found !== null && found > SCHEMA_VERSION) throw newerSchema(found);
-  if (found !== null && found > 0 && found < Math.min(3, SCHEMA_VERSION)) {
-    throw new Refusal(`state.db has schema version ${found}, older than this host writes (${SCHEMA_VERSION}); `
-      + 'any turnsafe command of the native host (`turnsafe doctor --home ...`) migrates it (nothing was written)',
-    { found, code: 'older_schema' });
+  if (found !== null && found > 0 && found < OLDEST_MIGRATED) {
+    throw olderSchema(found);
   }
 }
 
@@ -207,31 +123,19 @@ export function migrate(db) {
     // Re-read under the write lock: another process may have migrated.
     const again = db.pragma('user_version', { simple: true });
     if (again > SCHEMA_VERSION) throw newerSchema(again);
-    if (again >= 3 && again < SCHEMA_VERSION) {
-      // 3 -> 4: the archive and each session's lineage; 4 -> 5: the record
-      // of imported sessions; 5 -> 6: LangGraph's checkpoints and writes.
-      // Nothing stored moves.
-      if (again < 4) {
-        db.exec('ALTER TABLE sessions ADD COLUMN forked_from TEXT; ALTER TABLE sessions ADD COLUMN forked_at_seq INTEGER;');
-        db.exec(ARCHIVE);
-      }
-      if (again < 5 && SCHEMA_VERSION >= 5) db.exec(SESSION_META);
-      if (again < 6 && SCHEMA_VERSION >= 6) db.exec(GRAPH);
+    if (again >= OLDEST_MIGRATED && again < SCHEMA_VERSION) {
+      // Each step the native host runs from this version on; nothing stored moves.
+      for (const step of stepsFrom(again)) for (const ddl of step.ddl) db.exec(ddl);
       db.prepare("INSERT OR REPLACE INTO state_meta(key, value) VALUES ('schema_version', ?)").run(String(SCHEMA_VERSION));
       db.pragma(`user_version = ${SCHEMA_VERSION}`);
     } else if (again !== SCHEMA_VERSION) {
       if (again !== 0) {
-        throw new Refusal(`state.db has schema version ${again}, older than this host writes (${SCHEMA_VERSION}); `
-          + 'any turnsafe command of the native host migrates it (nothing was written)', { found: again, code: 'older_schema' });
+        throw olderSchema(again);
       }
       // Any nonzero 32-bit value; zero means never stamped.
       let generation = (Math.random() * 2 ** 32) | 0;
       if (generation === 0) generation = 1;
-      db.exec(tables(SCHEMA_VERSION));
-      if (SCHEMA_VERSION >= 4) db.exec(ARCHIVE);
-      if (SCHEMA_VERSION >= 5) db.exec(SESSION_META);
-      if (SCHEMA_VERSION >= 6) db.exec(GRAPH);
-      db.exec(V2_TRIGGERS);
+      for (const ddl of NATIVE_SCHEMA.create) db.exec(ddl);
       // The generation also lives in the header, written before the switch to WAL.
       db.pragma(`application_id = ${generation}`);
       db.prepare("INSERT OR IGNORE INTO state_meta(key, value) VALUES ('generation', ?), ('fts_enabled', '1'), ('fts_watermark', '0')")

@@ -18,6 +18,7 @@ mod history;
 mod import;
 mod recover;
 mod replay;
+mod schema;
 mod search;
 mod show;
 
@@ -62,6 +63,8 @@ enum Command {
     Evaluate(evaluate::Args),
     Codes(codes::Args),
     Component(component::Args),
+    #[command(hide = true)]
+    Schema(schema::Args),
     #[cfg(feature = "fault-vfs")]
     Demo(demo::Args),
 }
@@ -95,6 +98,7 @@ pub fn main() -> i32 {
         Command::Evaluate(a) => evaluate::run(a),
         Command::Codes(a) => codes::run(a),
         Command::Component(a) => component::run(a),
+        Command::Schema(a) => schema::run(a),
         #[cfg(feature = "fault-vfs")]
         Command::Demo(a) => demo::run(a),
     }

@@ -143,6 +143,37 @@ BEGIN
 END;
 ";
 
+/// Version 4's lineage of each session.
+const V4_LINEAGE: &str = "
+ALTER TABLE sessions ADD COLUMN forked_from TEXT;
+ALTER TABLE sessions ADD COLUMN forked_at_seq INTEGER;
+";
+
+/// What a new database is created with, in this order, before its
+/// generation is stamped: each entry one batch of statements. The
+/// JavaScript host runs these very strings (its build writes them into
+/// `js/gen/schema.json` through `turnsafe schema`).
+pub const CREATE: [&str; 5] = [TABLES, ARCHIVE, SESSION_META, super::graph::TABLES, V2_TRIGGERS];
+
+/// The migrations that only add (nothing that is stored moves), as
+/// `(from, batches)`: each takes version `from` to `from + 1`, in order.
+/// Versions 1 and 2 move rows, so only this binary migrates them.
+pub const ADDING_STEPS: [(i64, &[&str]); 3] = [
+    (3, &[V4_LINEAGE, ARCHIVE]),
+    (4, &[SESSION_META]),
+    (5, &[super::graph::TABLES]),
+];
+
+/// Run the adding migration from version `from` (one of [`ADDING_STEPS`]).
+fn add_step(conn: &Connection, from: i64) -> rusqlite::Result<()> {
+    for (_, batches) in ADDING_STEPS.iter().filter(|(f, _)| *f == from) {
+        for batch in *batches {
+            conn.execute_batch(batch)?;
+        }
+    }
+    Ok(())
+}
+
 /// A database written by a newer turnsafe. Nothing may write to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -320,11 +351,9 @@ pub fn migrate(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
 
 /// A new database, straight at the current version.
 fn create(conn: &Connection, generation: i32) -> rusqlite::Result<()> {
-    conn.execute_batch(TABLES)?;
-    conn.execute_batch(ARCHIVE)?;
-    conn.execute_batch(SESSION_META)?;
-    conn.execute_batch(super::graph::TABLES)?;
-    conn.execute_batch(V2_TRIGGERS)?;
+    for batch in CREATE {
+        conn.execute_batch(batch)?;
+    }
     // The generation also lives in the header (application_id, bytes
     // 68-71), written before the switch to WAL so the main file has it.
     conn.execute_batch(&format!("PRAGMA application_id = {generation}"))?;
@@ -429,21 +458,17 @@ fn v2_to_v3(conn: &Connection) -> rusqlite::Result<()> {
 /// Version 3 -> 4: the archive, and each session's lineage. Nothing that
 /// is stored moves.
 fn v3_to_v4(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(
-        "ALTER TABLE sessions ADD COLUMN forked_from TEXT;
-         ALTER TABLE sessions ADD COLUMN forked_at_seq INTEGER;",
-    )?;
-    conn.execute_batch(ARCHIVE)
+    add_step(conn, 3)
 }
 
 /// Version 4 -> 5: the record of imported sessions. Nothing that is stored
 /// moves.
 fn v4_to_v5(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(SESSION_META)
+    add_step(conn, 4)
 }
 
 /// Version 5 -> 6: LangGraph's checkpoints and writes. Nothing that is
 /// stored moves.
 fn v5_to_v6(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(super::graph::TABLES)
+    add_step(conn, 5)
 }
