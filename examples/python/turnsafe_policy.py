@@ -35,7 +35,8 @@ class Policy:
             if iface is None:
                 raise RuntimeError(f"the component does not export {INTERFACE}")
             funcs = {}
-            for name in ("classify-json", "explain-json", "evaluate-json", "flush-step-json", "decide-lease-json", "version"):
+            for name in ("classify-json", "explain-json", "evaluate-json", "flush-step-json", "decide-lease-json",
+                         "decide-scope-json", "version"):
                 index = instance.get_export_index(store, name, iface)
                 funcs[name] = instance.get_func(store, index)
             self._live = (store, funcs)
@@ -67,6 +68,10 @@ class Policy:
     def decide_lease_json(self, request: str) -> str:
         """Whether a writer may take a turn lease another holder has."""
         return self._call("decide-lease-json", request)
+
+    def decide_scope_json(self, request: str) -> str:
+        """How far a failure inside a group's transaction reaches."""
+        return self._call("decide-scope-json", request)
 
     def flush_step(self, request: dict) -> str:
         """One step of the flush machine; the answer's raw text."""

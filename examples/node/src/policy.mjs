@@ -7,6 +7,7 @@ export const explainJson = (s) => engine.explainJson(s);
 export const evaluateJson = (s) => engine.evaluateJson(s);
 export const flushStepJson = (s) => engine.flushStepJson(s);
 export const decideLeaseJson = (s) => engine.decideLeaseJson(s);
+export const decideScopeJson = (s) => engine.decideScopeJson(s);
 export const version = () => engine.version();
 
 /** One step of the flush machine; the answer's raw text. */
