@@ -193,7 +193,7 @@ fn from_codes(obs: &Observation, said: u8) -> Option<(Cause, Basis)> {
 /// Whether a message phrase may refine a result code that says nothing by
 /// itself (`SQLITE_ERROR` and the like) into `cause`.
 fn phrase_may_refine_code(cause: Cause) -> bool {
-    !(crate::decide::is_sticky(cause) || cause == Cause::FtsIndex)
+    !(crate::model::is_sticky(cause) || cause == Cause::FtsIndex)
 }
 
 /// What a message's parts name (see [`said`]), one bit each.

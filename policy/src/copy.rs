@@ -286,7 +286,7 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>, written: bool) -
     // after the one that keeps them. (Not on PostgreSQL: no frames there.)
     let sqlite = ctx.engine == Engine::Sqlite;
     let capture_lost = sqlite && ctx.capture_path.is_none() && ctx.capture_failure.is_some();
-    let mut steps = if capture_lost && crate::decide::needs_capture(cause) {
+    let mut steps = if capture_lost && crate::model::needs_capture(cause) {
         Vec::new()
     } else {
         // Not the disk's steps when the server and the URL disagree on TLS.
@@ -315,11 +315,11 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>, written: bool) -
                  `turnsafe doctor` names as holding a deleted state.db file: its open files hold the only copy."
                     .to_string(),
             );
-            if crate::decide::needs_capture(cause) {
+            if crate::model::needs_capture(cause) {
                 steps.push("Then stop every process using this state.db.".to_string());
             }
         }
-        (None, None) if sqlite && crate::decide::needs_capture(cause) => steps.push(
+        (None, None) if sqlite && crate::model::needs_capture(cause) => steps.push(
             "Run `turnsafe doctor` to list any capture of the retired generation before anything else touches state.db."
                 .to_string(),
         ),
@@ -342,7 +342,7 @@ fn remediation(cause: Cause, outcome: Outcome, ctx: &Facts<'_>, written: bool) -
                 "` to import the kept copy.",
             ]),
             None if !sqlite => "When storage is fixed, run `turnsafe replay --db URL` to import the kept copy.".into(),
-            None if crate::decide::needs_capture(cause) => "When storage is fixed and every capture `turnsafe doctor` \
+            None if crate::model::needs_capture(cause) => "When storage is fixed and every capture `turnsafe doctor` \
                 lists is settled, run `turnsafe replay` to import the kept copy."
                 .into(),
             // Replay compares each kept message's bytes with what its uid holds.

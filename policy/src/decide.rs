@@ -1,7 +1,9 @@
 //! The action table: classification -> what the host does next.
 
 use crate::classify::classify;
-use crate::model::{ActionKind, Cause, Classification, CopyContext, Decision, Observation, Operation, Outcome};
+use crate::model::{
+    ActionKind, Cause, Classification, CopyContext, Decision, Observation, Operation, Outcome, is_sticky, needs_capture,
+};
 #[allow(unused_imports)]
 use crate::prelude::*;
 use crate::retry::RetryPlan;
@@ -67,17 +69,6 @@ fn action_for(obs: &Observation, c: Classification, plan: &RetryPlan) -> (Action
         | Cause::OutcomeUnknown
         | Cause::Unknown => (fallback, None),
     }
-}
-
-/// Sticky causes make the handle divert every later batch without touching
-/// the database, until an operator acts.
-pub fn is_sticky(cause: Cause) -> bool {
-    matches!(cause, Cause::Replaced | Cause::DeletedWal | Cause::Corrupt)
-}
-
-/// Causes whose retired WAL generation the host must capture.
-pub fn needs_capture(cause: Cause) -> bool {
-    matches!(cause, Cause::Replaced | Cause::DeletedWal)
 }
 
 /// Every action a batch-carrying operation (`open`, `append_batch`) can get

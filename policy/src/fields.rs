@@ -13,6 +13,8 @@
 use crate::prelude::*;
 
 use crate::jsontext::Json;
+use crate::lease::{HolderPlace, LeaseHolder};
+use crate::model::{Engine, Evidence};
 use crate::text::cat;
 
 pub(crate) struct Fields<'a> {
@@ -72,15 +74,15 @@ impl<'a> Fields<'a> {
     }
 
     /// A durability label (`synced`, `unsynced`); absent is `synced`.
-    pub(crate) fn durability(&mut self, key: &str) -> crate::Durability {
+    pub(crate) fn durability(&mut self, key: &str) -> crate::model::Durability {
         let Some(label) = self.opt_string(key) else {
-            return crate::Durability::Synced;
+            return crate::model::Durability::Synced;
         };
-        match crate::Durability::from_label(&label) {
+        match crate::model::Durability::from_label(&label) {
             Some(d) => d,
             None => {
                 self.fail_field(key, "must be `synced` or `unsynced`");
-                crate::Durability::Synced
+                crate::model::Durability::Synced
             }
         }
     }
@@ -172,4 +174,90 @@ impl<'a> Fields<'a> {
             Some(e) => Err(e),
         }
     }
+}
+
+/// A pid field of a lease: absent, or an integer from 1 to 2^32 - 1.
+fn pid_field(f: &mut Fields<'_>, key: &str) -> Option<u32> {
+    let n = f.int(key)?;
+    match u32::try_from(n) {
+        Ok(pid) if pid > 0 => Some(pid),
+        _ => {
+            f.fail_field(key, "must be a pid from 1 to 4294967295");
+            None
+        }
+    }
+}
+
+/// A present `lease` object, the holder of the lease that fenced a write:
+/// `{name, place, pid?, backend_pid?, expires_ms?}`, `place` one of
+/// `this_machine`, `other_machine`, `unknown` (the default).
+pub(crate) fn lease_holder(v: Option<&Json>) -> Result<Option<LeaseHolder>, String> {
+    let Some(obj) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    if !obj.is_object() {
+        return Err("field `lease` must be a JSON object".into());
+    }
+    let mut f = Fields::new(obj, "lease");
+    let name = f.string("name");
+    let place = match f.opt_string("place") {
+        None => HolderPlace::Unknown,
+        Some(label) => HolderPlace::from_label(&label).unwrap_or_else(|| {
+            f.fail_field("place", "must be this_machine, other_machine or unknown");
+            HolderPlace::Unknown
+        }),
+    };
+    let holder = LeaseHolder {
+        name,
+        place,
+        pid: pid_field(&mut f, "pid"),
+        backend_pid: pid_field(&mut f, "backend_pid"),
+        expires_ms: f.int("expires_ms"),
+    };
+    f.done(Some(holder))
+}
+
+/// A present `sqlstate`: five digits or capitals.
+pub(crate) fn sqlstate_value(v: Option<&Json>) -> Result<Option<String>, String> {
+    match v {
+        None => Ok(None),
+        Some(Json::Str(s)) if s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_uppercase()) => {
+            Ok(Some(s.clone()))
+        }
+        Some(_) => Err("field `sqlstate` must be a five-character SQLSTATE such as \"08006\"".into()),
+    }
+}
+
+/// A present `engine`; when missing, PostgreSQL if there is a SQLSTATE.
+pub(crate) fn engine_value(v: Option<&Json>, has_sqlstate: bool) -> Result<Engine, String> {
+    match v {
+        None if has_sqlstate => Ok(Engine::Postgres),
+        None => Ok(Engine::Sqlite),
+        Some(Json::Str(s)) => {
+            Engine::from_label(s).ok_or_else(|| cat(&["unknown engine `", clip(s), "`: expected sqlite or postgres"]))
+        }
+        Some(_) => Err("field `engine` must be a string".into()),
+    }
+}
+
+/// The evidence a list of labels names: sorted, without repeats; labels
+/// this build does not know are ignored.
+pub(crate) fn evidence_labels(items: &[Json]) -> Vec<Evidence> {
+    Evidence::set(items.iter().filter_map(|i| i.as_str().and_then(Evidence::from_label)))
+}
+
+/// The first 40 characters of `s`. Counted by their first bytes (every
+/// byte but a UTF-8 continuation byte), not with `char_indices`, whose
+/// decoding the component would carry for this alone.
+pub(crate) fn clip(s: &str) -> &str {
+    let mut chars = 0;
+    for (i, b) in s.bytes().enumerate() {
+        if b & 0xC0 != 0x80 {
+            if chars == 40 {
+                return s.get(..i).unwrap_or(s);
+            }
+            chars += 1;
+        }
+    }
+    s
 }

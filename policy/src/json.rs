@@ -17,15 +17,15 @@ use crate::prelude::*;
 
 use crate::copy::{explain, explain_tls, parse_capture_failure, parse_divert_failure};
 use crate::decide::{decide, outcome_for};
-use crate::fields::Fields;
+use crate::fields::{Fields, clip, engine_value, evidence_labels, lease_holder, sqlstate_value};
 use crate::jsontext::{Json, parse};
-use crate::lease::{HolderPlace, LeaseHolder, LeaseProbe, LocalProbe, ServerProbe, lease_verdict};
+use crate::lease::{LeaseProbe, LocalProbe, ServerProbe, lease_verdict};
 use crate::model::{
-    CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, Decision, DivertFailure, DivertResidue, Engine, Evidence,
-    Observation, Operation, Outcome, TlsFailure,
+    CaptureFailure, CaptureReceipt, Cause, Copy, CopyContext, Decision, DivertFailure, DivertResidue, Observation,
+    Operation, Outcome, TlsFailure,
 };
 use crate::text::cat;
-use crate::value as v;
+use crate::value::{self as v, copy_json};
 
 /// Parse an observation from a JSON object.
 pub(crate) fn observation_from_json(obj: &Json) -> Result<Observation, String> {
@@ -76,58 +76,6 @@ pub(crate) fn observation_from_json(obj: &Json) -> Result<Observation, String> {
     f.done(obs)
 }
 
-/// A pid field of a lease: absent, or an integer from 1 to 2^32 - 1.
-fn pid_field(f: &mut Fields<'_>, key: &str) -> Option<u32> {
-    let n = f.int(key)?;
-    match u32::try_from(n) {
-        Ok(pid) if pid > 0 => Some(pid),
-        _ => {
-            f.fail_field(key, "must be a pid from 1 to 4294967295");
-            None
-        }
-    }
-}
-
-/// A present `lease` object, the holder of the lease that fenced a write:
-/// `{name, place, pid?, backend_pid?, expires_ms?}`, `place` one of
-/// `this_machine`, `other_machine`, `unknown` (the default).
-pub(crate) fn lease_holder(v: Option<&Json>) -> Result<Option<LeaseHolder>, String> {
-    let Some(obj) = v.filter(|v| !v.is_null()) else {
-        return Ok(None);
-    };
-    if !obj.is_object() {
-        return Err("field `lease` must be a JSON object".into());
-    }
-    let mut f = Fields::new(obj, "lease");
-    let name = f.string("name");
-    let place = match f.opt_string("place") {
-        None => HolderPlace::Unknown,
-        Some(label) => HolderPlace::from_label(&label).unwrap_or_else(|| {
-            f.fail_field("place", "must be this_machine, other_machine or unknown");
-            HolderPlace::Unknown
-        }),
-    };
-    let holder = LeaseHolder {
-        name,
-        place,
-        pid: pid_field(&mut f, "pid"),
-        backend_pid: pid_field(&mut f, "backend_pid"),
-        expires_ms: f.int("expires_ms"),
-    };
-    f.done(Some(holder))
-}
-
-/// The wire object of a lease holder: what [`lease_holder`] reads.
-pub(crate) fn lease_holder_value(h: &LeaseHolder) -> Json {
-    let mut o = v::Obj::new();
-    o.str("name", &h.name);
-    o.str("place", h.place.label());
-    o.opt_int("pid", h.pid.map(i64::from));
-    o.opt_int("backend_pid", h.backend_pid.map(i64::from));
-    o.opt_int("expires_ms", h.expires_ms);
-    o.done()
-}
-
 /// `decide-lease-json`: `{now_ms, expires_ms?, local?, server?}` in
 /// (`local` and `server` are probe labels, `unrecorded` when absent);
 /// `{verdict, take_over}` out.
@@ -175,51 +123,6 @@ pub fn decide_lease_json(request: &str) -> String {
     run().unwrap_or_else(v::error).to_text()
 }
 
-/// A present `sqlstate`: five digits or capitals.
-pub(crate) fn sqlstate_value(v: Option<&Json>) -> Result<Option<String>, String> {
-    match v {
-        None => Ok(None),
-        Some(Json::Str(s)) if s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_uppercase()) => {
-            Ok(Some(s.clone()))
-        }
-        Some(_) => Err("field `sqlstate` must be a five-character SQLSTATE such as \"08006\"".into()),
-    }
-}
-
-/// A present `engine`; when missing, PostgreSQL if there is a SQLSTATE.
-pub(crate) fn engine_value(v: Option<&Json>, has_sqlstate: bool) -> Result<Engine, String> {
-    match v {
-        None if has_sqlstate => Ok(Engine::Postgres),
-        None => Ok(Engine::Sqlite),
-        Some(Json::Str(s)) => {
-            Engine::from_label(s).ok_or_else(|| cat(&["unknown engine `", clip(s), "`: expected sqlite or postgres"]))
-        }
-        Some(_) => Err("field `engine` must be a string".into()),
-    }
-}
-
-/// The evidence a list of labels names: sorted, without repeats; labels
-/// this build does not know are ignored.
-pub(crate) fn evidence_labels(items: &[Json]) -> Vec<Evidence> {
-    Evidence::set(items.iter().filter_map(|i| i.as_str().and_then(Evidence::from_label)))
-}
-
-/// The first 40 characters of `s`. Counted by their first bytes (every
-/// byte but a UTF-8 continuation byte), not with `char_indices`, whose
-/// decoding the component would carry for this alone.
-fn clip(s: &str) -> &str {
-    let mut chars = 0;
-    for (i, b) in s.bytes().enumerate() {
-        if b & 0xC0 != 0x80 {
-            if chars == 40 {
-                return s.get(..i).unwrap_or(s);
-            }
-            chars += 1;
-        }
-    }
-    s
-}
-
 /// The seed is a u64; negative values are taken modulo 2^64.
 fn seed_field(f: &mut Fields<'_>) -> u64 {
     match f.get("seed").and_then(Json::as_u64) {
@@ -241,23 +144,6 @@ fn decision_json(d: &Decision) -> v::Obj {
     o.bool("capture", d.capture);
     o.field("failure", Json::Str(d.classification.cause.failure_label()));
     o
-}
-
-/// The copy object every JSON entry point and `turnsafe append` print.
-pub(crate) fn copy_json(c: &Copy) -> Json {
-    let mut details = v::Obj::new();
-    for (k, val) in &c.details {
-        details.str(k, val);
-    }
-    let mut o = v::Obj::new();
-    o.str("code", &c.code);
-    o.str("cause", c.cause.label());
-    o.str("outcome", c.outcome.label());
-    o.str("title", &c.title);
-    o.str("body", &c.body);
-    o.strs("remediation", &c.remediation);
-    o.field("details", details.done());
-    o.done()
 }
 
 /// The copy object as a `serde_json::Value`, for native hosts.
@@ -472,7 +358,7 @@ pub fn evaluate_json(request: &str) -> String {
         // reason, if its message names one, shapes a `disk` copy.
         let tls = TlsFailure::of(&obs);
         // And a failure at or after COMMIT's write says it possibly wrote.
-        let written = crate::possibly_written(&obs, cause);
+        let written = crate::written::possibly_written(&obs, cause);
         let copy = match ctx_value.and_then(|c| c.get("outcome")).and_then(Json::as_str) {
             Some(label) => {
                 let o = Outcome::from_label(label).ok_or("unknown `context.outcome`")?;

@@ -33,13 +33,6 @@
 
 extern crate alloc;
 
-/// The `alloc` names every module uses, so the same code builds with and without std.
-mod prelude {
-    pub use alloc::boxed::Box;
-    pub use alloc::string::{String, ToString};
-    pub use alloc::vec::Vec;
-}
-
 mod classify;
 pub mod codes;
 mod collect;
@@ -53,6 +46,7 @@ mod jsontext;
 mod lease;
 pub mod machine;
 mod model;
+mod prelude;
 mod retry;
 pub mod table;
 mod text;
@@ -80,15 +74,13 @@ pub use copy::{
     CopyError, KNOWN_CAPTURE_OPS, KNOWN_DIVERT_OPS, TLS_REMEDIATION, cause_remediation, explain, parse_capture_failure,
     parse_divert_failure,
 };
-pub use decide::{
-    decide, decide_with, is_producible, is_sticky, needs_capture, outcome_for, outcomes_of, possible_actions,
-    producible_pairs,
-};
+pub use decide::{decide, decide_with, is_producible, outcome_for, outcomes_of, possible_actions, producible_pairs};
 pub use edit_copy::{EditCopy, explain_edit};
 pub use lease::{HolderPlace, LeaseHolder, LeaseProbe, LeaseVerdict, LocalProbe, ServerProbe, lease_verdict};
 pub use model::{
     ActionKind, Basis, CaptureFailure, CaptureReceipt, CapturedFile, Cause, Classification, Copy, CopyContext,
     Decision, DivertFailure, DivertResidue, Durability, Engine, Evidence, Observation, Operation, Outcome, TlsFailure,
+    is_sticky, needs_capture,
 };
 pub use retry::RetryPlan;
 pub use written::possibly_written;

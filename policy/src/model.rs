@@ -333,6 +333,17 @@ impl Cause {
     }
 }
 
+/// Sticky causes make the handle divert every later batch without touching
+/// the database, until an operator acts.
+pub fn is_sticky(cause: Cause) -> bool {
+    matches!(cause, Cause::Replaced | Cause::DeletedWal | Cause::Corrupt)
+}
+
+/// Causes whose retired WAL generation the host must capture.
+pub fn needs_capture(cause: Cause) -> bool {
+    matches!(cause, Cause::Replaced | Cause::DeletedWal)
+}
+
 /// What the classification rests on, strongest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -525,6 +536,40 @@ pub struct CaptureFailure {
     pub errno: Option<i64>,
 }
 
+/// Proof that a batch is in the divert file, made after its fsync.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DivertReceipt {
+    /// Absolute path of the divert file.
+    pub path: String,
+    /// Byte offset of the first line of this batch.
+    pub offset: u64,
+    /// Bytes written for this batch (its lines, newlines included).
+    pub length: u64,
+    /// Lines (messages) written.
+    pub count: u64,
+    /// Hex sha256 of the bytes in `[offset, offset + length)`.
+    pub sha256: String,
+}
+
+impl DivertReceipt {
+    /// Whether this is a whole receipt, as a host makes one after the
+    /// divert's fsync: an absolute path, at least one line, at least a byte
+    /// a line, and a sha256 of 64 hex digits. A copy claims a kept copy
+    /// only from one that passes.
+    pub fn check(&self) -> Result<(), &'static str> {
+        let whole = self.path.starts_with('/')
+            && self.count > 0
+            && self.length >= self.count
+            && self.sha256.len() == 64
+            && self.sha256.bytes().all(|b| b.is_ascii_hexdigit());
+        if whole {
+            Ok(())
+        } else {
+            Err("needs an absolute path, count, length and sha256")
+        }
+    }
+}
+
 /// Everything the copy may mention besides cause and outcome.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct CopyContext {
@@ -532,7 +577,7 @@ pub struct CopyContext {
     /// The divert receipt, whole: the same record the flush machine takes
     /// after the divert's fsync. Only a `diverted` copy names its path, and
     /// only a well-formed receipt lets it claim a copy was kept.
-    pub receipt: Option<crate::machine::DivertReceipt>,
+    pub receipt: Option<DivertReceipt>,
     pub divert_failure: Option<DivertFailure>,
     /// The errno the original failure carried; it shapes the detail only.
     pub errno: Option<i64>,

@@ -1,8 +1,8 @@
 //! Renders `docs/POLICY.md` from the code itself, so the document cannot
 //! drift: a test compares the committed file with [`render_markdown`].
 
-use crate::decide::{is_sticky, needs_capture, outcomes_of, possible_actions};
-use crate::model::{Cause, Outcome};
+use crate::decide::{outcomes_of, possible_actions};
+use crate::model::{Cause, Outcome, is_sticky, needs_capture};
 #[allow(unused_imports)]
 use crate::prelude::*;
 // Only the docs and the CLI render the table, never the component, so
@@ -157,7 +157,7 @@ pub fn render_markdown() -> String {
     s.push_str("\nAny other SQLSTATE falls through to the SQLite code the backend translates it onto, in one ");
     s.push_str("function: see `docs/POSTGRES.md`.\n");
     s.push_str("\nA failure with no SQLSTATE whose message names a TLS reason (");
-    for (i, t) in crate::TlsFailure::ALL.iter().enumerate() {
+    for (i, t) in crate::model::TlsFailure::ALL.iter().enumerate() {
         s.push_str(&format!("{}`{}`", if i > 0 { " or " } else { "" }, t.text()));
     }
     s.push_str(") keeps the cause its code gives; a `disk` copy then names the handshake, the reason (detail `tls`) ");

@@ -5,8 +5,8 @@ use crate::prelude::*;
 
 use crate::collect::map;
 use crate::jsontext::Json;
-use crate::machine::DivertReceipt;
-use crate::model::{CaptureReceipt, DivertResidue};
+use crate::lease::LeaseHolder;
+use crate::model::{CaptureReceipt, Copy, DivertReceipt, DivertResidue};
 
 /// An object built one field at a call. Why not a `vec![(key, value), ..]`
 /// literal: there every value is built on the stack and copied into the
@@ -115,5 +115,33 @@ pub(crate) fn residue(r: Option<&DivertResidue>) -> Json {
 pub(crate) fn error(message: String) -> Json {
     let mut o = Obj::new();
     o.field("error", Json::Str(message));
+    o.done()
+}
+
+/// The wire object of a lease holder: what [`lease_holder`] reads.
+pub(crate) fn lease_holder_value(h: &LeaseHolder) -> Json {
+    let mut o = Obj::new();
+    o.str("name", &h.name);
+    o.str("place", h.place.label());
+    o.opt_int("pid", h.pid.map(i64::from));
+    o.opt_int("backend_pid", h.backend_pid.map(i64::from));
+    o.opt_int("expires_ms", h.expires_ms);
+    o.done()
+}
+
+/// The copy object every JSON entry point and `turnsafe append` print.
+pub(crate) fn copy_json(c: &Copy) -> Json {
+    let mut details = Obj::new();
+    for (k, val) in &c.details {
+        details.str(k, val);
+    }
+    let mut o = Obj::new();
+    o.str("code", &c.code);
+    o.str("cause", c.cause.label());
+    o.str("outcome", c.outcome.label());
+    o.str("title", &c.title);
+    o.str("body", &c.body);
+    o.strs("remediation", &c.remediation);
+    o.field("details", details.done());
     o.done()
 }

@@ -48,7 +48,7 @@ mod tests {
             evidence: evidence.to_vec(),
             ..Observation::new(Operation::AppendBatch)
         };
-        possibly_written(&obs, crate::classify(&obs).cause)
+        possibly_written(&obs, crate::classify::classify(&obs).cause)
     }
 
     #[test]

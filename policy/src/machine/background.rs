@@ -21,7 +21,7 @@ pub enum Next {
 /// Decide the next move for `obs`. `degraded` says whether the work
 /// already wrote around the index once: a second index failure stops it.
 pub fn after_failure(obs: &Observation, degraded: bool) -> Next {
-    let d = crate::decide(obs);
+    let d = crate::decide::decide(obs);
     let cause = d.classification.cause;
     match d.action {
         ActionKind::Retry => Next::Wait {

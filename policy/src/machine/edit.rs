@@ -138,7 +138,7 @@ impl EditMachine {
             }
             (EditStep::Attempt { .. }, EditEvent::Failed(mut obs)) => {
                 self.attempts += 1;
-                self.written |= crate::possibly_written(&obs, crate::classify(&obs).cause);
+                self.written |= crate::written::possibly_written(&obs, crate::classify::classify(&obs).cause);
                 obs.operation = Operation::Replay;
                 obs.attempt = self.attempts;
                 match background::after_failure(&obs, self.degraded) {

@@ -6,41 +6,10 @@
 use crate::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::report::{self, CaptureReport, DivertErrorReport, FlushReport};
-use super::{DivertReceipt, Event, Failure, HandleState, ProtocolError, Step, WritePlan};
-use crate::model::{ActionKind, Cause, DivertResidue, Durability, Observation, Operation, TlsFailure};
-
-/// Everything a flush needs from the host before its first step.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct FlushStart {
-    pub session: String,
-    /// The uid of every message, in batch order: the batch size is its length.
-    pub uids: Vec<String>,
-    /// The uids the host minted for messages that came without one.
-    pub minted_uids: Vec<String>,
-    /// The seed of the retry jitter.
-    pub seed: u64,
-    /// An unsettled capture that holds rows of this session the database
-    /// lacks, as the host read it from the capture's manifest. The batch is
-    /// diverted with the capture's cause, without touching the database:
-    /// a commit now would build on a history without those rows.
-    #[serde(default)]
-    pub pending_capture: Option<PendingCapture>,
-    /// How the host's COMMIT reaches the disk. A commit under
-    /// [`Durability::Unsynced`] is reported `durable: false`, and its copy
-    /// never says "saved" without saying that.
-    #[serde(default)]
-    pub durability: Durability,
-}
-
-/// A capture of a retired generation that is not settled yet.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct PendingCapture {
-    /// Absolute path of the capture folder.
-    pub path: String,
-    /// The cause its manifest records.
-    pub cause: Cause,
-}
+use super::report::{self, CaptureReport, DivertErrorReport, Ending, FlushReport};
+use super::start::FlushStart;
+use super::{Event, Failure, HandleState, ProtocolError, Step, WritePlan};
+use crate::model::{ActionKind, Cause, Observation, Operation, TlsFailure};
 
 /// Where the flush stands: the step it waits on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -74,18 +43,6 @@ enum Resume {
 enum Terminal {
     Divert(Cause),
     HandBack,
-}
-
-/// How the flush ended.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub(super) enum Ending {
-    Committed,
-    Diverted(DivertReceipt),
-    DivertFailed {
-        error: DivertErrorReport,
-        residue: Option<DivertResidue>,
-    },
-    HandedBack,
 }
 
 /// One batch's protocol. Hosts normally drive it through
@@ -267,11 +224,11 @@ impl FlushMachine {
             seed: self.start.seed,
             ..f.into_observation(operation)
         };
-        let d = crate::decide(&obs);
+        let d = crate::decide::decide(&obs);
         handle.engine = obs.engine;
         // Once any attempt may have written the batch, the outcome cannot
         // say it was not written, whatever a later attempt meets.
-        self.written |= crate::possibly_written(&obs, d.classification.cause);
+        self.written |= crate::written::possibly_written(&obs, d.classification.cause);
         self.last = Some((d.classification.cause, operation));
         self.errno = obs.errno;
         self.tls = TlsFailure::of(&obs);

@@ -56,12 +56,15 @@ mod edit;
 mod flush;
 mod group;
 mod report;
+mod start;
 pub(crate) mod wire;
 
+pub use crate::model::DivertReceipt;
 pub use edit::{EditEvent, EditMachine, EditStep};
-pub use flush::{FlushMachine, FlushStart, PendingCapture};
+pub use flush::FlushMachine;
 pub use group::{Scope, failure_scope};
 pub use report::{CaptureReport, DivertErrorReport, FlushReport};
+pub use start::{FlushStart, PendingCapture};
 pub use wire::{STATE_FORMAT, event_from_text, event_to_text, flush_step_json, step_to_text};
 
 use serde::{Deserialize, Serialize};
@@ -140,40 +143,6 @@ impl Failure {
             elapsed_ms: self.elapsed_ms,
             seed: 0,
             lease: self.lease,
-        }
-    }
-}
-
-/// Proof that a batch is in the divert file, made after its fsync.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct DivertReceipt {
-    /// Absolute path of the divert file.
-    pub path: String,
-    /// Byte offset of the first line of this batch.
-    pub offset: u64,
-    /// Bytes written for this batch (its lines, newlines included).
-    pub length: u64,
-    /// Lines (messages) written.
-    pub count: u64,
-    /// Hex sha256 of the bytes in `[offset, offset + length)`.
-    pub sha256: String,
-}
-
-impl DivertReceipt {
-    /// Whether this is a whole receipt, as a host makes one after the
-    /// divert's fsync: an absolute path, at least one line, at least a byte
-    /// a line, and a sha256 of 64 hex digits. A copy claims a kept copy
-    /// only from one that passes.
-    pub fn check(&self) -> Result<(), &'static str> {
-        let whole = self.path.starts_with('/')
-            && self.count > 0
-            && self.length >= self.count
-            && self.sha256.len() == 64
-            && self.sha256.bytes().all(|b| b.is_ascii_hexdigit());
-        if whole {
-            Ok(())
-        } else {
-            Err("needs an absolute path, count, length and sha256")
         }
     }
 }
@@ -368,7 +337,7 @@ pub(crate) fn abandoned(start: FlushStart) -> FlushReport {
         persisted: false,
         operation: None,
         cause: Some(Cause::Unknown),
-        action: Some(crate::ActionKind::FailClosed),
+        action: Some(crate::model::ActionKind::FailClosed),
         attempts: 0,
         committed: 0,
         diverted: 0,

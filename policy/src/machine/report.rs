@@ -9,12 +9,24 @@ use serde::{Deserialize, Serialize};
 use crate::jsontext::Json;
 
 use super::DivertReceipt;
-use super::flush::{Ending, FlushStart};
+use super::start::FlushStart;
 use crate::copy::{Facts, FailedOp, explain_facts};
 use crate::model::{
     ActionKind, CaptureFailure, CaptureReceipt, Cause, Copy, DivertFailure, DivertResidue, Operation, Outcome,
 };
 use crate::value as v;
+
+/// How the flush ended.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(super) enum Ending {
+    Committed,
+    Diverted(DivertReceipt),
+    DivertFailed {
+        error: DivertErrorReport,
+        residue: Option<DivertResidue>,
+    },
+    HandedBack,
+}
 
 /// A capture that was tried: its receipt, or how it failed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -113,7 +125,7 @@ pub struct FlushReport {
     pub uids: Vec<String>,
     pub minted_uids: Vec<String>,
     /// The unsettled capture that kept this batch from the database.
-    pub pending_capture: Option<super::PendingCapture>,
+    pub pending_capture: Option<super::start::PendingCapture>,
     /// Whether everything this outcome says is stored would survive a power
     /// cut now: `false` only when messages were committed under
     /// [`crate::Durability::Unsynced`]. A receipt is always durable (it is
@@ -156,7 +168,7 @@ impl FlushReport {
         o.field(
             "copy",
             match &self.copy {
-                Some(c) => crate::json::copy_json(c),
+                Some(c) => crate::value::copy_json(c),
                 None => Json::Null,
             },
         );
@@ -272,7 +284,7 @@ pub(super) fn build(p: Parts<'_>) -> FlushReport {
     };
     let durable = !matches!(
         (&p.ending, p.start.durability),
-        (Ending::Committed, crate::Durability::Unsynced)
+        (Ending::Committed, crate::model::Durability::Unsynced)
     );
     let mut report = FlushReport {
         persisted: false,

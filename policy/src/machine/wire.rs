@@ -67,7 +67,7 @@ fn start_from_value(v: &Value) -> Result<FlushStart, String> {
         minted_uids: f.strings("minted_uids"),
         seed: f.u64("seed"),
         pending_capture: None,
-        durability: crate::Durability::Synced,
+        durability: crate::model::Durability::Synced,
     };
     let pending = f.get("pending_capture");
     let durability = f.durability("durability");
@@ -111,7 +111,7 @@ fn start_to_value(s: &FlushStart) -> Value {
     }
     // Written only when it is not the default, so a state written before
     // the field existed reads back the same.
-    if s.durability != crate::Durability::Synced {
+    if s.durability != crate::model::Durability::Synced {
         o.str("durability", s.durability.label());
     }
     o.done()
@@ -180,14 +180,14 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
         "failed" => {
             let evidence = match f.get("evidence") {
                 None => Vec::new(),
-                Some(Json::Arr(items)) => crate::json::evidence_labels(items),
+                Some(Json::Arr(items)) => crate::fields::evidence_labels(items),
                 Some(_) => {
                     f.fail(cat(&[&what, ": `evidence` must be a list of labels"]));
                     Vec::new()
                 }
             };
-            let sqlstate = f.check(crate::json::sqlstate_value(f.get("sqlstate")));
-            let engine = f.check(crate::json::engine_value(f.get("engine"), sqlstate.is_some()));
+            let sqlstate = f.check(crate::fields::sqlstate_value(f.get("sqlstate")));
+            let engine = f.check(crate::fields::engine_value(f.get("engine"), sqlstate.is_some()));
             Event::Failed(Failure {
                 engine,
                 sqlstate,
@@ -197,7 +197,7 @@ pub(crate) fn event_from_value(v: &Value) -> Result<Event, String> {
                 errno: f.i64_opt("errno"),
                 evidence,
                 elapsed_ms: f.u64("elapsed_ms"),
-                lease: f.check(crate::json::lease_holder(f.get("lease"))).map(Box::new),
+                lease: f.check(crate::fields::lease_holder(f.get("lease"))).map(Box::new),
             })
         }
         "waited" => Event::Waited {
@@ -299,7 +299,7 @@ pub(crate) fn event_to_value(e: &Event) -> Value {
                 o.str("sqlstate", s);
             }
             if let Some(h) = &f.lease {
-                o.field("lease", crate::json::lease_holder_value(h));
+                o.field("lease", crate::value::lease_holder_value(h));
             }
         }
         Event::Resolved { all_stored } => o.bool("all_stored", *all_stored),
