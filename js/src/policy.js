@@ -38,6 +38,12 @@ export const classifyJson = (s) => timed((x) => engine.classifyJson(x), s);
 export const explainJson = (s) => timed((x) => engine.explainJson(x), s);
 /** Whether a writer may take a lease another holder has: `{verdict, take_over}`'s raw text. */
 export const decideLease = (request) => timed((s) => engine.decideLeaseJson(s), JSON.stringify(request));
+/**
+ * How far a failure inside a group's transaction reaches:
+ * `{observation, transaction_open}` in, `{scope}`'s raw text out
+ * (`batch`: its savepoint; `transaction`: the whole transaction).
+ */
+export const decideScope = (request) => timed((s) => engine.decideScopeJson(s), JSON.stringify(request));
 export const version = () => engine.version();
 
 /** The outcome object of a `done` answer, byte for byte as the component wrote it. */

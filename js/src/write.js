@@ -6,7 +6,7 @@ import Database from 'better-sqlite3';
 
 import { divertMaxSeq } from './divert.js';
 import { failedEvent } from './failure.js';
-import { codesOf } from './policy.js';
+import { codesOf, decideScope } from './policy.js';
 import { textOf } from './projection.js';
 import { sameText } from './same.js';
 
@@ -49,7 +49,7 @@ export const writing = {
             if (several) st.release.run();
           } catch (e) {
             // A batch that fails alone while the transaction lives on.
-            if (several && db.inTransaction && (e.leaseLost || (sqlite(e) && !endsTransaction(e)))) {
+            if (several && (e.leaseLost || sqlite(e)) && scopeOf(e, db.inTransaction) === 'batch') {
               st.rollbackTo.run();
               st.release.run();
               own[k] = e;
@@ -136,13 +136,14 @@ export const writing = {
 };
 
 /**
- * Whether a failed statement ends the whole transaction rather than one
- * batch's savepoint: an error of a class (busy, full, I/O, corruption,
- * ...) after which nothing more should be written in it.
+ * How far a failed statement reaches inside the group's transaction, as the
+ * policy decides (`decide-scope-json`): `batch` (its savepoint) or
+ * `transaction`. An answer the host cannot read ends the transaction.
  */
-function endsTransaction(e) {
-  const ext = codesOf(e).extended_code;
-  if (ext === null) return true;
-  // BUSY, LOCKED, NOMEM, READONLY, INTERRUPT, IOERR, CORRUPT, FULL, CANTOPEN, PROTOCOL, NOTADB
-  return [5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 26].includes(ext & 0xff);
+function scopeOf(e, transactionOpen) {
+  const observation = e.leaseLost
+    ? { evidence: ['turn_lease_lost'] }
+    : { ...codesOf(e), message: typeof e.message === 'string' ? e.message : '' };
+  const answer = JSON.parse(decideScope({ observation, transaction_open: transactionOpen }));
+  return answer.scope === 'batch' ? 'batch' : 'transaction';
 }

@@ -10,7 +10,8 @@
 //   for byte (`turnsafe evaluate`, `turnsafe classify`);
 // - flush sequences: every step, down to the outcome, is the one the
 //   vectors hold;
-// - leases: decide-lease-json's verdict on each probe is `expected`.
+// - leases: decide-lease-json's verdict on each probe is `expected`;
+// - scopes: decide-scope-json's scope for each failure in a group write is `expected`.
 // The induced ones are also induced again, each by the runtime that
 // recorded it: those recorded from this package's host by test/induced.test.mjs.
 import assert from 'node:assert/strict';
@@ -20,7 +21,7 @@ import { test } from 'node:test';
 
 import { engine } from '../gen/policy/turnsafe_policy.js';
 import { Host } from '../src/host.js';
-import { classifyJson, flushStep, version } from '../src/policy.js';
+import { classifyJson, decideScope, flushStep, version } from '../src/policy.js';
 import { ROOT, tmp, turnsafe } from './helpers.mjs';
 
 const DIR = path.join(ROOT, 'tests', 'vectors');
@@ -34,6 +35,7 @@ const FILES = {
   'messages.json': 'decisions',
   'phrases.json': 'decisions',
   'postgres.json': 'decisions',
+  'scope.json': 'scopes',
 };
 
 const read = (f) => JSON.parse(fs.readFileSync(path.join(DIR, f), 'utf8'));
@@ -42,12 +44,21 @@ const filesOf = (runner) => Object.keys(FILES).filter((f) => FILES[f] === runner
 const cases = filesOf('flush sequences').flatMap(read);
 const decisions = filesOf('decisions').flatMap(read);
 const leases = filesOf('leases').flatMap(read);
+const scopes = filesOf('scopes').flatMap(read);
 
 test('every lease vector gets its verdict', () => {
   assert.ok(leases.length >= 12, `only ${leases.length} lease vectors`);
   for (const v of leases) {
     assert.deepEqual(JSON.parse(engine.decideLeaseJson(JSON.stringify(v.probe))), v.expected, `${v.name}: ${v.why}`);
   }
+});
+
+test('every scope vector reaches as far as expected, through the host\'s own wrapper', () => {
+  assert.ok(scopes.length >= 40, `only ${scopes.length} scope vectors`);
+  for (const v of scopes) {
+    assert.deepEqual(JSON.parse(decideScope(v.request)), v.expected, `${v.name}: ${v.why}`);
+  }
+  assert.deepEqual([...new Set(scopes.map((v) => v.expected.scope))].sort(), ['batch', 'transaction']);
 });
 
 test('every vector file the Rust suite runs is run here', () => {
