@@ -5,12 +5,12 @@
 mod common;
 use common::*;
 use serde_json::Value;
-use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::Engine;
 use turnsafe_host::message::Message;
 use turnsafe_host::store::{SessionStore, StoreOptions};
 
 /// The hits for `zebra`: uid, seq, and the reason of an archived one.
-fn zebra_hits<B: Backend>(b: &mut B, archived: bool) -> Value {
+fn zebra_hits<B: Engine>(b: &mut B, archived: bool) -> Value {
     let hits = b.search("zebra", None, 10, archived).unwrap().hits;
     serde_json::json!(
         hits.iter()
@@ -20,7 +20,7 @@ fn zebra_hits<B: Backend>(b: &mut B, archived: bool) -> Value {
 }
 
 /// Everything observable, with paths taken out.
-fn exercise<B: Backend>(w: &mut B) -> Vec<Value> {
+fn exercise<B: Engine>(w: &mut B) -> Vec<Value> {
     let s1 = sid("s1");
     let mut seen = Vec::new();
     let outcome = |o: turnsafe_host::outcome::FlushOutcome| {

@@ -5,6 +5,7 @@
 mod common;
 use common::privileged::Immutable;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::Cause;
 
 #[test]

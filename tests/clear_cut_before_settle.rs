@@ -8,6 +8,7 @@ mod common;
 use assert_cmd::Command;
 use common::*;
 use serde_json::Value;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::divert::{DivertLine, divert};
 use turnsafe_host::message::Message;
 use turnsafe_host::replay::{ReplayOptions, replay_run};

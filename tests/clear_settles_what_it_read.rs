@@ -10,6 +10,7 @@ mod common;
 use assert_cmd::Command;
 use common::*;
 use serde_json::{Value, json};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 
 /// `s1` with two stored rows and three lines diverted for real: the

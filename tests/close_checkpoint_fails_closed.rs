@@ -7,6 +7,7 @@
 //! `store.no_ckpt_on_close` fails it.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 
 /// The descriptors this process holds on files that were deleted.
 fn held_deleted(name: &str) -> usize {

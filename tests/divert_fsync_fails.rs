@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use powerfs::{CutMode, Fault, FaultOp, PathMatch, PowerFs};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_host::store::{SessionStore, StoreOptions};
 use turnsafe_policy::Cause;

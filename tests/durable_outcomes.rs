@@ -12,6 +12,7 @@ use std::path::Path;
 
 use common::*;
 use powerfs::{CutMode, PowerFs};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::store::{SessionStore, StoreOptions, Synchronous};
 
 /// Stored uids, counted with our own read-only connection.

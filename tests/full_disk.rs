@@ -4,6 +4,7 @@
 mod common;
 use common::privileged::{Tmpfs, fill};
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{ActionKind, Cause};
 
 #[test]

@@ -10,6 +10,7 @@
 //! - batches from many threads through one `SharedStore` share commits.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::faultvfs::{self, Counter, Fault, FileKind, Op};
 use turnsafe_host::message::Message;
 use turnsafe_host::replay::{ReplayOptions, replay};

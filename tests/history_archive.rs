@@ -10,6 +10,7 @@
 mod common;
 use common::*;
 use serde_json::json;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::history::{ForkRefused, Reason, Selector};
 use turnsafe_host::message::Message;
 use turnsafe_host::store::StoreOptions;

@@ -5,6 +5,7 @@
 //! vacuum once), and a dry run changes nothing.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::history::{Keep, PruneOptions};
 use turnsafe_host::store::StoreOptions;
 

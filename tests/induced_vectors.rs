@@ -14,6 +14,7 @@
 mod common;
 use common::*;
 use serde_json::Value;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::faultvfs::{self, Fault, FileKind, Op};
 use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_host::store::StoreOptions;

@@ -4,6 +4,7 @@
 //! controls that must not divert.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::faultvfs::{self, Fault, FileKind, Op};
 use turnsafe_host::store::{SessionStore, StoreOptions};
 use turnsafe_policy::{ActionKind, Cause};

@@ -11,7 +11,7 @@ use assert_cmd::Command;
 use common::graph::{checkpoint, write};
 use common::*;
 use serde_json::{Value, json};
-use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::{Backend, Engine};
 use turnsafe_host::clear::Settled;
 use turnsafe_host::graph::{CheckpointRecord, GraphBatch, GraphQuery, WriteRecord};
 use turnsafe_host::store::StoreOptions;
@@ -45,7 +45,7 @@ fn ledger(home: &Home) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-fn thread(store: &mut dyn Backend, id: &str) -> Vec<turnsafe_host::graph::StoredCheckpoint> {
+fn thread(store: &mut dyn Engine, id: &str) -> Vec<turnsafe_host::graph::StoredCheckpoint> {
     store
         .graph_read(&GraphQuery {
             thread_id: Some(id.into()),
@@ -75,7 +75,7 @@ fn turnsafe(home: &Home, args: &[&str], db: Option<&str>) -> Value {
 }
 
 /// The delete, then replay, then restore, on whichever engine `store` is.
-fn delete_replay_restore(home: &Home, store: &mut dyn Backend, db: Option<&str>) {
+fn delete_replay_restore(home: &Home, store: &mut dyn Engine, db: Option<&str>) {
     let deleted = turnsafe_host::clear::delete_thread(store, home.path(), THREAD).unwrap();
     assert_eq!(
         deleted.settled,

@@ -21,7 +21,7 @@ use std::sync::mpsc;
 
 use common::graph::checkpoint;
 use common::*;
-use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::Engine;
 use turnsafe_host::graph::{GraphBatch, GraphQuery};
 use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_host::store::{SharedStore, StoreOptions};
@@ -118,11 +118,11 @@ fn checkpoints() -> Vec<GraphBatch> {
 /// Nine threads hand a checkpoint each to `shared` while a call holds the
 /// store; the call ends once all nine wait, and they are committed in the
 /// group after it. Returns each thread's outcome, in `checkpoints()` order.
-fn wait_together<S: Backend + Send + 'static>(shared: &SharedStore<S>) -> Vec<FlushOutcome> {
+fn wait_together(shared: &SharedStore) -> Vec<FlushOutcome> {
     let (held_tx, held_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     shared.call_then(
-        move |_store: &mut S| {
+        move |_store: &mut dyn Engine| {
             let _ = held_tx.send(());
             let _ = go_rx.recv();
         },
@@ -143,7 +143,7 @@ fn wait_together<S: Backend + Send + 'static>(shared: &SharedStore<S>) -> Vec<Fl
     senders.into_iter().map(|h| h.join().expect("thread")).collect()
 }
 
-fn stored(store: &mut impl Backend, thread: &str) -> Vec<Vec<u8>> {
+fn stored(store: &mut (impl Engine + ?Sized), thread: &str) -> Vec<Vec<u8>> {
     store
         .graph_read(&GraphQuery {
             thread_id: Some(thread.into()),

@@ -14,14 +14,14 @@ use assert_cmd::Command;
 use common::graph::{checkpoint, write};
 use common::*;
 use serde_json::{Value, json};
-use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::Engine;
 use turnsafe_host::graph::{GraphBatch, GraphEdit};
 
 const DAY_MS: i64 = 86_400_000;
 
 /// Per thread: two checkpoints and three writes of `old`, one and two of
 /// `recent`, one and one of `live`.
-fn fill(store: &mut impl Backend) {
+fn fill(store: &mut impl Engine) {
     for (thread, checkpoints, writes) in [("old", 2, 3), ("recent", 1, 2), ("live", 1, 1)] {
         for c in 0..checkpoints {
             let id = format!("1ef{c}");

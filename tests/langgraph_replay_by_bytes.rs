@@ -19,7 +19,8 @@ use common::pg_proxy::{Mode, PgProxy};
 use common::*;
 use serde_json::{Value, json};
 use turnsafe_host::backend::Backend;
-use turnsafe_host::graph::{CheckpointRecord, GraphBatch, WriteRecord, thread_session};
+use turnsafe_host::graph::{CheckpointRecord, GraphBatch, WriteRecord};
+use turnsafe_host::ids::thread_session;
 use turnsafe_host::replay::ReplayOptions;
 
 const THREAD: &str = "bytes-thread";

@@ -12,6 +12,7 @@
 //!   sticky handle begins none for later batches.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::faultvfs::{self, Counter, Counts, Fault, FileKind, Op};
 use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_host::store::{SessionStore, StoreOptions};

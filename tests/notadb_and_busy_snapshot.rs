@@ -5,6 +5,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{ActionKind, Cause};
 
 #[test]

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rusqlite::Connection;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{ActionKind, Cause, Operation};
 
 #[test]

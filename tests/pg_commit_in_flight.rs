@@ -25,6 +25,7 @@ mod common;
 use common::pg_proxy::{Mode, PgProxy};
 use common::*;
 use std::time::Duration;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::replay::ReplayOptions;
 use turnsafe_policy::{ActionKind, Cause};
 

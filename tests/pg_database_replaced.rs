@@ -14,6 +14,7 @@ mod common;
 use common::pg_proxy::PgProxy;
 use common::*;
 use std::time::Duration;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{Cause, Operation};
 
 /// A PostgreSQL outcome's copy names no SQLite command or file: its

@@ -13,6 +13,7 @@ mod common;
 use common::*;
 use std::collections::BTreeSet;
 use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::History;
 use turnsafe_host::message::Message;
 use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_host::store::{SessionId, SharedStore};

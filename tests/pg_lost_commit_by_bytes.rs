@@ -16,6 +16,7 @@ use common::pg_proxy::{Mode, PgProxy};
 use common::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 use turnsafe_policy::Cause;
 

@@ -7,6 +7,7 @@
 //! the writer carries on.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{ActionKind, Cause, Operation};
 
 #[test]

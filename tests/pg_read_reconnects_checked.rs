@@ -19,6 +19,7 @@ mod common;
 use common::graph::checkpoint;
 use common::*;
 use pg::Recovery;
+use turnsafe_host::backend::History;
 use turnsafe_host::backend::{Backend, ReadError};
 use turnsafe_host::graph::{GraphBatch, GraphQuery};
 use turnsafe_policy::{Cause, Durability, Operation};

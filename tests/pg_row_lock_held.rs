@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{ActionKind, Cause};
 
 #[test]

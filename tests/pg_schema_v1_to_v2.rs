@@ -8,6 +8,7 @@ mod common;
 use common::pg;
 use common::*;
 use serde_json::{Value, json};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 
 const FIXTURE: &str = include_str!("fixtures/pg-v1.sql");

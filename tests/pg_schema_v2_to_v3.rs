@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::History;
 
 const FIXTURE: &str = include_str!("fixtures/pg-v2.sql");
 

@@ -11,6 +11,7 @@ mod common;
 use common::pg_proxy::PgProxy;
 use common::*;
 use std::time::Duration;
+use turnsafe_host::backend::History;
 use turnsafe_host::backend::{Backend, BackendError, ReadError};
 use turnsafe_host::graph::GraphQuery;
 use turnsafe_policy::Cause;

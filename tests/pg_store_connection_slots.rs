@@ -6,6 +6,7 @@
 mod common;
 use common::pg_limits::{Slots, hold_slots, start_with_few_slots};
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::Cause;
 
 const ROLE: &str = "turnsafe_writer";

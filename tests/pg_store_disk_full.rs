@@ -8,6 +8,7 @@
 mod common;
 use common::pg_limits::SmallTablespace;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::replay::ReplayOptions;
 use turnsafe_policy::{ActionKind, Cause};
 

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::pg_cluster::SyncPair;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::replay::ReplayOptions;
 
 const BATCHES: usize = 40;

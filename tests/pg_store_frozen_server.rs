@@ -12,6 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::Cause;
 
 /// The postmaster stopped (SIGSTOP) until this is dropped (SIGCONT), so a

@@ -17,6 +17,7 @@ use common::pg_proxy::PgProxy;
 use common::*;
 use pg::Recovery;
 use std::time::Duration;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{Cause, Operation};
 
 /// Connections the proxy has accepted, read once a connection already

@@ -10,6 +10,7 @@
 mod common;
 use common::pg_cluster::{STANDBY_NAME, SyncPair, replication_state};
 use common::*;
+use turnsafe_host::backend::Backend;
 
 fn port_of(c: &mut postgres::Client) -> i32 {
     c.query_one("SELECT inet_server_port()", &[]).unwrap().get(0)

@@ -4,6 +4,7 @@
 //! resend is idempotent.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 use turnsafe_policy::{ActionKind, Cause};
 

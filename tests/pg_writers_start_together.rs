@@ -4,6 +4,7 @@
 //! writer sees the same generation, and every first batch commits.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 
 #[test]
 fn writers_starting_together_migrate_once() {

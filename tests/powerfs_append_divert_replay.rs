@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use powerfs::{CutMode, PowerFs};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::divert::Receipt;
 use turnsafe_host::replay::{ReplayOptions, replay};
 use turnsafe_host::store::{SessionStore, StoreOptions};

@@ -17,6 +17,7 @@ use std::path::Path;
 
 use common::*;
 use powerfs::{CutMode, PowerFs};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::history::{Keep, PruneOptions, Reason, Selector};
 use turnsafe_host::store::{SessionStore, StoreOptions};
 

@@ -3,6 +3,7 @@
 mod common;
 use common::privileged::Immutable;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_policy::{ActionKind, Cause};
 

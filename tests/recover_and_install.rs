@@ -2,6 +2,7 @@
 //! is installed at a state.db path while any process holds the old file.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::recover::{self, RecoverError};
 
 #[test]

@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::{Value, json};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::replay::{ReplayError, ReplayOptions, replay};
 use turnsafe_host::store::StoreOptions;
 

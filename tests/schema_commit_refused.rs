@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use rusqlite::Connection;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::store::{SCHEMA_VERSION, StoreOptions, schema};
 
 /// A connection on the new, empty file that holds a read (SHARED) lock.

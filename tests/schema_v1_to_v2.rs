@@ -8,6 +8,7 @@ use std::path::Path;
 
 use common::*;
 use rusqlite::Connection;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::search::{self, IndexHealth, SearchOptions};
 use turnsafe_host::store::SCHEMA_VERSION;
 

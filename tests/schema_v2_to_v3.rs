@@ -8,6 +8,7 @@
 mod common;
 use common::*;
 use serde_json::{Value, json};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 use turnsafe_host::transcript::stored_messages;
 

@@ -5,6 +5,7 @@
 //! incremental vacuum once.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::history::{Keep, PruneOptions, Reason, Selector};
 use turnsafe_host::transcript::stored_messages;
 

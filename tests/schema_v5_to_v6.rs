@@ -82,7 +82,7 @@ fn put_and_read_back(home: &Home, thread: &str) {
     assert_eq!(count(home, "checkpoints"), 1);
     assert_eq!(count(home, "checkpoint_writes"), 1);
     // Nothing was diverted: both went to the database.
-    assert!(!home.divert_file(&turnsafe_host::graph::thread_session(thread)).exists());
+    assert!(!home.divert_file(&turnsafe_host::ids::thread_session(thread)).exists());
 }
 
 #[test]

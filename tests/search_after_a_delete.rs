@@ -3,6 +3,7 @@
 //! SQLite hands out again is taken for unindexed, and search finds it.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::search::{self, SearchOptions};
 
 fn uids(report: &search::SearchReport) -> Vec<String> {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use rusqlite::Connection;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::search::{self, IndexHealth, SearchOptions};
 use turnsafe_host::store::index::IndexError;
 use turnsafe_host::store::{StoreOptions, configure};

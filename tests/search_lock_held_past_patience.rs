@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use rusqlite::Connection;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::search::{self, IndexHealth, SearchOptions};
 use turnsafe_host::store::index::IndexError;
 use turnsafe_policy::Cause;

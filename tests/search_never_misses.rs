@@ -3,6 +3,7 @@
 //! or by the scan of what it lacks.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::search::{self, SearchOptions};
 
 #[test]

@@ -3,6 +3,7 @@
 //! writes nothing; writable again, it indexes them first.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::search::{self, IndexHealth, SearchOptions};
 
 fn uids(report: &search::SearchReport) -> Vec<String> {

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::faultvfs::{self, Fault, FileKind, Op};
 use turnsafe_host::replay::{ReplayOptions, replay};
 use turnsafe_host::store::StoreOptions;

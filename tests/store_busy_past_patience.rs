@@ -4,6 +4,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{ActionKind, Cause, RetryPlan};
 
 #[test]

@@ -3,6 +3,7 @@
 //! of the copy names a divert file.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::store::StoreOptions;
 use turnsafe_policy::Cause;
 

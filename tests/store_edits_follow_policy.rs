@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::privileged::Immutable;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::store::StoreOptions;
 use turnsafe_policy::{ActionKind, Cause};
 

@@ -5,6 +5,7 @@
 //! rebuild restores search through the index.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::search::{self, IndexHealth, SearchOptions};
 use turnsafe_host::store::index::IndexError;
 use turnsafe_policy::Cause;

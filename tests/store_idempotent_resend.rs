@@ -2,6 +2,7 @@
 //! counts as committed.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 
 #[test]
 fn an_identical_resend_is_committed_without_new_rows() {

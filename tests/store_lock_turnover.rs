@@ -10,6 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{ActionKind, Cause, RetryPlan};
 
 /// Hold the write lock from another connection, committing a change at

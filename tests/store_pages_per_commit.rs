@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 use turnsafe_host::store::StoreOptions;
 use turnsafe_host::walstat::WalFrames;

@@ -4,6 +4,7 @@
 //! no write transaction), not only by the store's own counters.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{ActionKind, Cause};
 
 #[test]

@@ -10,6 +10,7 @@
 //! Each sticky cause is induced for real, as `store_sticky_handle.rs` does.
 mod common;
 use common::*;
+use turnsafe_host::backend::History;
 use turnsafe_host::backend::{Backend, BackendError, ReadError};
 use turnsafe_host::graph::GraphQuery;
 use turnsafe_host::store::SessionStore;
@@ -77,7 +78,7 @@ fn every_read_refuses_as_rows_does(cause: Cause, breaker: impl FnOnce(&Home)) {
 
     let mut wrong = Wrong::default();
     wrong.read("archived", store.archived("s1", None), &want);
-    wrong.read("Backend::archived", Backend::archived(&mut store, "s1", None), &want);
+    wrong.read("History::archived", History::archived(&mut store, "s1", None), &want);
     wrong.backend("transcript", store.transcript("s1"), &want);
     wrong.backend("search", store.search("lorem", None, 10, false), &want);
     wrong.backend("search --archived", store.search("lorem", None, 10, true), &want);

@@ -2,6 +2,7 @@
 //! refused and handed back, never diverted, and nothing of it is committed.
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 use turnsafe_policy::{ActionKind, Cause};
 

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, params};
+use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 use turnsafe_host::store::{SessionId, SessionStore, StoreOptions, schema};
 use turnsafe_host::walstat::WalFrames;

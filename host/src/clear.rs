@@ -34,15 +34,15 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
-use crate::backend::Backend;
+use crate::backend::EditError;
+use crate::backend::Engine;
 use crate::divert::sync_dir;
 use crate::divert_files;
 use crate::graph::{GraphEdited, GraphLine};
-use crate::ids::thread_session;
 use crate::history::Cleared;
-use crate::replay::{ReplayError, io_err, open_ledger, parse_divert_line, session_of_settling};
-use crate::backend::EditError;
+use crate::ids::thread_session;
 use crate::ids::{SessionId, now_ms};
+use crate::replay::{ReplayError, io_err, open_ledger, parse_divert_line, session_of_settling};
 
 pub(crate) use crate::pending::PutBeforeDelete;
 pub use crate::pending::{PendingMessage, PendingRecord};
@@ -125,7 +125,7 @@ pub struct ThreadDeleted {
 /// Clear `session`: its rows and exactly the pending message lines read
 /// go to the archive in one transaction (reason `clear`), then those lines
 /// are settled `cleared`.
-pub fn clear(store: &mut dyn Backend, home: &Path, session: &SessionId) -> Result<ClearReport, ClearError> {
+pub fn clear(store: &mut dyn Engine, home: &Path, session: &SessionId) -> Result<ClearReport, ClearError> {
     let (cleared, settled) = settle_with(home, session.as_str(), "clear", Settlement::Cleared, |taken| {
         store.clear_archiving(session, &taken.messages())
     })?;
@@ -137,7 +137,7 @@ pub fn clear(store: &mut dyn Backend, home: &Path, session: &SessionId) -> Resul
 /// of the thread is marked, theirs included; then those lines are settled
 /// `deleted`. `turnsafe
 /// restore --reason delete` brings the rows back, the lines' included.
-pub fn delete_thread(store: &mut dyn Backend, home: &Path, thread: &str) -> Result<ThreadDeleted, ClearError> {
+pub fn delete_thread(store: &mut dyn Engine, home: &Path, thread: &str) -> Result<ThreadDeleted, ClearError> {
     let session = thread_session(thread);
     let settlement = Settlement::Deleted { thread: thread.into() };
     let (edited, settled) = settle_with(home, &session, "delete", settlement, |taken| {

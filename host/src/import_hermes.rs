@@ -59,14 +59,14 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use turnsafe_policy::Cause;
 
+use crate::backend::EditError;
 use crate::history::Reason;
+use crate::ids::SessionId;
 use crate::ids::safe_session_id;
 use crate::message::Message;
 use crate::store::import::{ImportCounts, ImportRow, ImportSession, import_session};
 use crate::store::schema::NewerSchema;
 use crate::store::{SessionStore, StoreOptions};
-use crate::backend::EditError;
-use crate::ids::SessionId;
 
 pub mod align;
 pub mod clean;

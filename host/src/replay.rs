@@ -35,10 +35,10 @@ use crate::captures;
 use crate::divert::{FORMAT_VERSION, sync_dir};
 use crate::divert_files;
 use crate::graph::{GraphLine, StoredGraph};
+use crate::ids::now_ms;
 use crate::message::Message;
 use crate::settle::{self, Verdict};
 use crate::store::{StoreOptions, configure, index, rows};
-use crate::ids::now_ms;
 
 /// Lines imported per transaction.
 const CHUNK: usize = 2_000;

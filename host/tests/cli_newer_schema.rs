@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use rusqlite::Connection;
+use turnsafe_host::backend::Backend;
 use turnsafe_host::message::Message;
 use turnsafe_host::store::{SessionId, SessionStore, StoreOptions};
 

@@ -28,13 +28,18 @@ fn printed() -> Value {
 fn schema_of(conn: &Connection) -> (i64, Vec<(String, String, String, String)>) {
     let norm = |s: Option<String>| s.unwrap_or_default().split_whitespace().collect::<Vec<_>>().join(" ");
     let objects = conn
-        .prepare("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name")
+        .prepare(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name",
+        )
         .unwrap()
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, norm(r.get(3)?))))
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    (conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap(), objects)
+    (
+        conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap(),
+        objects,
+    )
 }
 
 fn batches(v: &Value) -> Vec<&str> {

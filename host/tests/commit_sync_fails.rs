@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use serde_json::Value;
+use turnsafe_host::backend::History;
 
 fn turnsafe() -> PathBuf {
     assert_cmd::cargo::cargo_bin("turnsafe")

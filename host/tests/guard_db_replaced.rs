@@ -4,6 +4,7 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 use common::*;
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{ActionKind, Cause};
 
 fn expect_replaced(out: &turnsafe_host::outcome::FlushOutcome) {

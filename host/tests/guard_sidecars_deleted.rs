@@ -6,6 +6,7 @@
 mod common;
 use common::*;
 use rusqlite::{Connection, OpenFlags};
+use turnsafe_host::backend::Backend;
 use turnsafe_policy::{ActionKind, Cause};
 
 /// A separate process writes to the same home (its own session).

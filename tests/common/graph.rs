@@ -1,7 +1,7 @@
 //! LangGraph records for the store scenarios, and their round trip
 //! through the flush machine on either engine.
 use serde_json::json;
-use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::Engine;
 use turnsafe_host::graph::{CheckpointRecord, GraphBatch, GraphQuery, WriteRecord};
 
 /// A checkpoint of `thread` with blob bytes a text path would mangle.
@@ -34,7 +34,7 @@ pub fn write(thread: &str, id: &str) -> WriteRecord {
 
 /// Store a checkpoint and one write through the flush machine, each
 /// committed, and read them back as LangGraph asks for a thread.
-pub fn put_and_read_back(store: &mut impl Backend, thread: &str) {
+pub fn put_and_read_back(store: &mut impl Engine, thread: &str) {
     let cp = checkpoint(thread, "1ef1");
     let out = store.put_graph(&GraphBatch::Checkpoint(cp.clone()));
     assert!(out.persisted && out.committed == 1, "{}", out.to_value());

@@ -146,4 +146,3 @@ pub fn run_edit<T>(
         }
     }
 }
-

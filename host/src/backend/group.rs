@@ -28,14 +28,14 @@ use turnsafe_policy::Cause;
 use turnsafe_policy::machine::{Event, Failure, FlushMachine, FlushReport, FlushStart, HandleState, Step, WritePlan};
 
 use super::{Backend, Cursor};
+use crate::backend::Counters;
 use crate::capture::{Capture, CaptureError};
 use crate::captures::Hold;
 use crate::divert::{self, DivertError};
 use crate::graph::GraphBatch;
+use crate::ids::SessionId;
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
-use crate::backend::Counters;
-use crate::ids::SessionId;
 
 /// The most batches one transaction commits together.
 pub const GROUP_MAX_BATCHES: usize = 64;

@@ -14,11 +14,13 @@
 pub mod edit;
 pub mod group;
 pub mod readable;
+pub mod shared;
 pub mod target;
 
-pub use group::{Flush, GROUP_MAX_BATCHES, GROUP_MAX_BYTES, GroupWrite, Ledger};
 pub use edit::{EditError, run_edit};
+pub use group::{Flush, GROUP_MAX_BATCHES, GROUP_MAX_BYTES, GroupWrite, Ledger};
 pub use readable::readable;
+pub use shared::SharedStore;
 pub use target::{DbChoice, TargetError};
 
 use std::time::{Duration, Instant};
@@ -30,10 +32,10 @@ use turnsafe_policy::machine::{Failure, WritePlan};
 use crate::capture::{Capture, CaptureError};
 use crate::graph::{GraphBatch, GraphEdit, GraphEdited, GraphQuery, StoredCheckpoint};
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
+use crate::ids::SessionId;
 use crate::message::Message;
 use crate::outcome::FlushOutcome;
 use crate::pending::{PendingMessage, PendingRecord};
-use crate::ids::SessionId;
 use crate::transcript::StoredMessage;
 
 /// Effects counted for the fail-closed tests.
@@ -130,8 +132,7 @@ pub enum BackendError {
     Refused(#[from] ReadError),
 }
 
-/// The effects a session store performs for the flush machine, and the
-/// reads every command shares. The executor ([`group::run`]) calls the
+/// The effects a session store performs for the flush machine. The executor ([`group::run`]) calls the
 /// effects; each reports a failure as the policy's [`Failure`] (its
 /// `elapsed_ms` is the executor's to fill) and decides nothing.
 // A `Failure` is the flush machine's own event, handed to it as it is; a
@@ -178,6 +179,41 @@ pub trait Backend {
     /// [`Backend::resolve`] for a LangGraph batch: whether every one of its
     /// records is stored.
     fn resolve_graph(&mut self, graph: &GraphBatch) -> Result<bool, Failure>;
+    /// Capture the retired generation this handle still holds, once, for
+    /// the operator (SQLite's WAL through the held descriptor). `trigger`
+    /// and `evidence` are the failure that asked for it. A server keeps no
+    /// generation on this machine, so PostgreSQL reports it as failed.
+    fn capture(&mut self, trigger: &str, evidence: &[Evidence]) -> Result<Capture, CaptureError>;
+    /// Give back every lease this handle holds (end of input).
+    fn release_all_leases(&mut self);
+    /// Give back this handle's lease on `session`.
+    fn release_lease(&mut self, session: &SessionId);
+
+    /// Flush several batches at once, each under its own flush machine and
+    /// with its own outcome, in the order given (see [`group`]).
+    fn append_group(&mut self, batches: &[(&SessionId, &[Message])]) -> Vec<FlushOutcome> {
+        group::append_group(self, batches)
+    }
+
+    /// Flush one LangGraph checkpoint or one task's writes: committed,
+    /// diverted with a receipt, or handed back.
+    fn put_graph(&mut self, graph: &GraphBatch) -> FlushOutcome {
+        group::put_graph(self, graph)
+    }
+
+    /// Flush one turn's batch. Every message ends committed, diverted with
+    /// a receipt, or handed back; the outcome says which.
+    fn append_batch(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
+        group::append_one(self, session, messages)
+    }
+}
+
+/// What every command reads and edits of a store, outside the flush:
+/// transcripts, history edits, search, LangGraph's reads and deletes, the
+/// database's identity. Each edit runs the policy's edit machine
+/// ([`edit::run_edit`]).
+#[allow(clippy::result_large_err)]
+pub trait History {
     /// The live LangGraph checkpoints `query` asks for, newest first, with
     /// their writes. A sticky handle refuses.
     fn graph_read(&mut self, query: &GraphQuery) -> Result<Vec<StoredCheckpoint>, ReadError>;
@@ -190,11 +226,6 @@ pub trait Backend {
     /// as replay would have stored it, then every row of the thread is
     /// marked, theirs included.
     fn graph_delete_thread(&mut self, thread: &str, pending: &[PendingRecord]) -> Result<GraphEdited, EditError>;
-    /// Capture the retired generation this handle still holds, once, for
-    /// the operator (SQLite's WAL through the held descriptor). `trigger`
-    /// and `evidence` are the failure that asked for it. A server keeps no
-    /// generation on this machine, so PostgreSQL reports it as failed.
-    fn capture(&mut self, trigger: &str, evidence: &[Evidence]) -> Result<Capture, CaptureError>;
     /// Which of `uids` are stored for `session`.
     fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError>;
     /// The stored transcript in `seq` order, as `show --json` prints it.
@@ -252,35 +283,11 @@ pub trait Backend {
     ) -> Result<SearchReport, BackendError>;
     /// The identity of the database the handle writes to.
     fn identity(&mut self) -> Result<Identity, BackendError>;
-    /// Give back every lease this handle holds (end of input).
-    fn release_all_leases(&mut self);
-    /// Give back this handle's lease on `session`.
-    fn release_lease(&mut self, session: &SessionId);
-
-    /// Flush several batches at once, each under its own flush machine and
-    /// with its own outcome, in the order given (see [`group`]).
-    fn append_group(&mut self, batches: &[(&SessionId, &[Message])]) -> Vec<FlushOutcome>
-    where
-        Self: Sized,
-    {
-        group::append_group(self, batches)
-    }
-
-    /// Flush one LangGraph checkpoint or one task's writes: committed,
-    /// diverted with a receipt, or handed back.
-    fn put_graph(&mut self, graph: &GraphBatch) -> FlushOutcome
-    where
-        Self: Sized,
-    {
-        group::put_graph(self, graph)
-    }
-
-    /// Flush one turn's batch. Every message ends committed, diverted with
-    /// a receipt, or handed back; the outcome says which.
-    fn append_batch(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome
-    where
-        Self: Sized,
-    {
-        group::append_one(self, session, messages)
-    }
 }
+
+/// A whole engine: the flush's effects and the reads and edits. SQLite's
+/// `SessionStore` and PostgreSQL's `PgStore` are both; a caller that picks
+/// one at run time holds a `Box<dyn Engine>`.
+pub trait Engine: Backend + History {}
+
+impl<T: Backend + History + ?Sized> Engine for T {}

@@ -5,11 +5,11 @@ mod many;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::{Backend, DbChoice, LeaseOptions};
+use crate::backend::{DbChoice, Engine, LeaseOptions};
 use crate::exit;
+use crate::ids::SessionId;
 use crate::message::Message;
 use crate::store::{SessionStore, StoreOptions, Synchronous};
-use crate::ids::SessionId;
 
 /// Append batches read from stdin, one batch per line, to one session
 /// (`--session`) or, without it, to the session each line names.
@@ -202,7 +202,7 @@ fn exhaust_fds(headroom: u64) -> std::io::Result<u64> {
 
 /// The store a run writes to: SQLite or PostgreSQL, behind the one
 /// executor (batches that wait together share one transaction on both).
-type Store = Box<dyn Backend>;
+type Store = Box<dyn Engine>;
 
 pub fn run(args: Args) -> i32 {
     let session = match args.session.as_deref().map(SessionId::new) {

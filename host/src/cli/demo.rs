@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::backend::Backend;
 use crate::divert::{self, Receipt};
 use crate::exit;
 use crate::faultvfs::{self, Fault, FileKind, Op};
+use crate::ids::SessionId;
 use crate::message::Message;
 use crate::store::{SessionStore, StoreOptions};
-use crate::ids::SessionId;
 
 /// Run a scripted conversation with real injected failures and verify that
 /// every message ends committed, diverted with a receipt, or handed back.

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::backend::{Backend, DbChoice, LeaseOptions};
+use crate::backend::EditError;
+use crate::backend::{DbChoice, Engine, LeaseOptions};
 use crate::exit;
 use crate::history::{Reason, Selector};
-use crate::store::{SessionStore, StoreOptions};
-use crate::backend::EditError;
 use crate::ids::SessionId;
+use crate::store::{SessionStore, StoreOptions};
 
 /// Where the session lives.
 #[derive(Debug, clap::Args)]
@@ -108,7 +108,7 @@ pub struct ForkArgs {
 }
 
 /// A store on the target, for one edit.
-fn open(t: &Target) -> Result<(Box<dyn Backend>, SessionId), i32> {
+fn open(t: &Target) -> Result<(Box<dyn Engine>, SessionId), i32> {
     let session = SessionId::new(&t.session).map_err(|e| {
         eprintln!("error: invalid --session: {e}");
         exit::USAGE

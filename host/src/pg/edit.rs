@@ -14,11 +14,11 @@ use turnsafe_policy::{Cause, Operation};
 use super::PgStore;
 use super::translate::{self, Fault};
 use super::write::Stop;
+use crate::backend::EditError;
 use crate::backend::ReadError;
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, Reason, RestoreReport, Selector, fork_uid};
-use crate::message::Message;
-use crate::backend::EditError;
 use crate::ids::{SessionId, now_ms};
+use crate::message::Message;
 use crate::transcript::StoredMessage;
 
 impl super::Postgres {

@@ -33,10 +33,9 @@ use turnsafe_policy::{Durability, Evidence};
 use crate::backend::{
     Backend, BackendError, Flush, GroupWrite, Hit, Identity, Lease, LeaseOptions, Ledger, ReadError, SearchReport,
 };
+use crate::backend::{Counters, EditError, History};
 use crate::capture::{Capture, CaptureError};
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
-use crate::outcome::FlushOutcome;
-use crate::backend::{Counters, EditError};
 use crate::ids::SessionId;
 use crate::transcript::StoredMessage;
 use schema::Migrated;
@@ -273,7 +272,7 @@ impl Postgres {
         Ok(())
     }
 
-    /// LangGraph checkpoints, as [`crate::backend::Backend::graph_read`].
+    /// LangGraph checkpoints, as [`crate::backend::History::graph_read`].
     pub fn graph_read(
         &mut self,
         query: &crate::graph::GraphQuery,
@@ -614,17 +613,6 @@ impl PgStore {
         store
     }
 
-    /// Flush one turn's batch (see [`Backend::append_batch`]).
-    pub fn append_batch(&mut self, session: &SessionId, messages: &[crate::message::Message]) -> FlushOutcome {
-        crate::backend::group::append_one(self, session, messages)
-    }
-
-    /// Flush batches together: one transaction, each batch in its own
-    /// savepoint (see [`Backend::append_group`]).
-    pub fn append_group(&mut self, batches: &[(&SessionId, &[crate::message::Message])]) -> Vec<FlushOutcome> {
-        crate::backend::group::append_group(self, batches)
-    }
-
     /// Give back this handle's lease on `session`.
     pub fn release_lease(&mut self, session: &SessionId) {
         Backend::release_lease(self, session)
@@ -856,6 +844,79 @@ impl Backend for PgStore {
         self.pg.resolve_graph(batch)
     }
 
+    fn capture(&mut self, _trigger: &str, _evidence: &[Evidence]) -> Result<Capture, CaptureError> {
+        Err(CaptureError {
+            operation: "read",
+            file: None,
+            errno: None,
+            message: format!(
+                "{} keeps no generation on this machine to capture",
+                self.pg.url.display()
+            ),
+        })
+    }
+
+    /// Every lease this handle holds, given back in one statement.
+    fn release_all_leases(&mut self) {
+        let (ids, tokens): (Vec<String>, Vec<String>) = self
+            .ledger
+            .sessions
+            .iter_mut()
+            .filter_map(|(id, c)| Some((id.clone(), c.lease_token.take()?)))
+            .unzip();
+        if ids.is_empty() || self.ledger.handle.sticky.is_some() {
+            return;
+        }
+        // A connection lost since the last batch (a server restarted) is
+        // made again once, so the leases go back now rather than blocking
+        // replay until they expire.
+        if !self.pg.is_open() && self.pg.open().is_err() {
+            tracing::warn!(
+                sessions = ids.len(),
+                "could not reconnect to give the turn leases back; they expire on their own"
+            );
+            return;
+        }
+        let Some(client) = self.pg.client.as_mut().filter(|c| !c.is_closed()) else {
+            return;
+        };
+        if let Err(e) = client.execute(
+            "UPDATE sessions s SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
+             FROM unnest($1::text[], $2::text[]) AS v(id, t) WHERE s.id = v.id AND s.lease_token = v.t",
+            &[&ids, &tokens],
+        ) {
+            // The leases then expire on their own.
+            tracing::warn!(error = %e, sessions = ids.len(), "could not release the turn leases");
+        }
+    }
+
+    fn release_lease(&mut self, session: &SessionId) {
+        let token = self
+            .ledger
+            .sessions
+            .get_mut(session.as_str())
+            .and_then(|c| c.lease_token.take());
+        let (Some(token), None) = (token, self.ledger.handle.sticky) else {
+            return;
+        };
+        if !self.pg.is_open() && self.pg.open().is_err() {
+            tracing::warn!(
+                session = session.as_str(),
+                "could not reconnect to give the turn lease back"
+            );
+            return;
+        }
+        if let Some(client) = self.pg.client.as_mut().filter(|c| !c.is_closed()) {
+            let _ = client.execute(
+                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
+                 WHERE id = $1 AND lease_token = $2",
+                &[&session.as_str(), &token],
+            );
+        }
+    }
+}
+
+impl History for PgStore {
     fn graph_read(
         &mut self,
         query: &crate::graph::GraphQuery,
@@ -886,18 +947,6 @@ impl Backend for PgStore {
         self.edit(edit.name(), &session, |tx, _| {
             graph_marks::store_pending(tx, pending, now)?;
             graph::edit(tx, &edit, now)
-        })
-    }
-
-    fn capture(&mut self, _trigger: &str, _evidence: &[Evidence]) -> Result<Capture, CaptureError> {
-        Err(CaptureError {
-            operation: "read",
-            file: None,
-            errno: None,
-            message: format!(
-                "{} keeps no generation on this machine to capture",
-                self.pg.url.display()
-            ),
         })
     }
 
@@ -985,65 +1034,6 @@ impl Backend for PgStore {
 
     fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError> {
         PgStore::delete_session(self, session)
-    }
-
-    /// Every lease this handle holds, given back in one statement.
-    fn release_all_leases(&mut self) {
-        let (ids, tokens): (Vec<String>, Vec<String>) = self
-            .ledger
-            .sessions
-            .iter_mut()
-            .filter_map(|(id, c)| Some((id.clone(), c.lease_token.take()?)))
-            .unzip();
-        if ids.is_empty() || self.ledger.handle.sticky.is_some() {
-            return;
-        }
-        // A connection lost since the last batch (a server restarted) is
-        // made again once, so the leases go back now rather than blocking
-        // replay until they expire.
-        if !self.pg.is_open() && self.pg.open().is_err() {
-            tracing::warn!(
-                sessions = ids.len(),
-                "could not reconnect to give the turn leases back; they expire on their own"
-            );
-            return;
-        }
-        let Some(client) = self.pg.client.as_mut().filter(|c| !c.is_closed()) else {
-            return;
-        };
-        if let Err(e) = client.execute(
-            "UPDATE sessions s SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
-             FROM unnest($1::text[], $2::text[]) AS v(id, t) WHERE s.id = v.id AND s.lease_token = v.t",
-            &[&ids, &tokens],
-        ) {
-            // The leases then expire on their own.
-            tracing::warn!(error = %e, sessions = ids.len(), "could not release the turn leases");
-        }
-    }
-
-    fn release_lease(&mut self, session: &SessionId) {
-        let token = self
-            .ledger
-            .sessions
-            .get_mut(session.as_str())
-            .and_then(|c| c.lease_token.take());
-        let (Some(token), None) = (token, self.ledger.handle.sticky) else {
-            return;
-        };
-        if !self.pg.is_open() && self.pg.open().is_err() {
-            tracing::warn!(
-                session = session.as_str(),
-                "could not reconnect to give the turn lease back"
-            );
-            return;
-        }
-        if let Some(client) = self.pg.client.as_mut().filter(|c| !c.is_closed()) {
-            let _ = client.execute(
-                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
-                 WHERE id = $1 AND lease_token = $2",
-                &[&session.as_str(), &token],
-            );
-        }
     }
 }
 

@@ -7,8 +7,8 @@ use postgres::Client;
 use super::connect;
 use super::url::DbUrl;
 use crate::graph::{GraphLine, StoredGraph};
-use crate::replay::{Lease, ReplayError, Row, Target};
 use crate::ids::now_ms;
+use crate::replay::{Lease, ReplayError, Row, Target};
 
 /// The replay target on a PostgreSQL server.
 pub struct PgTarget {

@@ -11,7 +11,9 @@ use turnsafe_policy::machine::{Failure, WritePlan};
 use turnsafe_policy::Evidence;
 
 use super::{EditError, SessionId, SessionStore, failure_of};
-use crate::backend::{Backend, BackendError, Flush, GroupWrite, Identity, Ledger, ReadError, SearchReport, readable};
+use crate::backend::{
+    Backend, BackendError, Flush, GroupWrite, History, Identity, Ledger, ReadError, SearchReport, readable,
+};
 use crate::capture::{Capture, CaptureError};
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::message::Message;
@@ -102,6 +104,34 @@ impl Backend for SessionStore {
         super::graph::resolve(conn, graph).map_err(|e| failure_of(&e, None, Vec::new(), 0))
     }
 
+    /// Once per handle: a later ask gets the first capture's result.
+    fn capture(&mut self, trigger: &str, evidence: &[Evidence]) -> Result<Capture, CaptureError> {
+        match self.retire_generation(trigger, evidence) {
+            Some(result) => result,
+            // Already tried by this handle, or no generation was recorded
+            // (the guard is off).
+            None => match &self.captured {
+                Some(result) => result.clone(),
+                None => Err(CaptureError {
+                    operation: "read",
+                    file: None,
+                    errno: None,
+                    message: "no retired generation is recorded by this handle".into(),
+                }),
+            },
+        }
+    }
+
+    fn release_all_leases(&mut self) {
+        SessionStore::release_all_leases(self)
+    }
+
+    fn release_lease(&mut self, session: &SessionId) {
+        SessionStore::release_lease(self, session)
+    }
+}
+
+impl History for SessionStore {
     fn graph_read(
         &mut self,
         query: &crate::graph::GraphQuery,
@@ -144,24 +174,6 @@ impl Backend for SessionStore {
             super::graph_marks::store_pending(conn, pending, now)?;
             super::graph::edit(conn, &edit, now)
         })
-    }
-
-    /// Once per handle: a later ask gets the first capture's result.
-    fn capture(&mut self, trigger: &str, evidence: &[Evidence]) -> Result<Capture, CaptureError> {
-        match self.retire_generation(trigger, evidence) {
-            Some(result) => result,
-            // Already tried by this handle, or no generation was recorded
-            // (the guard is off).
-            None => match &self.captured {
-                Some(result) => result.clone(),
-                None => Err(CaptureError {
-                    operation: "read",
-                    file: None,
-                    errno: None,
-                    message: "no retired generation is recorded by this handle".into(),
-                }),
-            },
-        }
     }
 
     fn rows(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<StoredMessage>, ReadError> {
@@ -234,14 +246,6 @@ impl Backend for SessionStore {
 
     fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError> {
         SessionStore::delete_session(self, session)
-    }
-
-    fn release_all_leases(&mut self) {
-        SessionStore::release_all_leases(self)
-    }
-
-    fn release_lease(&mut self, session: &SessionId) {
-        SessionStore::release_lease(self, session)
     }
 
     fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {

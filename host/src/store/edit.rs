@@ -4,8 +4,8 @@
 
 use crate::lease_proof::{Judged, judge};
 use rusqlite::{Connection, OptionalExtension};
-use turnsafe_policy::machine::Failure;
 use turnsafe_policy::Evidence;
+use turnsafe_policy::machine::Failure;
 
 use super::{EditError, SessionId, SessionStore, schema};
 use crate::backend::run_edit;

@@ -7,12 +7,12 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{EditError, SessionId, SessionStore, mint_id};
-use crate::ids::now_ms;
 use crate::backend::ReadError;
 use crate::history::{
     Archived, Cleared, ForkRefused, ForkReport, Keep, Lineage, PruneOptions, PruneReport, PrunedSession, Reason,
     RestoreReport, Selector, fork_uid,
 };
+use crate::ids::now_ms;
 use crate::message::Message;
 use crate::transcript::{self, StoredMessage};
 

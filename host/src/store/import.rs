@@ -23,8 +23,8 @@ use std::collections::HashSet;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{EditError, SessionId, SessionStore};
-use crate::ids::now_ms;
 use crate::history::Reason;
+use crate::ids::now_ms;
 use crate::message::Message;
 
 /// The `edit` stamped on every archived row an import writes.

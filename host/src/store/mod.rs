@@ -25,16 +25,17 @@ pub mod index;
 mod lockwait;
 pub(crate) mod rows;
 pub mod schema;
-mod shared;
+#[cfg(test)]
+mod shared_tests;
 mod write;
 
+pub use crate::backend::Counters;
+pub use crate::backend::EditError;
+pub use crate::backend::SharedStore;
 use crate::backend::{Cursor, Flush, Ledger};
 pub use crate::backend::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES};
-pub use backend::transcript;
-pub use crate::backend::EditError;
-pub use crate::backend::Counters;
 pub use crate::ids::SessionId;
-pub use shared::SharedStore;
+pub use backend::transcript;
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -46,9 +47,7 @@ use turnsafe_policy::{Cause, Evidence, Operation};
 
 use crate::capture::{self, Capture, CaptureError};
 use crate::guard::{self, Guard, Verdict};
-use crate::message::Message;
 use crate::observe;
-use crate::outcome::FlushOutcome;
 
 pub use schema::VERSION as SCHEMA_VERSION;
 use write::WriteFailure;
@@ -158,6 +157,13 @@ fn random_u64() -> u64 {
 /// A fresh id (uids, lease tokens, batch ids): see [`crate::ids`].
 pub fn mint_id() -> String {
     crate::ids::mint()
+}
+
+impl SharedStore {
+    /// Create `home` (0700) if missing and open its SQLite store, shared.
+    pub fn open(home: &Path, opts: StoreOptions) -> Result<SharedStore, StoreError> {
+        Ok(SharedStore::over(SessionStore::create(home, opts)?, home))
+    }
 }
 
 impl SessionStore {
@@ -356,25 +362,6 @@ impl SessionStore {
 
     fn configure(&self, conn: &Connection) -> rusqlite::Result<()> {
         configure(conn, &self.opts)
-    }
-
-    /// Flush one turn's batch. Every message ends committed, diverted with
-    /// a receipt, or handed back; the outcome says which.
-    ///
-    /// The policy's flush machine decides every step; the store only
-    /// performs them and feeds back what happened.
-    pub fn append_batch(&mut self, session: &SessionId, messages: &[Message]) -> FlushOutcome {
-        crate::backend::Backend::append_batch(self, session, messages)
-    }
-
-    /// Flush several batches at once, each under its own flush machine and
-    /// with its own outcome (in the order given). Batches that write are
-    /// committed together, with one sync: a failure of one batch alone (a
-    /// uid conflict, a lost lease) fails only that batch; a failure that
-    /// ends the transaction is every batch's failure, and each then
-    /// settles as the policy says. No batch is ever half committed.
-    pub fn append_group(&mut self, batches: &[(&SessionId, &[Message])]) -> Vec<FlushOutcome> {
-        crate::backend::group::append_group(self, batches)
     }
 
     /// The unsettled captures under the home that hold some session's

@@ -12,10 +12,10 @@ use serde_json::Value;
 
 use super::Store;
 use crate::exit;
+use crate::ids::SessionId;
 use crate::message::{Message, MessageError};
 use crate::outcome::FlushOutcome;
 use crate::store::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES};
-use crate::ids::SessionId;
 
 /// Why a line is not a batch of this mode.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
