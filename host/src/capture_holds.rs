@@ -71,7 +71,7 @@ fn current_rows(db: &Path) -> Result<HashSet<(String, String)>, String> {
     let mut last = String::new();
     for _ in 0..COPY_TRIES {
         let work = tempfile::tempdir().map_err(|e| format!("work folder: {e}"))?;
-        match crate::recover::copy_source(db, work.path()) {
+        match crate::db_copy::copy_source(db, work.path()) {
             Ok(_) => {
                 return read_rows(&work.path().join("state.db"))
                     .map_err(|e| format!("the current state.db cannot be read: {e}"));

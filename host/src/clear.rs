@@ -42,9 +42,9 @@ use crate::graph::{GraphEdited, GraphLine};
 use crate::history::Cleared;
 use crate::ids::thread_session;
 use crate::ids::{SessionId, now_ms};
-use crate::replay::{ReplayError, io_err, open_ledger, parse_divert_line, session_of_settling};
+use crate::replay::{ReplayError, io_err, open_ledger, parse_divert_line};
+use crate::settle::session_of_settling;
 
-pub(crate) use crate::pending::PutBeforeDelete;
 pub use crate::pending::{PendingMessage, PendingRecord};
 
 /// Which lines an edit settles, and as what.

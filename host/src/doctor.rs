@@ -572,7 +572,7 @@ fn quick_check(db: &Path) -> rusqlite::Result<Vec<String>> {
 
 fn quick_check_copy(db: &Path) -> Result<Vec<String>, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    crate::recover::copy_source(db, dir.path()).map_err(|e| e.to_string())?;
+    crate::db_copy::copy_source(db, dir.path()).map_err(|e| e.to_string())?;
     quick_check(&dir.path().join("state.db")).map_err(|e| e.to_string())
 }
 

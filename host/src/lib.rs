@@ -17,6 +17,7 @@ pub mod captures;
 pub mod clear;
 #[cfg(feature = "wasm-engine")]
 pub mod cli;
+pub mod db_copy;
 pub mod divert;
 pub mod divert_files;
 pub mod doctor;
@@ -41,9 +42,13 @@ pub mod pending;
 pub mod pg;
 pub mod recover;
 pub mod replay;
+pub(crate) mod rows;
 pub mod same;
-pub mod search;
 pub mod settle;
 pub mod store;
+pub mod target;
 pub mod transcript;
 pub mod walstat;
+
+/// SQLite's full-text search, by the name it has always had.
+pub use store::search;

@@ -12,12 +12,13 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::captures::{self, How, Settled, Status};
+use crate::db_copy::{CopyError, Fingerprint, fingerprint};
 use crate::holders;
 use crate::message::Message;
-use crate::store::{StoreOptions, configure, rows, schema};
+use crate::rows;
+use crate::store::{StoreOptions, configure, schema};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecoverError {
@@ -41,59 +42,25 @@ pub enum RecoverError {
     Sqlite(#[from] rusqlite::Error),
 }
 
+impl From<CopyError> for RecoverError {
+    fn from(e: CopyError) -> RecoverError {
+        match e {
+            CopyError::NoSource(p) => RecoverError::NoSource(p),
+            CopyError::Changed(p) => RecoverError::Changed(p),
+            CopyError::Io { context, source } => RecoverError::Io { context, source },
+        }
+    }
+}
+
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RecoverError {
     let context = context.into();
     move |source| RecoverError::Io { context, source }
 }
 
-/// The source's main file and which sidecars exist.
-fn source_files(source: &Path) -> Result<Vec<(PathBuf, &'static str)>, RecoverError> {
-    let main = if source.is_dir() {
-        source.join("state.db")
-    } else {
-        source.to_path_buf()
-    };
-    if !main.is_file() {
-        return Err(RecoverError::NoSource(source.to_path_buf()));
-    }
-    let mut out = vec![(main.clone(), "state.db")];
-    for (suffix, name) in [("-wal", "state.db-wal"), ("-shm", "state.db-shm")] {
-        let mut p = main.as_os_str().to_owned();
-        p.push(suffix);
-        let p = PathBuf::from(p);
-        if p.is_file() {
-            out.push((p, name));
-        }
-    }
-    Ok(out)
-}
-
-/// A file's inode, size and mtime: any write or replacement changes it.
-type Fingerprint = (u64, u64, i64, i64);
-
-fn fingerprint(p: &Path) -> Result<Fingerprint, RecoverError> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(p).map_err(io_err(format!("stat {}", p.display())))?;
-    Ok((m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
-}
-
-/// Copy the source into `work`, checking nothing changed during the copy.
+/// Copy the source into `work`, checking nothing changed during the copy
+/// ([`crate::db_copy`]).
 pub fn copy_source(source: &Path, work: &Path) -> Result<Vec<Value>, RecoverError> {
-    let mut copied = Vec::new();
-    for (path, name) in source_files(source)? {
-        let before = fingerprint(&path)?;
-        let data = std::fs::read(&path).map_err(io_err(format!("read {}", path.display())))?;
-        let after = fingerprint(&path)?;
-        if before != after || data.len() as u64 != after.1 {
-            return Err(RecoverError::Changed(path));
-        }
-        std::fs::write(work.join(name), &data).map_err(io_err(format!("copy {name}")))?;
-        copied.push(
-            json!({ "file": name, "from": path.to_string_lossy(), "size": data.len(),
-                            "sha256": hex::encode(Sha256::digest(&data)) }),
-        );
-    }
-    Ok(copied)
+    Ok(crate::db_copy::copy_source(source, work)?)
 }
 
 /// What a copy of the source holds.
@@ -251,7 +218,13 @@ fn refuse_if_held(db: &Path, what: &str) -> Result<(), RecoverError> {
 fn fingerprints(files: &[PathBuf]) -> Result<Vec<Option<Fingerprint>>, RecoverError> {
     files
         .iter()
-        .map(|f| if f.exists() { fingerprint(f).map(Some) } else { Ok(None) })
+        .map(|f| {
+            if f.exists() {
+                fingerprint(f).map(Some).map_err(RecoverError::from)
+            } else {
+                Ok(None)
+            }
+        })
         .collect()
 }
 

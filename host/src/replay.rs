@@ -37,8 +37,9 @@ use crate::divert_files;
 use crate::graph::{GraphLine, StoredGraph};
 use crate::ids::now_ms;
 use crate::message::Message;
+use crate::rows;
 use crate::settle::{self, Verdict};
-use crate::store::{StoreOptions, configure, index, rows};
+use crate::store::{StoreOptions, configure, index};
 
 /// Lines imported per transaction.
 const CHUNK: usize = 2_000;
@@ -480,12 +481,7 @@ pub(crate) fn open_ledger(sessions: &Path) -> Result<File, ReplayError> {
 
 /// Files in `settling/`, named `<session>@<stamp>.jsonl`.
 pub(crate) fn settling_files(settling: &Path, opts: &ReplayOptions) -> Result<Vec<(String, PathBuf)>, ReplayError> {
-    files_by_session(settling, opts, session_of_settling)
-}
-
-/// The session a `settling/` file belongs to.
-pub(crate) fn session_of_settling(name: &str) -> Option<&str> {
-    name.split_once('@').map(|(session, _)| session)
+    files_by_session(settling, opts, crate::settle::session_of_settling)
 }
 
 /// The regular files of `dir` whose name `session_of` maps to a session

@@ -174,6 +174,11 @@ pub fn graph(line_digest: &str, replaces: bool, at_ms: Option<i64>, stored: Opti
     }
 }
 
+/// The session a `settling/` file belongs to.
+pub fn session_of_settling(name: &str) -> Option<&str> {
+    name.split_once('@').map(|(session, _)| session)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 use rusqlite::Connection;
 use serde_json::{Map, Value, json};
 
-use crate::store::rows;
+use crate::rows;
 
 /// One stored message: its uid and place beside it, and the message itself.
 #[derive(Debug, Clone, PartialEq)]

@@ -498,7 +498,7 @@ pub fn divert_max_seq(divert_dir: &Path, session: &str) -> Option<i64> {
         files.extend(rd.flatten().map(|e| e.path()).filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .and_then(crate::replay::session_of_settling)
+                .and_then(crate::settle::session_of_settling)
                 == Some(session)
         }));
     }

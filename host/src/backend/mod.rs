@@ -13,15 +13,14 @@
 
 pub mod edit;
 pub mod group;
+pub mod hits;
 pub mod readable;
 pub mod shared;
-pub mod target;
 
 pub use edit::{EditError, run_edit};
 pub use group::{Flush, GROUP_MAX_BATCHES, GROUP_MAX_BYTES, GroupWrite, Ledger};
 pub use readable::readable;
 pub use shared::SharedStore;
-pub use target::{DbChoice, TargetError};
 
 use std::time::{Duration, Instant};
 
@@ -99,7 +98,7 @@ pub struct Identity {
 }
 
 /// One search hit, the same for every backend.
-pub use crate::search::Hit;
+pub use hits::Hit;
 
 /// What a search found, and how many messages it read without the index.
 #[derive(Debug, Clone, Default)]

@@ -63,6 +63,7 @@ struct Inner {
     committer: Mutex<Option<JoinHandle<()>>>,
 }
 
+#[derive(Default)]
 struct Queue {
     waiting: VecDeque<Queued>,
     /// Work on the store handed over with [`SharedStore::call_then`], by
@@ -289,22 +290,6 @@ impl SharedStore {
     /// Run `f` with the store held, for reads that must see its state.
     pub fn with_store<T>(&self, f: impl FnOnce(&mut dyn Engine) -> T) -> T {
         f(&mut **self.inner.lock())
-    }
-}
-
-impl Default for Queue {
-    fn default() -> Self {
-        Queue {
-            waiting: VecDeque::new(),
-            calls: VecDeque::new(),
-            done: HashMap::new(),
-            leading: false,
-            next_ticket: 0,
-            committer: false,
-            committer_asleep: false,
-            waiters: 0,
-            closing: false,
-        }
     }
 }
 

@@ -5,11 +5,12 @@ mod many;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::{DbChoice, Engine, LeaseOptions};
+use crate::backend::{Engine, LeaseOptions};
 use crate::exit;
 use crate::ids::SessionId;
 use crate::message::Message;
 use crate::store::{SessionStore, StoreOptions, Synchronous};
+use crate::target::DbChoice;
 
 /// Append batches read from stdin, one batch per line, to one session
 /// (`--session`) or, without it, to the session each line names.

@@ -247,14 +247,14 @@ fn demo(home: &Path) -> Result<(Vec<Row>, Ledger, Vec<String>), String> {
     // The index is off the commit path: the turn above committed. Search
     // finds the damage when it indexes that turn, marks the index for
     // rebuild, and scans the messages instead.
-    let found = crate::search::search(home, "quick brown fox", &crate::search::SearchOptions::default())
+    let found = crate::store::search::search(home, "quick brown fox", &crate::store::search::SearchOptions::default())
         .map_err(|e| e.to_string())?;
     let mut notes = Vec::new();
     notes.push(format!(
         "search with the corrupt FTS5 index: {}; {} hit(s) from {} message(s) scanned without it",
         match (&found.index, &found.catch_up) {
-            (crate::search::IndexHealth::Damaged, Err(e)) => format!("index damaged ({e})"),
-            (crate::search::IndexHealth::Damaged, Ok(_)) => "index damaged".to_string(),
+            (crate::store::search::IndexHealth::Damaged, Err(e)) => format!("index damaged ({e})"),
+            (crate::store::search::IndexHealth::Damaged, Ok(_)) => "index damaged".to_string(),
             _ => "index NOT reported damaged".to_string(),
         },
         found.hits.len(),

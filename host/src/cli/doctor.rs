@@ -42,9 +42,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
-    let (findings, facts) = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
-        Ok(crate::backend::DbChoice::Postgres(url)) => crate::doctor::examine_postgres(&url, args.home.as_deref()),
-        Ok(crate::backend::DbChoice::Sqlite(db)) => {
+    let (findings, facts) = match crate::target::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
+        Ok(crate::target::DbChoice::Postgres(url)) => crate::doctor::examine_postgres(&url, args.home.as_deref()),
+        Ok(crate::target::DbChoice::Sqlite(db)) => {
             if let Some(code) = super::refuse_newer_schema(&db) {
                 return code;
             }

@@ -9,11 +9,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::backend::EditError;
-use crate::backend::{DbChoice, Engine, LeaseOptions};
+use crate::backend::{Engine, LeaseOptions};
 use crate::exit;
 use crate::history::{Reason, Selector};
 use crate::ids::SessionId;
 use crate::store::{SessionStore, StoreOptions};
+use crate::target::DbChoice;
 
 /// Where the session lives.
 #[derive(Debug, clap::Args)]

@@ -71,14 +71,14 @@ pub fn run(args: Args) -> i32 {
         dry_run: args.dry_run,
         force: args.force,
     };
-    let result = match crate::backend::DbChoice::resolve(args.db.as_deref(), Some(&args.home)) {
-        Ok(crate::backend::DbChoice::Sqlite(db)) => {
+    let result = match crate::target::DbChoice::resolve(args.db.as_deref(), Some(&args.home)) {
+        Ok(crate::target::DbChoice::Sqlite(db)) => {
             if let Some(code) = super::refuse_newer_schema(&db) {
                 return code;
             }
             replay_run(&args.home, &opts)
         }
-        Ok(crate::backend::DbChoice::Postgres(url)) => {
+        Ok(crate::target::DbChoice::Postgres(url)) => {
             if let Some(why) = url.writer_refusal() {
                 eprintln!("error: --db {}: {why}", url.display());
                 return exit::USAGE;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::exit;
-use crate::search::{IndexHealth, SearchError, SearchOptions};
+use crate::store::search::{IndexHealth, SearchError, SearchOptions};
 
 /// Search the stored messages; never misses a committed one.
 ///
@@ -65,9 +65,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
-    let home = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
-        Ok(crate::backend::DbChoice::Postgres(url)) => return run_postgres(*url, &args),
-        Ok(crate::backend::DbChoice::Sqlite(_)) => args.home.clone().unwrap_or_default(),
+    let home = match crate::target::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
+        Ok(crate::target::DbChoice::Postgres(url)) => return run_postgres(*url, &args),
+        Ok(crate::target::DbChoice::Sqlite(_)) => args.home.clone().unwrap_or_default(),
         Err(e) => {
             eprintln!("error: {e}");
             return exit::USAGE;
@@ -80,7 +80,7 @@ pub fn run(args: Args) -> i32 {
         read_only: false,
         archived: args.archived,
     };
-    let report = match crate::search::search(&home, &args.query, &opts) {
+    let report = match crate::store::search::search(&home, &args.query, &opts) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -155,7 +155,7 @@ fn run_postgres(url: crate::pg::DbUrl, args: &Args) -> i32 {
 }
 
 fn print(
-    hits: &[crate::search::Hit],
+    hits: &[crate::store::search::Hit],
     unindexed: u64,
     holds: &[crate::captures::Hold],
     session: Option<&str>,

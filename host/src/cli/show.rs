@@ -69,9 +69,9 @@ pub fn run(args: Args) -> i32 {
         session: Some(session),
         ..args
     };
-    let db = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
-        Ok(crate::backend::DbChoice::Sqlite(path)) => path,
-        Ok(crate::backend::DbChoice::Postgres(url)) => {
+    let db = match crate::target::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
+        Ok(crate::target::DbChoice::Sqlite(path)) => path,
+        Ok(crate::target::DbChoice::Postgres(url)) => {
             let mut pg = crate::pg::Postgres::new(*url, crate::pg::PgOptions::default());
             if args.archived {
                 return match pg.archived(args.session.as_deref().unwrap_or_default(), None) {
@@ -158,12 +158,12 @@ fn show_thread(args: &Args, thread: &str) -> i32 {
         thread_id: Some(thread.to_string()),
         ..Default::default()
     };
-    let read = match crate::backend::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
-        Ok(crate::backend::DbChoice::Postgres(url)) => {
+    let read = match crate::target::DbChoice::resolve(args.db.as_deref(), args.home.as_deref()) {
+        Ok(crate::target::DbChoice::Postgres(url)) => {
             let mut pg = crate::pg::Postgres::new(*url, crate::pg::PgOptions::default());
             pg.graph_read(&query).map_err(|e| e.to_string())
         }
-        Ok(crate::backend::DbChoice::Sqlite(db)) => {
+        Ok(crate::target::DbChoice::Sqlite(db)) => {
             if !db.is_file() {
                 eprintln!("error: no turnsafe store at {}", db.display());
                 return exit::USAGE;

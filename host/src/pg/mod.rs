@@ -453,7 +453,7 @@ impl Postgres {
                 seq: r.get(2),
                 role: r.get(3),
                 snippet: r.get(4),
-                archived: Some(crate::search::ArchivedHit::new(r.get(5), r.get(6))),
+                archived: Some(crate::backend::hits::ArchivedHit::new(r.get(5), r.get(6))),
             }));
         }
         Ok(SearchReport {

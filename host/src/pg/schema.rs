@@ -176,8 +176,8 @@ fn to_items(tx: &mut Transaction<'_>) -> Result<(), postgres::Error> {
     for r in rows {
         let id: i64 = r.get(0);
         let old: String = r.get(2);
-        let item = crate::store::rows::legacy_item(r.get(1), old.clone(), r.get(3), &r.get::<_, String>(4));
-        let (role, content) = crate::store::rows::projection(&item);
+        let item = crate::rows::legacy_item(r.get(1), old.clone(), r.get(3), &r.get::<_, String>(4));
+        let (role, content) = crate::rows::projection(&item);
         let text = serde_json::Value::Object(item).to_string();
         tx.execute(
             "UPDATE messages SET item = $2, role = $3, content = $4 WHERE id = $1",

@@ -280,19 +280,19 @@ impl History for SessionStore {
         archived: bool,
     ) -> Result<SearchReport, BackendError> {
         readable(self.ledger.handle.sticky, &self.db_path.display())?;
-        let opts = crate::search::SearchOptions {
+        let opts = crate::store::search::SearchOptions {
             session: session.map(String::from),
             limit,
             archived,
-            ..crate::search::SearchOptions::default()
+            ..crate::store::search::SearchOptions::default()
         };
         let writable = !self.opts.read_only;
-        match crate::search::search_in(self.live()?, writable, query, &opts) {
+        match crate::store::search::search_in(self.live()?, writable, query, &opts) {
             Ok(report) => Ok(SearchReport {
                 hits: report.hits,
                 unindexed: report.unindexed,
             }),
-            Err(crate::search::SearchError::EmptyQuery) => Err(BackendError::EmptyQuery),
+            Err(crate::store::search::SearchError::EmptyQuery) => Err(BackendError::EmptyQuery),
             Err(e) => Err(BackendError::Unavailable {
                 target: self.db_path.display().to_string(),
                 message: e.to_string(),
@@ -327,7 +327,7 @@ pub(super) fn all_stored(
         return Ok(false);
     }
     for (uid, m) in uids.iter().zip(messages) {
-        if !super::rows::same_row(conn, session, uid, m)? {
+        if !crate::rows::same_row(conn, session, uid, m)? {
             return Ok(false);
         }
     }

@@ -5,8 +5,8 @@
 
 use rusqlite::{Connection, params};
 
-use crate::clear::{PendingRecord, PutBeforeDelete};
 use crate::ids::thread_session;
+use crate::pending::{PendingRecord, PutBeforeDelete};
 
 /// Store the pending records of a thread being deleted as replay would
 /// have stored them, inside the delete's transaction: the delete then

@@ -139,7 +139,7 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
     // version, without the archive.
     let (mut insert, mut to_archive) = if write {
         (
-            Some(conn.prepare_cached(super::rows::INSERT_OR_KEEP)?),
+            Some(conn.prepare_cached(crate::rows::INSERT_OR_KEEP)?),
             Some(conn.prepare_cached(
                 "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, archived_ms, reason, \
                  holder, edit) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -157,7 +157,7 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
         match row.archive {
             None if insert.is_some() => {
                 let Some(insert) = insert.as_mut() else { continue };
-                if super::rows::insert(insert, session, &row.uid, base + row.seq, &row.message, row.created_ms)? == 1 {
+                if crate::rows::insert(insert, session, &row.uid, base + row.seq, &row.message, row.created_ms)? == 1 {
                     counts.imported += 1;
                 } else {
                     counts.duplicate += 1;

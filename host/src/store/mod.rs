@@ -23,8 +23,8 @@ pub mod history;
 pub mod import;
 pub mod index;
 mod lockwait;
-pub(crate) mod rows;
 pub mod schema;
+pub mod search;
 #[cfg(test)]
 mod shared_tests;
 mod write;

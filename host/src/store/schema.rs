@@ -54,7 +54,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::rows;
+use crate::rows;
 
 /// Current schema version.
 pub const VERSION: i64 = 6;

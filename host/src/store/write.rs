@@ -319,14 +319,14 @@ fn write_batch(
     }
     let token = take_lease(conn, flush, state, plan.recreate_session, holder, ttl_ms)?;
     let created = now_ms();
-    let mut insert = conn.prepare_cached(super::rows::INSERT)?;
+    let mut insert = conn.prepare_cached(crate::rows::INSERT)?;
     for (m, uid) in flush.messages.iter().zip(&flush.uids) {
-        match super::rows::insert(&mut insert, flush.session.as_str(), uid, seq, m, created) {
+        match crate::rows::insert(&mut insert, flush.session.as_str(), uid, seq, m, created) {
             Ok(_) => seq += 1,
             Err(e) if is_unique_violation(&e) => {
                 // Idempotent resend: an identical stored row counts
                 // as committed; different content is a conflict.
-                if !super::rows::same_row(conn, flush.session.as_str(), uid, m)? {
+                if !crate::rows::same_row(conn, flush.session.as_str(), uid, m)? {
                     return Err(Stop::Sqlite(e));
                 }
             }

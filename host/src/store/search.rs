@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, params};
-use serde::Serialize;
 use turnsafe_policy::{Cause, Operation};
 
+pub use crate::backend::hits::{ArchivedHit, Hit};
 use crate::store::index::{self, CatchUp, IndexError};
 use crate::store::{StoreOptions, configure, schema};
 
@@ -50,40 +50,6 @@ impl Default for SearchOptions {
             fts5: false,
             read_only: false,
             archived: false,
-        }
-    }
-}
-
-/// One matching message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Hit {
-    pub session: String,
-    pub uid: String,
-    pub seq: i64,
-    /// The message's `role`; `None` for a message without one (a tool call).
-    pub role: Option<String>,
-    /// The matching text, with matches in `[` `]`.
-    pub snippet: String,
-    /// Set for a row found in the archive: when it was archived and why.
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    pub archived: Option<ArchivedHit>,
-}
-
-/// Where an archived hit came from: `"archived": true`, `archived_at`
-/// (RFC 3339) and `reason` in the hit's JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ArchivedHit {
-    pub archived: bool,
-    pub archived_at: String,
-    pub reason: String,
-}
-
-impl ArchivedHit {
-    pub fn new(archived_ms: i64, reason: String) -> ArchivedHit {
-        ArchivedHit {
-            archived: true,
-            archived_at: crate::history::rfc3339(archived_ms),
-            reason,
         }
     }
 }
