@@ -28,7 +28,7 @@
 //! pending for replay.
 
 use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -282,9 +282,8 @@ impl Taken {
         }
         rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| io_err(format!("lock {shown}"))(e.into()))?;
-        let mut data = Vec::new();
-        crate::failpoint::io_fault("clear.read")
-            .map_or_else(|| f.read_to_end(&mut data).map(drop), Err)
+        let data = crate::failpoint::io_fault("clear.read")
+            .map_or_else(|| crate::lines::read_whole(&mut f, &shown), Err)
             .map_err(io_err(format!("read {shown}")))?;
         let lines = parse_lines(&data, &self.session);
         if !self.concerns(&lines) {
@@ -470,11 +469,9 @@ fn read_regular(path: &Path) -> Result<Vec<u8>, ReplayError> {
     if !f.metadata().map_err(io_err(format!("stat {shown}")))?.is_file() {
         return Err(io_err(format!("read {shown}"))(io::Error::other("not a regular file")));
     }
-    let mut data = Vec::new();
     crate::failpoint::io_fault("clear.read")
-        .map_or_else(|| f.read_to_end(&mut data).map(drop), Err)
-        .map_err(io_err(format!("read {shown}")))?;
-    Ok(data)
+        .map_or_else(|| crate::lines::read_whole(&mut f, &shown), Err)
+        .map_err(io_err(format!("read {shown}")))
 }
 
 /// Every non-blank line of a divert file, read as replay reads it.

@@ -113,6 +113,7 @@ pub(crate) fn divert_step(
             tracing::error!(
                 session,
                 path = ?e.path,
+                error = %e.message,
                 operation = e.operation,
                 errno = ?e.errno,
                 count = n,
@@ -230,6 +231,7 @@ pub(crate) fn append_lines(dir: &Path, session: &str, values: &[Value]) -> Resul
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(DivertError::io("mkdir", dir, &e)),
     }
+    refuse_symlinked_folder(dir)?;
     let path = dir.join(format!("{session}.jsonl"));
     let mut file = open_locked(&path)?;
 
@@ -243,6 +245,7 @@ pub(crate) fn append_lines(dir: &Path, session: &str, values: &[Value]) -> Resul
     let offset = size + buf.len() as u64;
     let start = buf.len();
     for line in values {
+        let line_start = buf.len();
         serde_json::to_writer(&mut buf, line).map_err(|e| DivertError {
             operation: "encode",
             errno: None,
@@ -251,6 +254,21 @@ pub(crate) fn append_lines(dir: &Path, session: &str, values: &[Value]) -> Resul
             residue: None,
         })?;
         buf.push(b'\n');
+        // Replay reads no line past this bound: one written past it would
+        // be a copy that cannot be read back. Hand the batch back instead.
+        let len = buf.len() - line_start;
+        if len > crate::lines::MAX_DIVERT_LINE {
+            return Err(DivertError {
+                operation: "encode",
+                errno: None,
+                message: format!(
+                    "a divert line of {len} bytes is longer than the limit of {} bytes",
+                    crate::lines::MAX_DIVERT_LINE
+                ),
+                path: None,
+                residue: None,
+            });
+        }
     }
     crate::failpoint::hit("divert.before_write");
     let written = crate::failpoint::io_fault("divert.write")
@@ -304,6 +322,31 @@ fn cut_back(file: &File, size: u64) -> io::Result<()> {
     crate::failpoint::io_fault("divert.truncate_fsync").map_or_else(|| file.sync_all(), Err)
 }
 
+/// Divert files are written only into a real folder, never through a
+/// symlink put at `sessions/`: the copy would land where nobody made it
+/// 0700, and replay and doctor would not look for it there.
+fn refuse_symlinked_folder(dir: &Path) -> Result<(), DivertError> {
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| DivertError::io("stat", dir, &e))?;
+    if meta.is_dir() {
+        return Ok(());
+    }
+    let (errno, what) = if meta.file_type().is_symlink() {
+        (libc::ELOOP, "a symbolic link")
+    } else {
+        (libc::ENOTDIR, crate::lines::kind_name(meta.file_type()))
+    };
+    Err(DivertError {
+        operation: "open",
+        errno: Some(i64::from(errno)),
+        message: format!(
+            "{} is {what}, not a folder: divert files are written only into a real folder",
+            dir.display()
+        ),
+        path: Some(dir.to_path_buf()),
+        residue: None,
+    })
+}
+
 fn ends_with_newline(file: &File, size: u64) -> bool {
     let mut b = [0u8; 1];
     matches!(rustix::io::pread(file, &mut b, size - 1), Ok(1)) && b[0] == b'\n'
@@ -322,6 +365,26 @@ const LOCK_TRIES: usize = 8;
 fn open_locked(path: &Path) -> Result<File, DivertError> {
     for _ in 0..LOCK_TRIES {
         let (file, _created) = open_append(path).map_err(|e| DivertError::io("open", path, &e))?;
+        // Only a regular file holds a copy: a FIFO put at the path would
+        // take the lines into a pipe (and block a large batch's write for
+        // ever), a device anywhere.
+        let kind = file
+            .metadata()
+            .map_err(|e| DivertError::io("stat", path, &e))?
+            .file_type();
+        if !kind.is_file() {
+            return Err(DivertError {
+                operation: "open",
+                errno: None,
+                message: format!(
+                    "{} is {}, not a regular file",
+                    path.display(),
+                    crate::lines::kind_name(kind)
+                ),
+                path: Some(path.to_path_buf()),
+                residue: None,
+            });
+        }
         crate::failpoint::hit("divert.before_lock");
         rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| DivertError::io("lock", path, &io::Error::from(e)))?;
@@ -342,7 +405,8 @@ fn open_locked(path: &Path) -> Result<File, DivertError> {
 }
 
 fn open_append(path: &Path) -> io::Result<(File, bool)> {
-    let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // O_NONBLOCK: opening a FIFO never waits (regular files ignore it).
+    let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
     match OpenOptions::new()
         .read(true)
         .append(true)

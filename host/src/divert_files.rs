@@ -7,9 +7,8 @@
 //! disqualify it when another line qualifies. Every other file is foreign:
 //! replay never moves or rewrites it, and doctor lists it apart.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead, BufReader};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
+use std::io::{self, BufReader};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -51,24 +50,20 @@ pub fn is_divert_line(line: &[u8], session: &str) -> bool {
 pub fn has_divert_line(reader: impl io::Read, session: &str) -> io::Result<bool> {
     let mut reader = BufReader::with_capacity(1 << 16, reader);
     let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        if reader.read_until(b'\n', &mut buf)? == 0 {
-            return Ok(false);
-        }
-        if is_divert_line(buf.trim_ascii(), session) {
+    // A line past the bound is no divert line (divert never writes one),
+    // and is read past without being held.
+    while let Some((_, fits)) = crate::lines::read_line(&mut reader, &mut buf, crate::lines::MAX_DIVERT_LINE)? {
+        if fits == crate::lines::Line::Whole && is_divert_line(buf.trim_ascii(), session) {
             return Ok(true);
         }
     }
+    Ok(false)
 }
 
 /// Open a candidate for reading: never through a symlink, and without
 /// blocking should it have turned into a FIFO since it was listed.
 fn open_candidate(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
+    crate::lines::open_regular(path)
 }
 
 /// What `sessions/` holds, by owner.

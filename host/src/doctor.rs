@@ -444,16 +444,16 @@ fn captures(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Str
 /// JSON (or not UTF-8) counts under no state, and hides no other line.
 fn ledger_states(path: &Path) -> std::collections::BTreeMap<String, u64> {
     let mut out = std::collections::BTreeMap::new();
-    let Ok(bytes) = std::fs::read(path) else {
-        return out;
-    };
-    for line in bytes.split(|b| *b == b'\n') {
-        if let Ok(v) = serde_json::from_slice::<Value>(line)
+    // Line by line, with a bound: memory stays flat whatever the file
+    // holds, and a FIFO in its place is not waited on.
+    let _ = crate::lines::each_line_of(path, crate::lines::MAX_DIVERT_LINE, |line, fits| {
+        if fits == crate::lines::Line::Whole
+            && let Ok(v) = serde_json::from_slice::<Value>(line)
             && let Some(state) = v.get("state").and_then(Value::as_str)
         {
             *out.entry(state.to_string()).or_insert(0) += 1;
         }
-    }
+    });
     out
 }
 
@@ -494,10 +494,12 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
     // Pending lines by kind: messages, and LangGraph checkpoints and writes.
     let (mut messages, mut checkpoints, mut writes) = (0u64, 0u64, 0u64);
     for p in &pending {
-        // Bytes, line by line: one line that is not UTF-8 hides no other.
-        let Ok(bytes) = std::fs::read(p) else { continue };
-        for line in bytes.split(|b| *b == b'\n') {
-            if let Ok(v) = serde_json::from_slice::<Value>(line) {
+        // Bytes, line by line: one line that is not UTF-8 hides no other,
+        // one past the bound is read past, and only a regular file is read.
+        let _ = crate::lines::each_line_of(p, crate::lines::MAX_DIVERT_LINE, |line, fits| {
+            if fits == crate::lines::Line::Whole
+                && let Ok(v) = serde_json::from_slice::<Value>(line)
+            {
                 match v.get("kind").and_then(Value::as_str) {
                     Some("checkpoint") => checkpoints += 1,
                     Some("write") => writes += 1,
@@ -505,7 +507,7 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
                     _ => {}
                 }
             }
-        }
+        });
     }
     facts.insert(
         "pending_divert_lines".into(),

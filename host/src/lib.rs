@@ -35,6 +35,7 @@ pub mod holders;
 pub mod ids;
 pub mod import_hermes;
 pub mod lease_proof;
+pub mod lines;
 pub mod message;
 pub mod observe;
 pub mod outcome;

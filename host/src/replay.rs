@@ -24,7 +24,7 @@
 //! hole in the transcript.
 
 use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufReader, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -36,6 +36,7 @@ use crate::divert::{FORMAT_VERSION, sync_dir};
 use crate::divert_files;
 use crate::graph::{GraphLine, StoredGraph};
 use crate::ids::now_ms;
+use crate::lines::{Line, MAX_DIVERT_LINE};
 use crate::message::Message;
 use crate::rows;
 use crate::settle::{self, Verdict};
@@ -532,11 +533,8 @@ fn check_lease(conn: &mut dyn Target, session: &str, force: bool) -> Result<(), 
 /// Rename a divert file into `settling/` while holding its lock, so no
 /// writer is appending to it at that moment.
 pub(crate) fn take(path: &Path, settling: &Path, session: &str) -> Result<(), ReplayError> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(io_err(format!("open {}", path.display())))?;
+    // A FIFO put in its place since it was listed must not hang replay.
+    let f = crate::lines::open_regular(path).map_err(io_err(format!("open {}", path.display())))?;
     rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
         .map_err(|e| io_err(format!("lock {}", path.display()))(e.into()))?;
     let stamp = format!("{}-{}", now_ms(), std::process::id());
@@ -563,7 +561,8 @@ fn settle_file(
         session: session.into(),
         ..FileReport::default()
     };
-    let f = File::open(path).map_err(io_err(format!("open {name}")))?;
+    // Never through a symlink, never blocking on a FIFO put in its place.
+    let f = crate::lines::open_regular(path).map_err(io_err(format!("open {name}")))?;
     let mut reader = BufReader::with_capacity(1 << 16, f);
     let write = ledger.is_some();
     let (mut offset, mut line_no) = (0u64, 0u64);
@@ -578,25 +577,28 @@ fn settle_file(
         let mut eof = false;
         let result = (|| -> Result<(), ReplayError> {
             for _ in 0..CHUNK {
-                buf.clear();
-                let n = reader
-                    .read_until(b'\n', &mut buf)
-                    .map_err(io_err(format!("read {name}")))?;
-                if n == 0 {
+                // A line past the bound is read past, never held whole
+                // (a file of several GB without a newline is one line).
+                let Some((n, fits)) = crate::lines::read_line(&mut reader, &mut buf, MAX_DIVERT_LINE)
+                    .map_err(io_err(format!("read {name}")))?
+                else {
                     eof = true;
                     break;
-                }
+                };
                 line_no += 1;
                 let line_offset = offset;
-                offset += n as u64;
+                offset += n;
                 // Only a line of ASCII whitespace (JSON's own) is blank: any
                 // other byte gets a ledger entry.
-                if buf.trim_ascii().is_empty() {
+                if fits == Line::Whole && buf.trim_ascii().is_empty() {
                     continue;
                 }
                 // Never read as lossy text: replay would store other bytes
                 // than the line's.
                 let (uid, settled) = match std::str::from_utf8(&buf) {
+                    _ if fits == Line::TooLong => {
+                        (None, Settled::quarantined(&crate::lines::too_long(n, MAX_DIVERT_LINE)))
+                    }
                     Ok(text) => settle_line(conn, session, text.trim_end_matches('\n'), !write)?,
                     Err(_) => (None, Settled::quarantined("not UTF-8")),
                 };

@@ -298,10 +298,7 @@ fn stream(mut store: Store, session: &SessionId, after: impl Fn(u64)) -> i32 {
     let exhaust = after;
     let (mut all_persisted, mut batches) = (true, 0u64);
     let read = super::for_each_exact_line(|line_no, line| {
-        let answer = match line
-            .map_err(super::not_utf8)
-            .and_then(|text| Message::batch_from_json(text).map_err(|e| e.to_string()))
-        {
+        let answer = match line.and_then(|text| Message::batch_from_json(text).map_err(|e| e.to_string())) {
             Ok(batch) => {
                 let outcome = crate::backend::group::append_one(store.as_mut(), session, &batch);
                 all_persisted &= outcome.persisted;

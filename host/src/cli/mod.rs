@@ -128,38 +128,74 @@ pub(crate) fn emit(line: &str) -> bool {
 /// `f` until input ends or `f` returns false. Invalid UTF-8 is replaced,
 /// never fatal: what the policy commands read only shapes an answer.
 /// Returns an error only when stdin itself fails.
-pub(crate) fn for_each_line(mut f: impl FnMut(u64, &str) -> bool) -> std::io::Result<()> {
-    for_each_exact_line(|line_no, line| {
-        let text = match line {
-            Ok(text) => std::borrow::Cow::Borrowed(text),
-            Err(bytes) => String::from_utf8_lossy(bytes),
-        };
-        let text = text.trim();
-        text.is_empty() || f(line_no, text)
+pub(crate) fn for_each_line(mut f: impl FnMut(u64, Result<&str, String>) -> bool) -> std::io::Result<()> {
+    for_each_stdin_line(|line_no, line| match line {
+        StdinLine::Text(text) => f(line_no, Ok(text)),
+        StdinLine::NotUtf8(bytes) => {
+            let text = String::from_utf8_lossy(bytes);
+            let text = text.trim();
+            text.is_empty() || f(line_no, Ok(text))
+        }
+        StdinLine::TooLong(n) => f(line_no, Err(crate::lines::too_long(n, MAX_BATCH_LINE))),
+    })
+}
+
+/// One stdin line as [`for_each_stdin_line`] hands it on.
+pub(crate) enum StdinLine<'a> {
+    Text(&'a str),
+    /// Its bytes, which are not UTF-8.
+    NotUtf8(&'a [u8]),
+    /// Longer than [`MAX_BATCH_LINE`]: read past, never held; its length.
+    TooLong(u64),
+}
+
+/// The longest stdin line read (one batch, or one policy request).
+pub(crate) use crate::lines::MAX_BATCH_LINE;
+
+/// Each stdin line for a command that stores it: its text, or why it is
+/// refused (not UTF-8, or longer than [`MAX_BATCH_LINE`]), naming the
+/// line's fault; nothing of a refused line is stored.
+pub(crate) fn for_each_exact_line(mut f: impl FnMut(u64, Result<&str, String>) -> bool) -> std::io::Result<()> {
+    for_each_stdin_line(|line_no, line| match line {
+        StdinLine::Text(text) => f(line_no, Ok(text)),
+        StdinLine::NotUtf8(bytes) => f(line_no, Err(not_utf8(bytes))),
+        StdinLine::TooLong(n) => f(
+            line_no,
+            Err(format!(
+                "{}; nothing of it was stored",
+                crate::lines::too_long(n, MAX_BATCH_LINE)
+            )),
+        ),
     })
 }
 
 /// Feed each stdin line that holds more than ASCII whitespace, trimmed of
 /// it, with its 1-based number, to `f` until input ends or `f` returns
-/// false: its text, or its bytes when they are not UTF-8. For lines that
-/// are stored: a lossy reading would store other bytes than were given.
-pub(crate) fn for_each_exact_line(mut f: impl FnMut(u64, Result<&str, &[u8]>) -> bool) -> std::io::Result<()> {
-    use std::io::BufRead;
+/// false: its text, or its bytes when they are not UTF-8 (for lines that
+/// are stored, a lossy reading would store other bytes than were given),
+/// or its length when it is longer than [`MAX_BATCH_LINE`] (memory stays
+/// bounded whatever stdin holds).
+fn for_each_stdin_line(mut f: impl FnMut(u64, StdinLine<'_>) -> bool) -> std::io::Result<()> {
     let stdin = std::io::stdin();
     let mut reader = stdin.lock();
     let mut buf = Vec::new();
     let mut line_no = 0u64;
-    loop {
-        buf.clear();
-        if reader.read_until(b'\n', &mut buf)? == 0 {
-            return Ok(());
-        }
+    while let Some((n, fits)) = crate::lines::read_line(&mut reader, &mut buf, MAX_BATCH_LINE)? {
         line_no += 1;
-        let bytes = buf.trim_ascii();
-        if !bytes.is_empty() && !f(line_no, std::str::from_utf8(bytes).map_err(|_| bytes)) {
-            return Ok(());
+        let line = if fits == crate::lines::Line::TooLong {
+            StdinLine::TooLong(n)
+        } else {
+            let bytes = buf.trim_ascii();
+            if bytes.is_empty() {
+                continue;
+            }
+            std::str::from_utf8(bytes).map_or(StdinLine::NotUtf8(bytes), StdinLine::Text)
+        };
+        if !f(line_no, line) {
+            break;
         }
     }
+    Ok(())
 }
 
 /// The answer to a stdin line that is not UTF-8: refused, never read.
@@ -197,8 +233,12 @@ pub(crate) fn answer_json_lines(
     };
     let mut failed = false;
     let read = for_each_line(|line_no, text| {
-        let answer =
-            ask(policy.as_mut(), text).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }).to_string());
+        let answer = match text {
+            Ok(text) => {
+                ask(policy.as_mut(), text).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }).to_string())
+            }
+            Err(refused) => serde_json::json!({ "error": refused }).to_string(),
+        };
         emit(&answer_line(line_no, answer, &mut failed))
     });
     if let Err(e) = read {

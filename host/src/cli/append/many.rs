@@ -83,7 +83,7 @@ pub(super) fn stream(mut store: Store, after: impl Fn(u64)) -> i32 {
         let read = crate::cli::for_each_exact_line(|number, text| {
             tx.send(Ok(Line {
                 number,
-                text: text.map(str::to_string).map_err(crate::cli::not_utf8),
+                text: text.map(str::to_string),
             }))
             .is_ok()
         });
