@@ -347,6 +347,30 @@ fn refuse_symlinked_folder(dir: &Path) -> Result<(), DivertError> {
     })
 }
 
+/// A divert file another user owns (neither this process's user nor the
+/// folder's owner) is never appended to: its owner could read every copy
+/// put there, and replay leaves such a file alone.
+fn refuse_other_owner(path: &Path, owner: u32) -> Result<(), DivertError> {
+    let me = rustix::process::geteuid().as_raw();
+    let folder = path
+        .parent()
+        .and_then(|d| std::fs::symlink_metadata(d).ok())
+        .map(|m| m.uid());
+    if owner == me || Some(owner) == folder {
+        return Ok(());
+    }
+    Err(DivertError {
+        operation: "open",
+        errno: Some(i64::from(libc::EPERM)),
+        message: format!(
+            "{} belongs to uid {owner}, not to this process's user (uid {me}) or the folder's owner",
+            path.display()
+        ),
+        path: Some(path.to_path_buf()),
+        residue: None,
+    })
+}
+
 fn ends_with_newline(file: &File, size: u64) -> bool {
     let mut b = [0u8; 1];
     matches!(rustix::io::pread(file, &mut b, size - 1), Ok(1)) && b[0] == b'\n'
@@ -368,10 +392,8 @@ fn open_locked(path: &Path) -> Result<File, DivertError> {
         // Only a regular file holds a copy: a FIFO put at the path would
         // take the lines into a pipe (and block a large batch's write for
         // ever), a device anywhere.
-        let kind = file
-            .metadata()
-            .map_err(|e| DivertError::io("stat", path, &e))?
-            .file_type();
+        let meta = file.metadata().map_err(|e| DivertError::io("stat", path, &e))?;
+        let kind = meta.file_type();
         if !kind.is_file() {
             return Err(DivertError {
                 operation: "open",
@@ -385,6 +407,7 @@ fn open_locked(path: &Path) -> Result<File, DivertError> {
                 residue: None,
             });
         }
+        refuse_other_owner(path, meta.uid())?;
         crate::failpoint::hit("divert.before_lock");
         rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| DivertError::io("lock", path, &io::Error::from(e)))?;

@@ -9,6 +9,7 @@
 
 use std::fs::File;
 use std::io::{self, BufReader};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -73,6 +74,10 @@ pub struct Listing {
     pub divert: Vec<(String, PathBuf)>,
     /// File names that are not turnsafe's, sorted.
     pub foreign: Vec<String>,
+    /// Of the foreign, `<valid-id>.jsonl` files owned by another user
+    /// (neither this process's nor the folder's owner): (name, uid), sorted.
+    /// Their lines could be anyone's words; replay never imports them.
+    pub other_owner: Vec<(String, u32)>,
 }
 
 /// Sort the files directly in `sessions/` (folders are skipped, the ledger
@@ -85,6 +90,10 @@ pub fn list(sessions: &Path, session: Option<&str>) -> io::Result<Listing> {
         Err(e) => return Err(e),
     };
     let mut out = Listing::default();
+    // Whose files count as turnsafe's: this process's user's, or the
+    // folder owner's (root replaying a user's home).
+    let folder_owner = std::fs::symlink_metadata(sessions)?.uid();
+    let me = rustix::process::geteuid().as_raw();
     for entry in rd {
         let entry = entry?;
         let file_type = entry.file_type()?;
@@ -101,6 +110,16 @@ pub fn list(sessions: &Path, session: Option<&str>) -> io::Result<Listing> {
         }
         let path = entry.path();
         // Only regular files are read: divert never makes anything else.
+        if let Some(owner) = id
+            .filter(|_| file_type.is_file())
+            .and_then(|_| entry.metadata().ok())
+            .map(|m| m.uid())
+            .filter(|uid| *uid != me && *uid != folder_owner)
+        {
+            out.other_owner.push((name.clone(), owner));
+            out.foreign.push(name);
+            continue;
+        }
         let ours = match id {
             Some(id) if file_type.is_file() => match open_candidate(&path) {
                 Ok(f) => has_divert_line(f, id)?,
@@ -117,6 +136,7 @@ pub fn list(sessions: &Path, session: Option<&str>) -> io::Result<Listing> {
     }
     out.divert.sort();
     out.foreign.sort();
+    out.other_owner.sort();
     Ok(out)
 }
 

@@ -55,6 +55,20 @@ pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {
     let mut out = Vec::new();
     let mut facts = serde_json::Map::new();
 
+    // A state.db that is a symbolic link is written through: say where.
+    if let Ok(target) = std::fs::read_link(&db) {
+        out.push(finding(
+            "state_db_link",
+            "warning",
+            format!(
+                "{} is a symbolic link to {}: turnsafe writes the file it points to, and its -wal and -shm \
+                 beside that file; pointing the link elsewhere while a writer runs reads as a replaced database",
+                db.display(),
+                target.display()
+            ),
+            None,
+        ));
+    }
     let files = holders::db_files(&db);
     let held = holders::scan(&files, true).unwrap_or_default();
     facts.insert("holders".into(), json!(held.by_pid));
@@ -548,6 +562,23 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
             format!(
                 "{superseded} diverted LangGraph line(s) superseded by a newer stored version; their bytes stay in \
                  sessions/settled/"
+            ),
+            None,
+        ));
+    }
+    if !listing.other_owner.is_empty() {
+        let named: Vec<String> = listing
+            .other_owner
+            .iter()
+            .map(|(name, uid)| format!("{name} (uid {uid})"))
+            .collect();
+        out.push(finding(
+            "other_owner",
+            "warning",
+            format!(
+                "{} file(s) in sessions/ belong to another user and are never replayed or appended to: {}",
+                named.len(),
+                named.join(", ")
             ),
             None,
         ));
