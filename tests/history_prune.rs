@@ -8,6 +8,7 @@ use common::*;
 use turnsafe_host::backend::Backend;
 use turnsafe_host::history::{Keep, PruneOptions};
 use turnsafe_host::store::StoreOptions;
+use turnsafe_host::backend::History;
 
 fn opts(keep: Keep, archived_only: bool) -> PruneOptions {
     PruneOptions {

@@ -8,6 +8,7 @@ use common::*;
 use turnsafe_host::backend::Backend;
 use turnsafe_host::history::{Keep, PruneOptions, Reason, Selector};
 use turnsafe_host::transcript::stored_messages;
+use turnsafe_host::backend::History;
 
 const FIXTURE: &[u8] = include_bytes!("fixtures/state-v3.db");
 

@@ -11,6 +11,7 @@ use common::*;
 use turnsafe_host::backend::Backend;
 use turnsafe_host::store::StoreOptions;
 use turnsafe_policy::{ActionKind, Cause};
+use turnsafe_host::backend::History;
 
 fn fts_hits(home: &Home, word: &str) -> i64 {
     home.other()

@@ -66,12 +66,6 @@ impl Ledger {
         }
     }
 
-    /// The highest `seq` already promised to diverted lines of `session`
-    /// (pending or being replayed), so later commits never reuse it.
-    pub fn divert_max_seq(&self, session: &str) -> Option<i64> {
-        divert_max_seq(&self.divert_dir, session)
-    }
-
     /// Append one batch to its session's divert file.
     fn divert(&mut self, flush: &Flush<'_>, cause: Cause) -> (Event, Option<DivertError>) {
         let cursor = self.sessions.entry(flush.session.as_str().to_string()).or_default();
@@ -489,9 +483,15 @@ fn resolve<B: Backend + ?Sized>(backend: &mut B, flush: &Flush<'_>) -> Event {
     }
 }
 
-/// The highest `seq` already promised to diverted lines of `session`
-/// (pending or being replayed), so later commits never reuse it.
-pub fn divert_max_seq(divert_dir: &Path, session: &str) -> Option<i64> {
+/// The first `seq` a commit of `session` may take: one past the highest
+/// already promised to its diverted lines (pending or being replayed), so
+/// no commit reuses one and replay can put them back in place. `None` when
+/// no line holds one. Both engines' group writes ask this, and only this.
+pub fn promised_seq(divert_dir: &Path, session: &str) -> Option<i64> {
+    divert_max_seq(divert_dir, session).map(|max| max + 1)
+}
+
+fn divert_max_seq(divert_dir: &Path, session: &str) -> Option<i64> {
     use std::io::BufRead;
     let mut files = vec![divert_dir.join(format!("{session}.jsonl"))];
     if let Ok(rd) = std::fs::read_dir(divert_dir.join("settling")) {

@@ -754,7 +754,7 @@ impl PgStore {
         let prepared = &mut self.pg.prepared;
         let generation = self.pg.generation.clone().unwrap_or_default();
         let divert_dir = self.ledger.divert_dir.clone();
-        let promised = |session: &str| crate::backend::group::divert_max_seq(&divert_dir, session).map(|m| m + 1);
+        let promised = |session: &str| crate::backend::group::promised_seq(&divert_dir, session);
         // The lease names this process and this connection's backend.
         let (backend_pid, backend_start) = self.pg.backend.unzip();
         let lease = Lease {

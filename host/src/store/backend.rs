@@ -4,30 +4,25 @@
 
 use std::time::Instant;
 
-use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
 use turnsafe_policy::machine::{Failure, WritePlan};
 
 use turnsafe_policy::Evidence;
 
-use super::{EditError, SessionId, SessionStore, failure_of};
-use crate::backend::{
-    Backend, BackendError, Flush, GroupWrite, History, Identity, Ledger, ReadError, SearchReport, readable,
-};
+use super::{SessionId, SessionStore, failure_of};
+use crate::backend::{Backend, BackendError, Flush, GroupWrite, Ledger};
 use crate::capture::{Capture, CaptureError};
-use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::message::Message;
-use crate::transcript::StoredMessage;
 
 impl SessionStore {
-    fn read_error(&self, e: rusqlite::Error) -> BackendError {
+    pub(super) fn read_error(&self, e: rusqlite::Error) -> BackendError {
         BackendError::Unavailable {
             target: self.db_path.display().to_string(),
             message: e.to_string(),
         }
     }
 
-    fn live(&self) -> Result<&rusqlite::Connection, BackendError> {
+    pub(super) fn live(&self) -> Result<&rusqlite::Connection, BackendError> {
         self.conn.as_ref().ok_or_else(|| BackendError::Unavailable {
             target: self.db_path.display().to_string(),
             message: "the store is not open".into(),
@@ -128,190 +123,6 @@ impl Backend for SessionStore {
 
     fn release_lease(&mut self, session: &SessionId) {
         SessionStore::release_lease(self, session)
-    }
-}
-
-impl History for SessionStore {
-    fn graph_read(
-        &mut self,
-        query: &crate::graph::GraphQuery,
-    ) -> Result<Vec<crate::graph::StoredCheckpoint>, ReadError> {
-        let db = self.db_path.clone();
-        readable(self.ledger.handle.sticky, &db.display())?;
-        if self.conn.is_none() {
-            // Opening migrates: a home written before version 6 gains the
-            // tables. A file that cannot be opened is held, as by a flush.
-            if let Err(f) = self.ensure_open() {
-                self.quarantined = f.conn;
-            }
-        }
-        match self.conn.as_ref() {
-            Some(conn) => super::graph::read(conn, query),
-            None => super::open_read_only(&db).and_then(|conn| super::graph::read(&conn, query)),
-        }
-        .map_err(|e| ReadError {
-            message: format!("reading {}: {e}", db.display()),
-            cause: Some(crate::observe::cause_of(turnsafe_policy::Operation::Replay, &e)),
-        })
-    }
-
-    fn graph_edit(&mut self, edit: &crate::graph::GraphEdit) -> Result<crate::graph::GraphEdited, EditError> {
-        let session = edit.session();
-        self.edit(edit.name(), &session, |conn, _| {
-            super::graph::edit(conn, edit, crate::ids::now_ms())
-        })
-    }
-
-    fn graph_delete_thread(
-        &mut self,
-        thread: &str,
-        pending: &[crate::pending::PendingRecord],
-    ) -> Result<crate::graph::GraphEdited, EditError> {
-        let edit = crate::graph::GraphEdit::DeleteThread(thread.to_string());
-        let session = edit.session();
-        self.edit(edit.name(), &session, |conn, _| {
-            let now = crate::ids::now_ms();
-            super::graph_marks::store_pending(conn, pending, now)?;
-            super::graph::edit(conn, &edit, now)
-        })
-    }
-
-    fn rows(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<StoredMessage>, ReadError> {
-        let db = self.db_path.clone();
-        readable(self.ledger.handle.sticky, &db.display())?;
-        match self.conn.as_ref() {
-            Some(conn) => crate::transcript::stored_messages(conn, session, limit),
-            // The writer could not open it; a reader may still.
-            None => {
-                super::open_read_only(&db).and_then(|conn| crate::transcript::stored_messages(&conn, session, limit))
-            }
-        }
-        .map_err(|e| ReadError {
-            message: format!("reading {}: {e}", db.display()),
-            cause: Some(crate::observe::cause_of(turnsafe_policy::Operation::Replay, &e)),
-        })
-    }
-
-    fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError> {
-        SessionStore::pop_last(self, session)
-    }
-
-    fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
-        SessionStore::clear_session(self, session)
-    }
-
-    fn clear_archiving(
-        &mut self,
-        session: &SessionId,
-        pending: &[crate::pending::PendingMessage],
-    ) -> Result<Cleared, EditError> {
-        SessionStore::clear_archiving(self, session, pending)
-    }
-
-    fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
-        SessionStore::archived(self, session, limit)
-    }
-
-    fn restore(&mut self, session: &SessionId, selector: &Selector) -> Result<RestoreReport, EditError> {
-        SessionStore::restore(self, session, selector)
-    }
-
-    fn fork(
-        &mut self,
-        session: &SessionId,
-        at_seq: i64,
-        new_session: &SessionId,
-    ) -> Result<Result<ForkReport, ForkRefused>, EditError> {
-        SessionStore::fork(self, session, at_seq, new_session)
-    }
-
-    fn replace_suffix(
-        &mut self,
-        session: &SessionId,
-        start_seq: i64,
-        items: &[crate::message::Message],
-        expected: Option<&[String]>,
-        prune_below: Option<i64>,
-    ) -> Result<bool, EditError> {
-        SessionStore::replace_suffix(self, session, start_seq, items, expected, prune_below)
-    }
-
-    fn lineage(&mut self, session: &str) -> Option<Lineage> {
-        SessionStore::lineage(self, session)
-    }
-
-    fn prune(&mut self, opts: &crate::history::PruneOptions) -> Result<crate::history::PruneReport, EditError> {
-        SessionStore::prune(self, opts)
-    }
-
-    fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError> {
-        SessionStore::delete_session(self, session)
-    }
-
-    fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
-        readable(self.ledger.handle.sticky, &self.db_path.display())?;
-        let conn = self.live()?;
-        let mut stmt = conn
-            .prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")
-            .map_err(|e| self.read_error(e))?;
-        let mut out = Vec::new();
-        for uid in uids {
-            let found = stmt
-                .query_row(params![session, uid], |_| Ok(()))
-                .optional()
-                .map_err(|e| self.read_error(e))?;
-            if found.is_some() {
-                out.push(uid.clone());
-            }
-        }
-        Ok(out)
-    }
-
-    fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError> {
-        readable(self.ledger.handle.sticky, &self.db_path.display())?;
-        transcript(self.live()?, session).map_err(|e| self.read_error(e))
-    }
-
-    fn search(
-        &mut self,
-        query: &str,
-        session: Option<&str>,
-        limit: usize,
-        archived: bool,
-    ) -> Result<SearchReport, BackendError> {
-        readable(self.ledger.handle.sticky, &self.db_path.display())?;
-        let opts = crate::store::search::SearchOptions {
-            session: session.map(String::from),
-            limit,
-            archived,
-            ..crate::store::search::SearchOptions::default()
-        };
-        let writable = !self.opts.read_only;
-        match crate::store::search::search_in(self.live()?, writable, query, &opts) {
-            Ok(report) => Ok(SearchReport {
-                hits: report.hits,
-                unindexed: report.unindexed,
-            }),
-            Err(crate::store::search::SearchError::EmptyQuery) => Err(BackendError::EmptyQuery),
-            Err(e) => Err(BackendError::Unavailable {
-                target: self.db_path.display().to_string(),
-                message: e.to_string(),
-            }),
-        }
-    }
-
-    fn identity(&mut self) -> Result<Identity, BackendError> {
-        readable(self.ledger.handle.sticky, &self.db_path.display())?;
-        let conn = self.live()?;
-        let generation: String = conn
-            .query_row("SELECT value FROM state_meta WHERE key = 'generation'", [], |r| {
-                r.get(0)
-            })
-            .map_err(|e| self.read_error(e))?;
-        Ok(Identity {
-            generation,
-            location: self.db_path.display().to_string(),
-        })
     }
 }
 

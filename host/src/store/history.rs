@@ -1,5 +1,6 @@
-//! History rewrites on SQLite (see [`crate::history`] for the rules): each
-//! is one edit ([`SessionStore::edit`]): one `BEGIN IMMEDIATE`
+//! SQLite's [`History`]: its reads, and the history rewrites (see
+//! [`crate::history`] for the rules), each one edit
+//! ([`SessionStore::edit`]): one `BEGIN IMMEDIATE`
 //! transaction that checks the generation guard and the session's turn
 //! lease first, and whose failure the policy decides. An edit that fails
 //! changes nothing.
@@ -7,7 +8,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{EditError, SessionId, SessionStore, mint_id};
-use crate::backend::ReadError;
+use crate::backend::{BackendError, History, Identity, ReadError, SearchReport, readable};
 use crate::history::{
     Archived, Cleared, ForkRefused, ForkReport, Keep, Lineage, PruneOptions, PruneReport, PrunedSession, Reason,
     RestoreReport, Selector, fork_uid,
@@ -15,6 +16,7 @@ use crate::history::{
 use crate::ids::now_ms;
 use crate::message::Message;
 use crate::transcript::{self, StoredMessage};
+use serde_json::Value;
 
 /// Who edits, and which edit: stamped on every archived row.
 struct Stamp<'a> {
@@ -158,10 +160,139 @@ impl SessionStore {
     fn stamp_holder(&self) -> String {
         self.opts.holder.clone()
     }
+}
+
+#[allow(clippy::result_large_err)]
+impl History for SessionStore {
+    fn graph_read(
+        &mut self,
+        query: &crate::graph::GraphQuery,
+    ) -> Result<Vec<crate::graph::StoredCheckpoint>, ReadError> {
+        let db = self.db_path.clone();
+        readable(self.ledger.handle.sticky, &db.display())?;
+        if self.conn.is_none() {
+            // Opening migrates: a home written before version 6 gains the
+            // tables. A file that cannot be opened is held, as by a flush.
+            if let Err(f) = self.ensure_open() {
+                self.quarantined = f.conn;
+            }
+        }
+        match self.conn.as_ref() {
+            Some(conn) => super::graph::read(conn, query),
+            None => super::open_read_only(&db).and_then(|conn| super::graph::read(&conn, query)),
+        }
+        .map_err(|e| ReadError {
+            message: format!("reading {}: {e}", db.display()),
+            cause: Some(crate::observe::cause_of(turnsafe_policy::Operation::Replay, &e)),
+        })
+    }
+
+    fn graph_edit(&mut self, edit: &crate::graph::GraphEdit) -> Result<crate::graph::GraphEdited, EditError> {
+        let session = edit.session();
+        self.edit(edit.name(), &session, |conn, _| {
+            super::graph::edit(conn, edit, crate::ids::now_ms())
+        })
+    }
+
+    fn graph_delete_thread(
+        &mut self,
+        thread: &str,
+        pending: &[crate::pending::PendingRecord],
+    ) -> Result<crate::graph::GraphEdited, EditError> {
+        let edit = crate::graph::GraphEdit::DeleteThread(thread.to_string());
+        let session = edit.session();
+        self.edit(edit.name(), &session, |conn, _| {
+            let now = crate::ids::now_ms();
+            super::graph_marks::store_pending(conn, pending, now)?;
+            super::graph::edit(conn, &edit, now)
+        })
+    }
+
+    fn rows(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<StoredMessage>, ReadError> {
+        let db = self.db_path.clone();
+        readable(self.ledger.handle.sticky, &db.display())?;
+        match self.conn.as_ref() {
+            Some(conn) => crate::transcript::stored_messages(conn, session, limit),
+            // The writer could not open it; a reader may still.
+            None => {
+                super::open_read_only(&db).and_then(|conn| crate::transcript::stored_messages(&conn, session, limit))
+            }
+        }
+        .map_err(|e| ReadError {
+            message: format!("reading {}: {e}", db.display()),
+            cause: Some(crate::observe::cause_of(turnsafe_policy::Operation::Replay, &e)),
+        })
+    }
+
+    fn stored_uids(&mut self, session: &str, uids: &[String]) -> Result<Vec<String>, BackendError> {
+        readable(self.ledger.handle.sticky, &self.db_path.display())?;
+        let conn = self.live()?;
+        let mut stmt = conn
+            .prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")
+            .map_err(|e| self.read_error(e))?;
+        let mut out = Vec::new();
+        for uid in uids {
+            let found = stmt
+                .query_row(params![session, uid], |_| Ok(()))
+                .optional()
+                .map_err(|e| self.read_error(e))?;
+            if found.is_some() {
+                out.push(uid.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    fn transcript(&mut self, session: &str) -> Result<Vec<Value>, BackendError> {
+        readable(self.ledger.handle.sticky, &self.db_path.display())?;
+        super::transcript(self.live()?, session).map_err(|e| self.read_error(e))
+    }
+
+    fn search(
+        &mut self,
+        query: &str,
+        session: Option<&str>,
+        limit: usize,
+        archived: bool,
+    ) -> Result<SearchReport, BackendError> {
+        readable(self.ledger.handle.sticky, &self.db_path.display())?;
+        let opts = crate::store::search::SearchOptions {
+            session: session.map(String::from),
+            limit,
+            archived,
+            ..crate::store::search::SearchOptions::default()
+        };
+        let writable = !self.opts.read_only;
+        match crate::store::search::search_in(self.live()?, writable, query, &opts) {
+            Ok(report) => Ok(SearchReport {
+                hits: report.hits,
+                unindexed: report.unindexed,
+            }),
+            Err(crate::store::search::SearchError::EmptyQuery) => Err(BackendError::EmptyQuery),
+            Err(e) => Err(BackendError::Unavailable {
+                target: self.db_path.display().to_string(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    fn identity(&mut self) -> Result<Identity, BackendError> {
+        readable(self.ledger.handle.sticky, &self.db_path.display())?;
+        let conn = self.live()?;
+        let generation: String = conn
+            .query_row("SELECT value FROM state_meta WHERE key = 'generation'", [], |r| {
+                r.get(0)
+            })
+            .map_err(|e| self.read_error(e))?;
+        Ok(Identity {
+            generation,
+            location: self.db_path.display().to_string(),
+        })
+    }
 
     /// Move the newest message of `session` to the archive and return it
     /// (`None` when it has none).
-    pub fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError> {
+    fn pop_last(&mut self, session: &SessionId) -> Result<Option<StoredMessage>, EditError> {
         let holder = self.stamp_holder();
         let edit_id = mint_id();
         self.edit("pop", session, |conn, session| {
@@ -182,14 +313,14 @@ impl SessionStore {
     /// Move every stored message of `session` to the archive. Returns the
     /// rows archived. Its pending divert lines are not touched:
     /// [`crate::clear::clear`] archives and settles them with the rows.
-    pub fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
+    fn clear_session(&mut self, session: &SessionId) -> Result<u64, EditError> {
         Ok(self.clear_archiving(session, &[])?.rows.len() as u64)
     }
 
     /// Move every stored message of `session`, and `pending` (the divert
     /// lines [`crate::clear::clear`] took and read), to the archive in one
     /// transaction; returns what it archived.
-    pub fn clear_archiving(
+    fn clear_archiving(
         &mut self,
         session: &SessionId,
         pending: &[crate::pending::PendingMessage],
@@ -219,7 +350,7 @@ impl SessionStore {
     }
 
     /// The archived rows of `session`, newest archived first.
-    pub fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
+    fn archived(&mut self, session: &str, limit: Option<u64>) -> Result<Vec<Archived>, ReadError> {
         let db = self.db_path.clone();
         crate::backend::readable(self.ledger.handle.sticky, &db.display())?;
         let read = match self.conn.as_ref() {
@@ -235,13 +366,13 @@ impl SessionStore {
     /// Bring archived rows of `session` back, at their seqs, in one
     /// transaction: each uid's newest archived copy; a uid active again is
     /// skipped and reported.
-    pub fn restore(&mut self, session: &SessionId, selector: &Selector) -> Result<RestoreReport, EditError> {
+    fn restore(&mut self, session: &SessionId, selector: &Selector) -> Result<RestoreReport, EditError> {
         self.edit("restore", session, |conn, session| restore_in(conn, session, selector))
     }
 
     /// Copy `session`'s rows up to and including `at_seq` into
     /// `new_session`, in one transaction, with the lineage.
-    pub fn fork(
+    fn fork(
         &mut self,
         session: &SessionId,
         at_seq: i64,
@@ -261,7 +392,7 @@ impl SessionStore {
     /// With `expected`, nothing happens (`Ok(false)`) unless the stored
     /// suffix is exactly those uids, in order: the history changed since
     /// it was read.
-    pub fn replace_suffix(
+    fn replace_suffix(
         &mut self,
         session: &SessionId,
         start_seq: i64,
@@ -312,11 +443,152 @@ impl SessionStore {
     }
 
     /// A session's lineage, when it is a fork.
-    pub fn lineage(&mut self, session: &str) -> Option<Lineage> {
+    fn lineage(&mut self, session: &str) -> Option<Lineage> {
         // A sticky handle has no lineage to tell: it reads nothing.
         crate::backend::readable(self.ledger.handle.sticky, &self.db_path.display()).ok()?;
         let conn = self.conn.as_ref()?;
         lineage(conn, session).ok().flatten()
+    }
+
+    /// Retention: per session, move the active rows `keep` does not keep to
+    /// the archive (reason `prune`) unless `archived_only`, and delete the
+    /// archived rows it does not keep, for good; then give the freed pages
+    /// back to the file system. A session another writer holds a live lease
+    /// on is skipped and named. See `turnsafe prune --help`.
+    fn prune(&mut self, opts: &PruneOptions) -> Result<PruneReport, EditError> {
+        let now = now_ms();
+        let cutoff_ms = match opts.keep {
+            Keep::NewerThanMs(d) => now.saturating_sub(d),
+            Keep::Last(_) => now,
+        };
+        let sessions = match &opts.session {
+            Some(s) => vec![s.clone()],
+            None => {
+                self.open_failure = None;
+                let listed = match self.ensure_open() {
+                    Ok(()) => self.conn.as_ref().map(all_sessions),
+                    Err(_) => None,
+                };
+                match listed {
+                    Some(Ok(list)) => list,
+                    // The edits below meet whatever keeps the store from
+                    // opening, and fail with its cause.
+                    _ => Vec::new(),
+                }
+            }
+        };
+        let mut report = PruneReport {
+            dry_run: opts.dry_run,
+            ..PruneReport::default()
+        };
+        let holder = self.stamp_holder();
+        for id in sessions {
+            let Ok(session) = SessionId::new(&id) else { continue };
+            let edit_id = mint_id();
+            let (archived_only, dry, keep) = (opts.archived_only, opts.dry_run, opts.keep);
+            let done = self.edit("prune", &session, |conn, session| {
+                let (before, last) = archived_filter(keep, cutoff_ms);
+                let deleted = if dry {
+                    conn.query_row(
+                        &format!("SELECT count(*) FROM archive WHERE {ARCHIVED_FILTER}"),
+                        params![session, before, last],
+                        |r| r.get::<_, i64>(0),
+                    )? as u64
+                } else {
+                    conn.execute(
+                        &format!("DELETE FROM archive WHERE {ARCHIVED_FILTER}"),
+                        params![session, before, last],
+                    )? as u64
+                };
+                let mut archived = 0;
+                if !archived_only
+                    && let Some((below, stored_before)) = prune_active(conn, session, keep, cutoff_ms)?.filter()
+                {
+                    archived = if dry {
+                        conn.query_row(
+                            &format!("SELECT count(*) FROM messages WHERE {ACTIVE_FILTER}"),
+                            params![session, below, stored_before],
+                            |r| r.get::<_, i64>(0),
+                        )? as u64
+                    } else {
+                        conn.execute(
+                            &format!(
+                                "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, \
+                                 archived_ms, reason, holder, edit) \
+                                 SELECT session_id, uid, seq, role, content, item, created_ms, ?4, 'prune', ?5, ?6 \
+                                 FROM messages WHERE {ACTIVE_FILTER} ORDER BY seq, id"
+                            ),
+                            params![session, below, stored_before, now_ms(), holder, edit_id],
+                        )?;
+                        crate::failpoint::hit("edit.after_archive");
+                        conn.execute(
+                            &format!("DELETE FROM messages WHERE {ACTIVE_FILTER}"),
+                            params![session, below, stored_before],
+                        )? as u64
+                    };
+                }
+                Ok(PrunedSession {
+                    session: session.to_string(),
+                    archived,
+                    deleted,
+                })
+            });
+            match done {
+                Ok(p) => report.sessions.push(p),
+                Err(e) if e.cause == turnsafe_policy::Cause::TurnLease => report.skipped.push(id),
+                Err(e) => return Err(e),
+            }
+        }
+        // LangGraph rows a delete or prune marked: removed for good once
+        // marked before the cutoff (`--keep-last` keeps none of them).
+        if opts.session.is_none() {
+            let dry = opts.dry_run;
+            let (checkpoints, writes) = self.edit("prune", &SessionId::graph("langgraph"), |conn, _| {
+                if dry {
+                    conn.query_row(
+                        "SELECT (SELECT count(*) FROM checkpoints WHERE deleted_ms <= ?1),
+                                (SELECT count(*) FROM checkpoint_writes WHERE deleted_ms <= ?1)",
+                        [cutoff_ms],
+                        |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+                    )
+                } else {
+                    super::graph::purge_deleted(conn, cutoff_ms)
+                }
+            })?;
+            report.checkpoints_purged = checkpoints;
+            report.writes_purged = writes;
+        }
+        let freed = report.removed() + report.archived();
+        report.space = if opts.dry_run || report.removed() == 0 {
+            if freed == 0 {
+                "none".into()
+            } else {
+                "none (rows moved to the archive only)".into()
+            }
+        } else {
+            match self.reclaim() {
+                Ok(bytes) => {
+                    report.reclaimed_bytes = Some(bytes);
+                    "reclaimed".into()
+                }
+                Err(why) => format!("not_reclaimed: {why}"),
+            }
+        };
+        Ok(report)
+    }
+
+    /// Delete a session for good: its rows, its archive, its lineage, and
+    /// its pending divert lines (settled as `cleared`). Refused while
+    /// another writer holds its live lease. Returns `(rows, archived rows)`.
+    fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError> {
+        let done = self.edit("delete", session, |conn, session| {
+            let rows = conn.execute("DELETE FROM messages WHERE session_id = ?1", [session])? as u64;
+            let archived = conn.execute("DELETE FROM archive WHERE session_id = ?1", [session])? as u64;
+            conn.execute("DELETE FROM sessions WHERE id = ?1", [session])?;
+            Ok((rows, archived))
+        })?;
+        self.ledger.sessions.remove(session.as_str());
+        Ok(done)
     }
 }
 
@@ -517,133 +789,6 @@ fn all_sessions(conn: &Connection) -> rusqlite::Result<Vec<String>> {
 }
 
 impl SessionStore {
-    /// Retention: per session, move the active rows `keep` does not keep to
-    /// the archive (reason `prune`) unless `archived_only`, and delete the
-    /// archived rows it does not keep, for good; then give the freed pages
-    /// back to the file system. A session another writer holds a live lease
-    /// on is skipped and named. See `turnsafe prune --help`.
-    pub fn prune(&mut self, opts: &PruneOptions) -> Result<PruneReport, EditError> {
-        let now = now_ms();
-        let cutoff_ms = match opts.keep {
-            Keep::NewerThanMs(d) => now.saturating_sub(d),
-            Keep::Last(_) => now,
-        };
-        let sessions = match &opts.session {
-            Some(s) => vec![s.clone()],
-            None => {
-                self.open_failure = None;
-                let listed = match self.ensure_open() {
-                    Ok(()) => self.conn.as_ref().map(all_sessions),
-                    Err(_) => None,
-                };
-                match listed {
-                    Some(Ok(list)) => list,
-                    // The edits below meet whatever keeps the store from
-                    // opening, and fail with its cause.
-                    _ => Vec::new(),
-                }
-            }
-        };
-        let mut report = PruneReport {
-            dry_run: opts.dry_run,
-            ..PruneReport::default()
-        };
-        let holder = self.stamp_holder();
-        for id in sessions {
-            let Ok(session) = SessionId::new(&id) else { continue };
-            let edit_id = mint_id();
-            let (archived_only, dry, keep) = (opts.archived_only, opts.dry_run, opts.keep);
-            let done = self.edit("prune", &session, |conn, session| {
-                let (before, last) = archived_filter(keep, cutoff_ms);
-                let deleted = if dry {
-                    conn.query_row(
-                        &format!("SELECT count(*) FROM archive WHERE {ARCHIVED_FILTER}"),
-                        params![session, before, last],
-                        |r| r.get::<_, i64>(0),
-                    )? as u64
-                } else {
-                    conn.execute(
-                        &format!("DELETE FROM archive WHERE {ARCHIVED_FILTER}"),
-                        params![session, before, last],
-                    )? as u64
-                };
-                let mut archived = 0;
-                if !archived_only
-                    && let Some((below, stored_before)) = prune_active(conn, session, keep, cutoff_ms)?.filter()
-                {
-                    archived = if dry {
-                        conn.query_row(
-                            &format!("SELECT count(*) FROM messages WHERE {ACTIVE_FILTER}"),
-                            params![session, below, stored_before],
-                            |r| r.get::<_, i64>(0),
-                        )? as u64
-                    } else {
-                        conn.execute(
-                            &format!(
-                                "INSERT INTO archive(session_id, uid, seq, role, content, item, created_ms, \
-                                 archived_ms, reason, holder, edit) \
-                                 SELECT session_id, uid, seq, role, content, item, created_ms, ?4, 'prune', ?5, ?6 \
-                                 FROM messages WHERE {ACTIVE_FILTER} ORDER BY seq, id"
-                            ),
-                            params![session, below, stored_before, now_ms(), holder, edit_id],
-                        )?;
-                        crate::failpoint::hit("edit.after_archive");
-                        conn.execute(
-                            &format!("DELETE FROM messages WHERE {ACTIVE_FILTER}"),
-                            params![session, below, stored_before],
-                        )? as u64
-                    };
-                }
-                Ok(PrunedSession {
-                    session: session.to_string(),
-                    archived,
-                    deleted,
-                })
-            });
-            match done {
-                Ok(p) => report.sessions.push(p),
-                Err(e) if e.cause == turnsafe_policy::Cause::TurnLease => report.skipped.push(id),
-                Err(e) => return Err(e),
-            }
-        }
-        // LangGraph rows a delete or prune marked: removed for good once
-        // marked before the cutoff (`--keep-last` keeps none of them).
-        if opts.session.is_none() {
-            let dry = opts.dry_run;
-            let (checkpoints, writes) = self.edit("prune", &SessionId::graph("langgraph"), |conn, _| {
-                if dry {
-                    conn.query_row(
-                        "SELECT (SELECT count(*) FROM checkpoints WHERE deleted_ms <= ?1),
-                                (SELECT count(*) FROM checkpoint_writes WHERE deleted_ms <= ?1)",
-                        [cutoff_ms],
-                        |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
-                    )
-                } else {
-                    super::graph::purge_deleted(conn, cutoff_ms)
-                }
-            })?;
-            report.checkpoints_purged = checkpoints;
-            report.writes_purged = writes;
-        }
-        let freed = report.removed() + report.archived();
-        report.space = if opts.dry_run || report.removed() == 0 {
-            if freed == 0 {
-                "none".into()
-            } else {
-                "none (rows moved to the archive only)".into()
-            }
-        } else {
-            match self.reclaim() {
-                Ok(bytes) => {
-                    report.reclaimed_bytes = Some(bytes);
-                    "reclaimed".into()
-                }
-                Err(why) => format!("not_reclaimed: {why}"),
-            }
-        };
-        Ok(report)
-    }
-
     /// Give freed pages back to the file system. A database made before
     /// incremental vacuum needs one full `VACUUM` first, which writes a copy
     /// about the size of the file: it is done only when the file system has
@@ -683,19 +828,5 @@ impl SessionStore {
         let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
         let (after, _) = pages(conn).map_err(|e| e.to_string())?;
         Ok(u64::try_from((before - after).max(0) * size).unwrap_or(0))
-    }
-
-    /// Delete a session for good: its rows, its archive, its lineage, and
-    /// its pending divert lines (settled as `cleared`). Refused while
-    /// another writer holds its live lease. Returns `(rows, archived rows)`.
-    pub fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError> {
-        let done = self.edit("delete", session, |conn, session| {
-            let rows = conn.execute("DELETE FROM messages WHERE session_id = ?1", [session])? as u64;
-            let archived = conn.execute("DELETE FROM archive WHERE session_id = ?1", [session])? as u64;
-            conn.execute("DELETE FROM sessions WHERE id = ?1", [session])?;
-            Ok((rows, archived))
-        })?;
-        self.ledger.sessions.remove(session.as_str());
-        Ok(done)
     }
 }

@@ -543,12 +543,6 @@ impl SessionStore {
         }
     }
 
-    /// The highest `seq` already promised to diverted lines of `session`
-    /// (pending or being replayed), so later commits never reuse it.
-    pub(crate) fn divert_max_seq(&self, session: &str) -> Option<i64> {
-        self.ledger.divert_max_seq(session)
-    }
-
     /// Release every lease this handle holds, in one transaction (one
     /// sync, however many sessions it wrote to).
     pub fn release_all_leases(&mut self) {

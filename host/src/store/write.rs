@@ -92,9 +92,9 @@ impl SessionStore {
             if !holds_lease
                 && flush.graph.is_none()
                 && !promised.contains_key(session)
-                && let Some(max) = self.divert_max_seq(session)
+                && let Some(first) = crate::backend::group::promised_seq(&self.ledger.divert_dir, session)
             {
-                promised.insert(session.to_string(), max + 1);
+                promised.insert(session.to_string(), first);
             }
         }
         // What each session will know once the COMMIT succeeds; thrown away if it does not.
