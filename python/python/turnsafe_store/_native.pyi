@@ -146,6 +146,13 @@ class Store:
         """Delete the session for good (messages, archive, lineage)."""
     def rows(self, session_id: str, *, limit: Optional[int] = None) -> List[Dict[str, Any]]:
         """Like ``show``, as ``{"uid", "seq", "message"}`` dicts."""
+    def pop(self, session_id: str) -> Optional[Message]:
+        """Remove and return the newest message (``None`` when there is
+        none). A write: raises ``Error`` with the policy's ``cause`` when it
+        cannot be done."""
+    def clear(self, session_id: str) -> int:
+        """Remove every message, and settle the session's pending divert
+        lines as ``cleared``; how many stored messages went."""
     def _append_then(
         self,
         completions: Completions,
