@@ -114,6 +114,16 @@ pub fn each_line_of(path: &Path, max: usize, mut f: impl FnMut(&[u8], Line)) -> 
     Ok(())
 }
 
+/// Whether an error reading a file of the home is the home's (a file it
+/// may not read, a symlink, a folder or a FIFO where a file belongs), not
+/// turnsafe's: the command line answers it as a usage mistake, naming the file.
+pub fn is_unreadable_input(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EACCES | libc::EPERM | libc::ELOOP | libc::EISDIR | libc::ENOTDIR)
+    ) || (e.kind() == io::ErrorKind::Other && e.to_string().starts_with("not a regular file"))
+}
+
 /// What a file that is not a regular one is, for messages.
 pub fn kind_name(kind: std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;

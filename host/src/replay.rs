@@ -407,6 +407,14 @@ pub fn replay_into(
     let sessions = home.join("sessions");
     let settling = sessions.join("settling");
     let settled = sessions.join("settled");
+    // Divert files are read only from a real folder, where divert writes
+    // them: never from wherever a symlink at `sessions/` points.
+    if std::fs::symlink_metadata(&sessions).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(io_err(format!(
+            "{} is a symbolic link, not a folder",
+            sessions.display()
+        ))(io::Error::from_raw_os_error(libc::ELOOP)));
+    }
     if !sessions.is_dir() {
         return Ok(ReplayRun::default());
     }

@@ -66,6 +66,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> i32 {
+    // An id no divert file can have is a mistake to name, not nothing to do.
+    if let Some(s) = &args.session
+        && let Err(e) = crate::ids::SessionId::new(s)
+    {
+        eprintln!("error: invalid --session: {e}");
+        return exit::USAGE;
+    }
     let opts = ReplayOptions {
         session: args.session,
         dry_run: args.dry_run,
@@ -95,6 +102,13 @@ pub fn run(args: Args) -> i32 {
         Err(e @ (ReplayError::LeaseLive { .. } | ReplayError::CapturePending { .. })) => {
             eprintln!("turnsafe replay: {e}");
             return exit::REFUSED;
+        }
+        // A file of the home it may not read, or not a file: the home's
+        // fault, named in the message, as a missing one is.
+        Err(e @ ReplayError::Io { .. }) if matches!(&e, ReplayError::Io { source, .. } if crate::lines::is_unreadable_input(source)) =>
+        {
+            eprintln!("turnsafe replay: {e}");
+            return exit::USAGE;
         }
         Err(e) => {
             eprintln!("turnsafe replay: {e}");

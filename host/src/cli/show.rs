@@ -64,6 +64,13 @@ pub fn run(args: Args) -> i32 {
     if let Some(thread) = args.thread.clone() {
         return show_thread(&args, &thread);
     }
+    // An id no session can have is a mistake to name, not an empty transcript.
+    if let Some(s) = &args.session
+        && let Err(e) = crate::ids::SessionId::new(s)
+    {
+        eprintln!("error: invalid --session: {e}");
+        return exit::USAGE;
+    }
     let session = args.session.clone().unwrap_or_default();
     let args = Args {
         session: Some(session),
