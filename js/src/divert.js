@@ -9,13 +9,21 @@
 import { spawnSync } from 'node:child_process';
 import { createHash, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 
 /** docs/DIVERT.md: 1 to 128 bytes of ASCII letters, digits, `-`, `_`, `.`, `:`; no leading `.`, no `..`. */
 export const validSession = (s) => typeof s === 'string' && /^[A-Za-z0-9_.:-]{1,128}$/.test(s)
   && !s.startsWith('.') && !s.includes('..');
 
-const EINVAL = 22;
+const { EINVAL, ELOOP, ENOTDIR, EPERM } = os.constants.errno;
+
+/**
+ * The longest divert line, newline included (docs/STORAGE.md, "Limits";
+ * host/src/lines.rs MAX_DIVERT_LINE): replay reads no longer one, so a
+ * batch holding one is handed back rather than copied.
+ */
+export const MAX_DIVERT_LINE = (32 << 20) + (64 << 10);
 
 /** A failed divert step; `errno` is positive, or null. */
 export function failed(operation, e, message) {
@@ -99,6 +107,13 @@ export function divert(home, session, cause, lines) {
   } catch (e) {
     throw failed('encode', e);
   }
+  for (let start = 0; start < body.length;) {
+    const end = body.indexOf(0x0a, start) + 1;
+    if (end - start > MAX_DIVERT_LINE) {
+      throw failed('encode', null, `a divert line of ${end - start} bytes is longer than the limit of ${MAX_DIVERT_LINE} bytes`);
+    }
+    start = end;
+  }
   return appendBytes(home, session, body, lines.length);
 }
 
@@ -109,18 +124,19 @@ export function divert(home, session, cause, lines) {
  * and lines appended through it would land in a file already read. So the
  * lock only counts once the locked file is still the one at the path.
  */
-function openLocked(file) {
-  const { O_RDWR, O_APPEND, O_CREAT, O_NOFOLLOW } = fs.constants;
+function openLocked(file, folderOwner) {
+  const { O_RDWR, O_APPEND, O_CREAT, O_NOFOLLOW, O_NONBLOCK } = fs.constants;
   for (let attempt = 0; ; attempt++) {
     let fd;
     try {
-      // Node opens every file O_CLOEXEC.
-      fd = fs.openSync(file, O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW, 0o600);
+      // Node opens every file O_CLOEXEC; O_NONBLOCK: a FIFO is never waited on.
+      fd = fs.openSync(file, O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK, 0o600);
     } catch (e) {
       throw failed('open', e);
     }
     let same = false;
     try {
+      refuseForeign(fd, file, folderOwner);
       try {
         flockExclusive(fd);
       } catch (e) {
@@ -145,6 +161,44 @@ function openLocked(file) {
 }
 
 /**
+ * Only a regular file of this user's (or the folder owner's) holds a copy:
+ * a FIFO would take the lines into a pipe (and block a large write), and
+ * another user could read every copy put in a file of theirs.
+ */
+function refuseForeign(fd, file, folderOwner) {
+  let st;
+  try {
+    st = fs.fstatSync(fd);
+  } catch (e) {
+    throw failed('stat', e);
+  }
+  if (!st.isFile()) {
+    const what = st.isFIFO() ? 'a FIFO' : st.isDirectory() ? 'a folder' : st.isSocket() ? 'a socket' : 'a device';
+    throw failed('open', null, `${file} is ${what}, not a regular file`);
+  }
+  const me = process.geteuid();
+  if (st.uid !== me && st.uid !== folderOwner) {
+    throw Object.assign(failed('open', null,
+      `${file} belongs to uid ${st.uid}, not to this process's user (uid ${me}) or the folder's owner`), { errno: EPERM });
+  }
+}
+
+/** `sessions/` must be a real folder, never a symlink to somewhere else; its owner. */
+function realFolder(folder) {
+  let st;
+  try {
+    st = fs.lstatSync(folder);
+  } catch (e) {
+    throw failed('stat', e);
+  }
+  if (st.isDirectory()) return st.uid;
+  const link = st.isSymbolicLink();
+  throw Object.assign(failed('open', null,
+    `${folder} is ${link ? 'a symbolic link' : 'not a folder'}: divert files are written only into a real folder`),
+  { errno: link ? ELOOP : ENOTDIR });
+}
+
+/**
  * Append `body` (whole lines, `count` of them) to `home/sessions/<session>.jsonl`
  * under its flock: every byte written, the file fsynced, then sessions/
  * and the home; the receipt. On failure the file is cut back to where
@@ -160,8 +214,9 @@ export function appendBytes(home, session, body, count) {
   } catch (e) {
     if (e.code !== 'EEXIST') throw failed('mkdir', e);
   }
+  const owner = realFolder(folder);
   const file = path.join(folder, `${session}.jsonl`);
-  const fd = openLocked(file);
+  const fd = openLocked(file, owner);
   try {
     let size;
     try {
