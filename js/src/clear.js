@@ -50,13 +50,25 @@ function ensureDir(dir) {
   fsyncDir(path.dirname(dir));
 }
 
-/** Read all of an open file. */
-function readAll(fd) {
+/**
+ * The largest divert file a clear reads whole (docs/STORAGE.md, "Limits";
+ * host/src/lines.rs MAX_WHOLE_FILE). Replay streams a file of any size.
+ */
+export const MAX_WHOLE_FILE = 256 << 20;
+
+function tooLarge(file) {
+  return Object.assign(new Error(`${file} is longer than the ${MAX_WHOLE_FILE} bytes read whole; run \`turnsafe replay\` first, which streams it`),
+    { code: 'EFBIG' });
+}
+
+/** Read all of an open file, refusing one past MAX_WHOLE_FILE without holding more. */
+function readAll(fd, file) {
   const chunks = [];
   const buf = Buffer.alloc(1 << 16);
   for (let pos = 0; ;) {
     const n = fs.readSync(fd, buf, 0, buf.length, pos);
     if (n === 0) return Buffer.concat(chunks);
+    if (pos + n > MAX_WHOLE_FILE) throw tooLarge(file);
     chunks.push(Buffer.from(buf.subarray(0, n)));
     pos += n;
   }
@@ -90,7 +102,7 @@ export function takeLines(home, session) {
       if (regular) {
         step(session, 'lock', file, () => flockExclusive(fd));
         // Under the lock no divert appends: these bytes are the whole file.
-        const data = step(session, 'read', file, () => readAll(fd));
+        const data = step(session, 'read', file, () => readAll(fd, file));
         if (ownsLines(data, session)) {
           step(session, 'mkdir', settling, () => {
             ensureDir(settling);
@@ -126,7 +138,10 @@ export function takeLines(home, session) {
     if (!data) {
       const st = step(session, 'stat', at, () => fs.lstatSync(at));
       if (!st.isFile()) continue;
-      data = step(session, 'read', at, () => fs.readFileSync(at));
+      data = step(session, 'read', at, () => {
+        if (st.size > MAX_WHOLE_FILE) throw tooLarge(at);
+        return fs.readFileSync(at, { flag: fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK });
+      });
     }
     const lines = splitLines(data).filter((l) => !l.blank).map((l) => ({ ...l, ...readLine(l.bytes, session) }));
     out.push({ name, file: at, data, lines, from: taken.has(name) ? file : null });

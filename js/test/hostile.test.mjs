@@ -134,3 +134,32 @@ test('a divert line at the limit is written, and one byte more is refused before
   // The same bound as the native reader's (host/src/lines.rs).
   assert.equal(MAX_DIVERT_LINE, 32 * 1024 * 1024 + 64 * 1024);
 });
+
+test('a clear reads a divert file whole up to the limit, and refuses one byte more', async () => {
+  const { MAX_WHOLE_FILE } = await import('../src/clear.js');
+  assert.equal(MAX_WHOLE_FILE, 256 * 1024 * 1024);
+  const line = (uid) => `${JSON.stringify({ v: 2, session: 's1', uid, seq: null, batch: 'b', cause: 'disk',
+    at: '2026-01-01T00:00:00.000Z', message: { role: 'user', content: 'pending' } })}\n`;
+  for (const size of [MAX_WHOLE_FILE, MAX_WHOLE_FILE + 1]) {
+    const home = path.join(tmp(), 'home');
+    const s = new TurnsafeSession('s1', home);
+    await s.addItems([{ role: 'user', content: 'stored' }]);
+    const file = path.join(home, 'sessions', 's1.jsonl');
+    fs.mkdirSync(path.dirname(file), { mode: 0o700 });
+    fs.writeFileSync(file, line('p1'), { mode: 0o600 });
+    fs.truncateSync(file, size); // a hole after the line: no disk used
+    let error = null;
+    await s.clearSession().catch((e) => {
+      error = e;
+    });
+    await s.close();
+    if (size === MAX_WHOLE_FILE) {
+      assert.equal(error, null, String(error));
+      assert.ok(!fs.existsSync(file), 'the clear took the file');
+    } else {
+      assert.ok(error, 'a clear past the limit went through');
+      assert.match(error.message, /s1\.jsonl is longer than the 268435456 bytes read whole; run `turnsafe replay` first/);
+      assert.equal(fs.statSync(file).size, size, 'the file stays where it was, whole');
+    }
+  }
+});
