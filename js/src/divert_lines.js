@@ -8,7 +8,7 @@ import { safeSessionId } from './safe_id.js';
 import { NotJson, canonicalText, membersOf } from './same.js';
 
 /** host/src/message.rs MAX_UID: a uid is 1 to 256 bytes. */
-const MAX_UID = 256;
+export const MAX_UID = 256;
 
 const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 

@@ -6,6 +6,7 @@
 // asks to write first. A room of Host (host.js).
 import { holds, holdsSession } from './captures.js';
 import { validSession } from './divert.js';
+import { MAX_UID } from './divert_lines.js';
 import { Refusal } from './errors.js';
 import { mintId, seed } from './ids.js';
 import { flushStep, outcomeText, spent } from './policy.js';
@@ -32,6 +33,10 @@ export const flushing = {
     const minted = [];
     const all = items.map((_, i) => {
       const u = uids?.[i];
+      // host/src/message.rs MAX_UID: replay reads no longer uid back.
+      if (typeof u === 'string' && Buffer.byteLength(u) > MAX_UID) {
+        throw new Refusal(`uids[${i}] must be a non-empty string of at most ${MAX_UID} bytes`, { code: 'invalid_uid' });
+      }
       if (typeof u === 'string' && u.length > 0) return u;
       const m = mintId();
       minted.push(m);

@@ -163,3 +163,28 @@ test('a clear reads a divert file whole up to the limit, and refuses one byte mo
     }
   }
 });
+
+test('a uid at the limit is stored, and one byte more is refused before anything is written', async () => {
+  const home = path.join(tmp(), 'home');
+  const store = Store.for(home);
+  try {
+    const at = 'u'.repeat(256);
+    const { outcome } = await store.call('append', { session: 's1', items: [{ role: 'user', content: 'x' }], uids: [at] });
+    assert.equal(outcome.persisted, true);
+    assert.deepEqual(outcome.uids, [at]);
+    await assert.rejects(
+      store.call('append', { session: 's1', items: [{ role: 'user', content: 'y' }], uids: ['v'.repeat(257)] }),
+      (e) => e.code === 'invalid_uid' && e.message === 'uids[0] must be a non-empty string of at most 256 bytes',
+    );
+    // Counted in bytes, as the native reader counts them.
+    await assert.rejects(
+      store.call('append', { session: 's1', items: [{ role: 'user', content: 'y' }], uids: ['é'.repeat(129)] }),
+      (e) => e.code === 'invalid_uid',
+    );
+    const rows = await store.call('show', { session: 's1', limit: null });
+    assert.deepEqual(rows.map((r) => r.content), ['x']);
+  } finally {
+    store.users -= 1;
+    await store.close?.();
+  }
+});
