@@ -47,8 +47,8 @@ pub(crate) fn refused(py: Python<'_>, msg: String) -> PyErr {
 /// `HistoryIncomplete` with the rows and the captures that hold more.
 /// Made without the GIL (on the committer thread too), raised with it.
 pub(crate) struct Failed {
-    pub(crate) message: String,
-    pub(crate) cause: Option<&'static str>,
+    message: String,
+    cause: Option<&'static str>,
     incomplete: Option<Box<(Value, Value)>>,
 }
 

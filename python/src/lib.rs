@@ -5,7 +5,7 @@
 //! WASM engine) and converts the answer. The exceptions are defined in
 //! `turnsafe_store/_errors.py` so they can have two bases and attributes.
 //!
-//! Rooms, each importing only those above it:
+//! Rooms, each importing only rooms listed before it:
 //! - `convert`: JSON values to and from Python objects, and a batch of messages;
 //! - `errors`: the package's exceptions, and `Failed`, a failure carried to them;
 //! - `args`: arguments every entry point parses the same way (session id, home, db, limit);
