@@ -79,16 +79,6 @@ impl PgStore {
         store
     }
 
-    /// Give back this handle's lease on `session`.
-    pub fn release_lease(&mut self, session: &SessionId) {
-        Backend::release_lease(self, session)
-    }
-
-    /// Give back every lease this handle holds.
-    pub fn release_all_leases(&mut self) {
-        Backend::release_all_leases(self)
-    }
-
     /// The home the divert folder is under.
     pub fn home(&self) -> &std::path::Path {
         &self.home

@@ -47,8 +47,19 @@ impl Backend for SessionStore {
         &mut self.ledger
     }
 
+    /// The unsettled captures under the home that hold some session's
+    /// rows, read before every group: a capture another process made since
+    /// the last group counts at once.
     fn pending_holds(&self) -> Vec<crate::captures::Hold> {
-        SessionStore::pending_holds(self)
+        match crate::captures::holds(&self.home) {
+            Ok(h) => h,
+            Err(e) => {
+                // The open that follows meets whatever keeps the home from
+                // being read, and fails with its own cause.
+                tracing::warn!(error = %e, "cannot list the home's captures");
+                Vec::new()
+            }
+        }
     }
 
     fn patience_ms(&self, started: Instant) -> u64 {
@@ -117,12 +128,58 @@ impl Backend for SessionStore {
         }
     }
 
+    /// Release every lease this handle holds, in one transaction (one
+    /// sync, however many sessions it wrote to).
     fn release_all_leases(&mut self) {
-        SessionStore::release_all_leases(self)
+        let held: Vec<(String, String)> = self
+            .ledger
+            .sessions
+            .iter_mut()
+            .filter_map(|(id, s)| Some((id.clone(), s.lease_token.take()?)))
+            .collect();
+        let (Some(conn), None) = (&self.conn, self.ledger.handle.sticky) else {
+            return;
+        };
+        if held.is_empty() {
+            return;
+        }
+        let released = (|| -> rusqlite::Result<()> {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let mut release = conn.prepare_cached(
+                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
+                 WHERE id = ?1 AND lease_token = ?2",
+            )?;
+            for (id, token) in &held {
+                release.execute(rusqlite::params![id, token])?;
+            }
+            conn.execute_batch("COMMIT")
+        })();
+        if let Err(e) = released {
+            // The leases then expire on their own.
+            tracing::warn!(error = %e, sessions = held.len(), "could not release the turn leases");
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+        }
     }
 
+    /// Release this handle's lease on `session` (end of input).
     fn release_lease(&mut self, session: &SessionId) {
-        SessionStore::release_lease(self, session)
+        let token = self
+            .ledger
+            .sessions
+            .get(session.as_str())
+            .and_then(|s| s.lease_token.clone());
+        if let (Some(conn), Some(token), None) = (&self.conn, token, self.ledger.handle.sticky) {
+            if let Some(s) = self.ledger.sessions.get_mut(session.as_str()) {
+                s.lease_token = None;
+            }
+            let _ = conn.execute(
+                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
+                 WHERE id = ?1 AND lease_token = ?2",
+                rusqlite::params![session.as_str(), token],
+            );
+        }
     }
 }
 

@@ -32,7 +32,7 @@ mod write;
 pub use crate::backend::Counters;
 pub use crate::backend::EditError;
 pub use crate::backend::SharedStore;
-use crate::backend::{Cursor, Flush, Ledger};
+use crate::backend::{Backend, Cursor, Flush, Ledger};
 pub use crate::backend::{GROUP_MAX_BATCHES, GROUP_MAX_BYTES};
 pub use crate::ids::SessionId;
 pub use backend::transcript;
@@ -364,21 +364,6 @@ impl SessionStore {
         configure(conn, &self.opts)
     }
 
-    /// The unsettled captures under the home that hold some session's
-    /// rows, read before every group: a capture another process made since
-    /// the last group counts at once.
-    pub fn pending_holds(&self) -> Vec<crate::captures::Hold> {
-        match crate::captures::holds(&self.home) {
-            Ok(h) => h,
-            Err(e) => {
-                // The open that follows meets whatever keeps the home from
-                // being read, and fails with its own cause.
-                tracing::warn!(error = %e, "cannot list the home's captures");
-                Vec::new()
-            }
-        }
-    }
-
     /// The retired generation must never be checkpointed into whatever file
     /// is at the path now; capture it once for the operator.
     fn retire_generation(&mut self, trigger: &str, evidence: &[Evidence]) -> Option<Result<Capture, CaptureError>> {
@@ -524,60 +509,6 @@ fn failure_of_write(failure: &WriteFailure, elapsed_ms: u64) -> Failure {
 }
 
 impl SessionStore {
-    /// Release this handle's lease on `session` (end of input).
-    pub fn release_lease(&mut self, session: &SessionId) {
-        let token = self
-            .ledger
-            .sessions
-            .get(session.as_str())
-            .and_then(|s| s.lease_token.clone());
-        if let (Some(conn), Some(token), None) = (&self.conn, token, self.ledger.handle.sticky) {
-            if let Some(s) = self.ledger.sessions.get_mut(session.as_str()) {
-                s.lease_token = None;
-            }
-            let _ = conn.execute(
-                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
-                 WHERE id = ?1 AND lease_token = ?2",
-                rusqlite::params![session.as_str(), token],
-            );
-        }
-    }
-
-    /// Release every lease this handle holds, in one transaction (one
-    /// sync, however many sessions it wrote to).
-    pub fn release_all_leases(&mut self) {
-        let held: Vec<(String, String)> = self
-            .ledger
-            .sessions
-            .iter_mut()
-            .filter_map(|(id, s)| Some((id.clone(), s.lease_token.take()?)))
-            .collect();
-        let (Some(conn), None) = (&self.conn, self.ledger.handle.sticky) else {
-            return;
-        };
-        if held.is_empty() {
-            return;
-        }
-        let released = (|| -> rusqlite::Result<()> {
-            conn.execute_batch("BEGIN IMMEDIATE")?;
-            let mut release = conn.prepare_cached(
-                "UPDATE sessions SET lease_token = NULL, lease_holder = NULL, lease_expires_ms = NULL \
-                 WHERE id = ?1 AND lease_token = ?2",
-            )?;
-            for (id, token) in &held {
-                release.execute(rusqlite::params![id, token])?;
-            }
-            conn.execute_batch("COMMIT")
-        })();
-        if let Err(e) = released {
-            // The leases then expire on their own.
-            tracing::warn!(error = %e, sessions = held.len(), "could not release the turn leases");
-            if !conn.is_autocommit() {
-                let _ = conn.execute_batch("ROLLBACK");
-            }
-        }
-    }
-
     /// Rebuild a degraded FTS index and switch the index back on.
     pub fn rebuild_fts(&mut self) -> rusqlite::Result<()> {
         let Some(conn) = &self.conn else {
