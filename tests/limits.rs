@@ -209,7 +209,11 @@ fn a_uid_of_the_longest_length_is_taken_and_one_byte_more_is_refused() {
     let a = answers(&out);
     assert_eq!(a[0]["persisted"], true, "{}", a[0]);
     assert_eq!(a[1]["line"], 2, "{}", a[1]);
-    assert!(a[1]["error"].as_str().unwrap().contains("uid"), "{}", a[1]);
+    assert_eq!(
+        a[1]["error"], "`uids` must be an array, one per item, of strings of 1 to 256 bytes or nulls",
+        "{}",
+        a[1]
+    );
     assert_eq!(out.status.code(), Some(3));
 }
 

@@ -26,7 +26,7 @@ pub enum MessageError {
     NotAnObject { index: usize },
     #[error("message {index}: `uid` must be a non-empty string of at most 256 bytes")]
     Uid { index: usize },
-    #[error("`uids` must be an array of strings or nulls, one per item")]
+    #[error("`uids` must be an array, one per item, of strings of 1 to 256 bytes or nulls")]
     Uids,
 }
 
