@@ -11,11 +11,11 @@ mod common;
 use common::*;
 use serde_json::json;
 use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::History;
 use turnsafe_host::history::{ForkRefused, Reason, Selector};
 use turnsafe_host::message::Message;
 use turnsafe_host::store::StoreOptions;
 use turnsafe_policy::Cause;
-use turnsafe_host::backend::History;
 
 fn uids(home: &Home, session: &str) -> Vec<String> {
     home.rows(session).into_iter().map(|r| r.0).collect()

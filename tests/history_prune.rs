@@ -6,9 +6,9 @@
 mod common;
 use common::*;
 use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::History;
 use turnsafe_host::history::{Keep, PruneOptions};
 use turnsafe_host::store::StoreOptions;
-use turnsafe_host::backend::History;
 
 fn opts(keep: Keep, archived_only: bool) -> PruneOptions {
     PruneOptions {

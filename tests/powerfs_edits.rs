@@ -18,9 +18,9 @@ use std::path::Path;
 use common::*;
 use powerfs::{CutMode, PowerFs};
 use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::History;
 use turnsafe_host::history::{Keep, PruneOptions, Reason, Selector};
 use turnsafe_host::store::{SessionStore, StoreOptions};
-use turnsafe_host::backend::History;
 
 /// A session as a reader sees it: its rows, its archive, its lineage.
 type SessionState = (

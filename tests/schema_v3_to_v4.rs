@@ -6,9 +6,9 @@
 mod common;
 use common::*;
 use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::History;
 use turnsafe_host::history::{Keep, PruneOptions, Reason, Selector};
 use turnsafe_host::transcript::stored_messages;
-use turnsafe_host::backend::History;
 
 const FIXTURE: &[u8] = include_bytes!("fixtures/state-v3.db");
 

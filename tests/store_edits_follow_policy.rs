@@ -9,9 +9,9 @@ use std::time::Duration;
 use common::privileged::Immutable;
 use common::*;
 use turnsafe_host::backend::Backend;
+use turnsafe_host::backend::History;
 use turnsafe_host::store::StoreOptions;
 use turnsafe_policy::{ActionKind, Cause};
-use turnsafe_host::backend::History;
 
 fn fts_hits(home: &Home, word: &str) -> i64 {
     home.other()
