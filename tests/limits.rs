@@ -134,9 +134,22 @@ fn a_divert_line_at_the_limit_is_written_and_read_back_and_one_byte_more_is_neit
             MAX_DIVERT_LINE + 1
         )
     );
-    // Nothing of it reached the file.
+    // Nothing of it reached the file; for a new session, no file is made.
     let file = sessions.join("s1.jsonl");
     assert_eq!(std::fs::metadata(&file).unwrap().len() as usize, MAX_DIVERT_LINE);
+    let none = divert(
+        &sessions,
+        "s3",
+        "b1",
+        Cause::Disk,
+        &[DivertLine {
+            uid: "u1",
+            seq: Some(2),
+            message: &past,
+        }],
+    );
+    assert!(none.is_err());
+    assert!(!sessions.join("s3.jsonl").exists());
 
     // A line one byte past the limit written by someone else, after a
     // short line of the same session: replay quarantines it, names the

@@ -225,25 +225,9 @@ pub(crate) fn append_lines(dir: &Path, session: &str, values: &[Value]) -> Resul
         path: None,
         residue: None,
     })?;
-    crate::failpoint::hit("divert.before_mkdir");
-    match DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(DivertError::io("mkdir", dir, &e)),
-    }
-    refuse_symlinked_folder(dir)?;
-    let path = dir.join(format!("{session}.jsonl"));
-    let mut file = open_locked(&path)?;
-
+    // Encoded before anything is made: a batch the line limit refuses
+    // leaves no folder or file behind.
     let mut buf = Vec::with_capacity(values.len() * 256);
-    // A torn last line from an earlier crash stays detectable: start ours
-    // on a fresh line.
-    let size = file.metadata().map_err(|e| DivertError::io("stat", &path, &e))?.len();
-    if size > 0 && !ends_with_newline(&file, size) {
-        buf.push(b'\n');
-    }
-    let offset = size + buf.len() as u64;
-    let start = buf.len();
     for line in values {
         let line_start = buf.len();
         serde_json::to_writer(&mut buf, line).map_err(|e| DivertError {
@@ -270,6 +254,24 @@ pub(crate) fn append_lines(dir: &Path, session: &str, values: &[Value]) -> Resul
             });
         }
     }
+    crate::failpoint::hit("divert.before_mkdir");
+    match DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(DivertError::io("mkdir", dir, &e)),
+    }
+    refuse_symlinked_folder(dir)?;
+    let path = dir.join(format!("{session}.jsonl"));
+    let mut file = open_locked(&path)?;
+
+    // A torn last line from an earlier crash stays detectable: start ours
+    // on a fresh line.
+    let size = file.metadata().map_err(|e| DivertError::io("stat", &path, &e))?.len();
+    let start = usize::from(size > 0 && !ends_with_newline(&file, size));
+    if start == 1 {
+        buf.insert(0, b'\n');
+    }
+    let offset = size + start as u64;
     crate::failpoint::hit("divert.before_write");
     let written = crate::failpoint::io_fault("divert.write")
         .map_or_else(|| file.write_all(&buf), Err)
