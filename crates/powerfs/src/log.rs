@@ -16,7 +16,9 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use crate::model::Ino;
+/// An inode number of the model (the log records which inode each name
+/// pointed at).
+pub(crate) type Ino = u64;
 
 /// Something a file operation can be applied to: the live backing file
 /// or an in-memory copy.

@@ -16,7 +16,7 @@ use crate::fault::{Armed, FaultOp};
 use crate::log::{DirChange, DirLog, DirOp, FileLog};
 use crate::sys;
 
-pub(crate) type Ino = u64;
+pub(crate) use crate::log::Ino;
 pub(crate) const ROOT: Ino = 1;
 
 /// What kind of sync request a [`SyncPoint`] was.
