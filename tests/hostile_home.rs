@@ -547,3 +547,72 @@ fn a_postgres_password_is_never_printed_on_an_error_path() {
         }
     }
 }
+
+#[test]
+fn a_receipt_naming_a_huge_file_or_a_fifo_is_checked_without_reading_it_whole_or_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    // The receipt's range sits after 3 GiB of hole: only the range is read.
+    let big = dir.path().join("big.jsonl");
+    std::fs::write(&big, b"").unwrap();
+    turnsafe_tests::require!(sparse(&big, 3 * GIB));
+    let line = divert_line("s1", "u1", "far") + "\n";
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&big)
+        .unwrap()
+        .write_all(line.as_bytes())
+        .unwrap();
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(line.as_bytes()))
+    };
+    let receipt = |path: &Path| {
+        let p = dir
+            .path()
+            .join(format!("{}.receipt.json", path.file_name().unwrap().to_str().unwrap()));
+        let r = json!({"path": path, "offset": 3 * GIB, "length": line.len(), "count": 1, "sha256": sha});
+        std::fs::write(&p, r.to_string()).unwrap();
+        p
+    };
+    let explain = |r: &Path| {
+        let mut cmd = Command::new(bin());
+        cmd.args(["explain", "--cause", "disk", "--outcome", "diverted", "--receipt-json"])
+            .arg(r);
+        cmd
+    };
+    use std::os::unix::process::CommandExt;
+    let mut capped = explain(&receipt(&big));
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
+    unsafe {
+        capped.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: GIB,
+                rlim_max: GIB,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = run_cmd(capped, b"");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("A copy was kept at"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let fifo = dir.path().join("fifo.jsonl");
+    mkfifo(&fifo);
+    let r = receipt(&fifo);
+    let mut cmd = Command::new("timeout");
+    cmd.arg("120")
+        .arg(bin())
+        .args(["explain", "--cause", "disk", "--outcome", "diverted", "--receipt-json"])
+        .arg(&r);
+    let out = run_cmd(cmd, b"");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(USAGE), "{err}");
+    assert!(err.contains("not a regular file (a FIFO)"), "{err}");
+}
