@@ -62,7 +62,8 @@ pub fn examine(home: &Path, repair_fts: bool) -> (Vec<Finding>, Value) {
             "warning",
             format!(
                 "{} is a symbolic link to {}: turnsafe writes the file it points to, and its -wal and -shm \
-                 beside that file; pointing the link elsewhere while a writer runs reads as a replaced database",
+                 beside that file; a writer keeps writing the file it opened even when the link is pointed \
+                 elsewhere, so point it only while no process holds the database",
                 db.display(),
                 target.display()
             ),
