@@ -461,6 +461,44 @@ fn a_state_db_that_is_a_symlink_is_written_through_and_doctor_says_so() {
         report.contains("state.db is a symbolic link to") && report.contains(real.path().to_str().unwrap()),
         "{report}"
     );
+
+    // The link pointed elsewhere under a live writer: what it acknowledges
+    // is in the file it opened, none of it lost, none of it in the other.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::copy(real.path().join("state.db"), other.path().join("state.db")).unwrap();
+    let mut child = Command::new(bin())
+        .args(["append", "--session", "s1", "--home"])
+        .arg(home.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let mut output = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut send = |content: &str| {
+        use std::io::BufRead;
+        input.write_all(&batch(content)).unwrap();
+        input.flush().unwrap();
+        let mut line = String::new();
+        output.read_line(&mut line).unwrap();
+        serde_json::from_str::<Value>(&line).unwrap()
+    };
+    assert_eq!(send("three")["persisted"], true);
+    std::fs::remove_file(home.path().join("state.db")).unwrap();
+    std::os::unix::fs::symlink(other.path().join("state.db"), home.path().join("state.db")).unwrap();
+    let after = send("four");
+    drop(send);
+    drop(input);
+    assert!(child.wait().unwrap().code().is_some());
+    let acknowledged = after["persisted"] == true || !after["receipt"].is_null();
+    assert!(acknowledged || after["handed_back"] == 1, "{after}");
+    if after["persisted"] == true {
+        assert_eq!(stored(real.path(), "s1"), ["one", "two", "three", "four"]);
+    } else {
+        assert_eq!(stored(real.path(), "s1"), ["one", "two", "three"]);
+    }
+    assert_eq!(stored(other.path(), "s1"), ["one", "two"]);
 }
 
 #[test]
