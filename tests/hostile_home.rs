@@ -488,7 +488,6 @@ fn a_state_db_that_is_a_symlink_is_written_through_and_doctor_says_so() {
     std::fs::remove_file(home.path().join("state.db")).unwrap();
     std::os::unix::fs::symlink(other.path().join("state.db"), home.path().join("state.db")).unwrap();
     let after = send("four");
-    drop(send);
     drop(input);
     assert!(child.wait().unwrap().code().is_some());
     let acknowledged = after["persisted"] == true || !after["receipt"].is_null();
