@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::stamps::Stamp;
+
 /// Name prefix of capture folders, next to `state.db`.
 pub const PREFIX: &str = "state.db.retired-";
 /// The settled marker's file name inside a capture folder.
@@ -218,6 +220,91 @@ pub fn holds(home: &Path) -> io::Result<Vec<Hold>> {
     Ok(out)
 }
 
+/// [`holds`], read again only when the home or one of its capture
+/// folders changed since the last read ([`crate::stamps`]). A capture
+/// appears in, or leaves, the home by a rename or a new folder, and its
+/// manifest and marker each arrive by a rename into its folder: every one
+/// moves a stamp watched here. With no capture in the home, a commit pays
+/// one `statx` of the home instead of a listing.
+#[derive(Debug)]
+pub struct HoldsWatch {
+    racy: std::time::Duration,
+    seen: Option<Seen>,
+    reads: u64,
+}
+
+#[derive(Debug)]
+struct Seen {
+    home: Stamp,
+    folders: Vec<(PathBuf, Stamp)>,
+    holds: Vec<Hold>,
+}
+
+impl Default for HoldsWatch {
+    fn default() -> Self {
+        HoldsWatch::with_racy(crate::stamps::RACY)
+    }
+}
+
+impl HoldsWatch {
+    /// A watch that trusts a stamp only once it is `racy` old (tests
+    /// shorten it; see [`crate::stamps::RACY`]).
+    pub fn with_racy(racy: std::time::Duration) -> HoldsWatch {
+        HoldsWatch {
+            racy,
+            seen: None,
+            reads: 0,
+        }
+    }
+
+    /// How many times the home was read in full.
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+
+    /// The unsettled captures under `home` that hold rows, as [`holds`].
+    pub fn holds(&mut self, home: &Path) -> io::Result<Vec<Hold>> {
+        let read_at = std::time::SystemTime::now();
+        let Some(home_stamp) = Stamp::at(home)? else {
+            self.seen = None;
+            return Ok(Vec::new());
+        };
+        if let Some(seen) = &self.seen
+            && seen.home == home_stamp
+            && seen
+                .folders
+                .iter()
+                .all(|(path, stamp)| Stamp::at(path).ok().flatten() == Some(*stamp))
+        {
+            return Ok(seen.holds.clone());
+        }
+        self.seen = None;
+        self.reads += 1;
+        // Each stamp is read before what it stands for, so a change made
+        // during the read moves a stamp the next look compares.
+        let mut folders = Vec::new();
+        for entry in std::fs::read_dir(home)? {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().starts_with(PREFIX) && entry.file_type()?.is_dir() {
+                let path = entry.path();
+                if let Some(stamp) = Stamp::at(&path)? {
+                    folders.push((path, stamp));
+                }
+            }
+        }
+        let found = holds(home)?;
+        let settled = |s: &Stamp| s.settled_at(read_at, self.racy);
+        if settled(&home_stamp) && folders.iter().all(|(_, s)| settled(s)) {
+            self.seen = Some(Seen {
+                home: home_stamp,
+                folders,
+                holds: found.clone(),
+            });
+        }
+        Ok(found)
+    }
+}
+
 /// The holds among `holds` that hold `session`.
 pub fn holding<'a>(holds: &'a [Hold], session: &str) -> Vec<&'a Hold> {
     holds.iter().filter(|h| h.holds(session)).collect()
@@ -312,6 +399,91 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(MARKER), b"{\"how\":\"installed\"").unwrap();
         assert!(matches!(status(dir.path()), Status::Unreadable(_)));
+    }
+
+    /// A pending capture folder holding `rows` of session `s1`, its
+    /// manifest renamed into it as a capture writes it.
+    fn pending_capture(home: &Path, name: &str, rows: u64) -> PathBuf {
+        let cap = home.join(format!("{PREFIX}{name}"));
+        std::fs::create_dir(&cap).unwrap();
+        let manifest = serde_json::json!({"trigger": "test", "missing_rows": {"s1": rows}});
+        crate::durable::write_file(&cap.join("manifest.json"), manifest.to_string().as_bytes()).unwrap();
+        cap
+    }
+
+    /// Past a coarse clock's tick and the shortened racy window below.
+    fn age() {
+        std::thread::sleep(std::time::Duration::from_millis(120));
+    }
+
+    #[test]
+    fn the_watch_reads_the_home_again_only_when_it_or_a_capture_changed() {
+        let home = tempfile::tempdir().unwrap();
+        let mut watch = HoldsWatch::with_racy(std::time::Duration::from_millis(50));
+        age();
+        assert!(watch.holds(home.path()).unwrap().is_empty());
+        assert!(watch.holds(home.path()).unwrap().is_empty());
+        assert_eq!(watch.reads(), 1, "an unchanged home is not read again");
+        // Another file in the home changes nothing it watches for, but the
+        // home's stamp moved: read again.
+        std::fs::write(home.path().join("unrelated"), b"").unwrap();
+        assert!(watch.holds(home.path()).unwrap().is_empty());
+        assert_eq!(watch.reads(), 2);
+
+        // A capture appears: seen at once, while its stamps are young.
+        let cap = pending_capture(home.path(), "20250101T000000Z-1", 3);
+        let held = watch.holds(home.path()).unwrap();
+        assert_eq!(held.len(), 1);
+        assert!(held[0].holds("s1"));
+        assert_eq!(watch.holds(home.path()).unwrap(), held);
+        assert_eq!(watch.reads(), 4, "young stamps prove nothing: read each time");
+        age();
+        assert_eq!(watch.holds(home.path()).unwrap(), held);
+        assert_eq!(watch.holds(home.path()).unwrap(), held);
+        assert_eq!(watch.reads(), 5);
+
+        // Settled: its marker arrives by a rename into the folder.
+        settle(&cap, &Settled::now(How::Dismissed)).unwrap();
+        assert!(watch.holds(home.path()).unwrap().is_empty());
+        age();
+        assert!(watch.holds(home.path()).unwrap().is_empty());
+        let reads = watch.reads();
+        // A marker taken away makes the capture pending again.
+        std::fs::remove_file(cap.join(MARKER)).unwrap();
+        assert_eq!(watch.holds(home.path()).unwrap(), held);
+        assert_eq!(watch.reads(), reads + 1);
+    }
+
+    #[test]
+    fn a_capture_made_in_the_same_tick_as_a_look_is_seen() {
+        // The real window: a stamp read just now proves nothing, however
+        // coarse the filesystem's clock.
+        let home = tempfile::tempdir().unwrap();
+        let mut watch = HoldsWatch::default();
+        for k in 0..20 {
+            assert_eq!(watch.holds(home.path()).unwrap().len(), k);
+            pending_capture(home.path(), &format!("20250101T0000{k:02}Z-1"), 1);
+        }
+        assert_eq!(watch.holds(home.path()).unwrap().len(), 20);
+    }
+
+    #[test]
+    fn a_home_that_is_gone_or_replaced_is_read_again() {
+        let parent = tempfile::tempdir().unwrap();
+        let home = parent.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        let mut watch = HoldsWatch::with_racy(std::time::Duration::from_millis(50));
+        age();
+        assert!(watch.holds(&home).unwrap().is_empty());
+        std::fs::remove_dir(&home).unwrap();
+        assert!(watch.holds(&home).unwrap().is_empty());
+        // Another folder at the path, already holding a capture.
+        let other = parent.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        pending_capture(&other, "20250101T000000Z-1", 2);
+        age();
+        std::fs::rename(&other, &home).unwrap();
+        assert_eq!(watch.holds(&home).unwrap().len(), 1);
     }
 
     #[test]

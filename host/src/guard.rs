@@ -8,12 +8,19 @@
 //! every write (under the write lock) and before close.
 //!
 //! Probes use only what the process already holds or needs no descriptor:
-//! `statx` (identity and link count only, see [`IDENTITY`]) on the paths
-//! and the held descriptors, `readlink` and `pread` on the held
-//! descriptors, and `SQLITE_FCNTL_HAS_MOVED`. Listing `/proc/self/fd`
-//! needs one transient descriptor and happens only when a file is first
-//! recorded. A probe that fails is reported as such; the store then fails
-//! closed as `disk`.
+//! `statx` (identity and link count only, see [`IDENTITY`], and the main
+//! file's `ctime`) on the paths and the held descriptors, `readlink` and
+//! `pread` on the held descriptors, and `SQLITE_FCNTL_HAS_MOVED` when
+//! SQLite's descriptor of the main file was not found. Listing
+//! `/proc/self/fd` needs one transient descriptor and happens only when a
+//! file is first recorded. A probe that fails is reported as such; the
+//! store then fails closed as `disk`.
+//!
+//! The header is read again only when the main file's `ctime` moved since
+//! a read that found it intact, or was too young then to prove anything
+//! ([`crate::stamps`]): an overwrite in place (same inode, same size)
+//! moves the `ctime`, which no process can set. A commit in WAL mode
+//! never writes the main file, so almost every check is six `statx`.
 
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
@@ -84,6 +91,11 @@ pub struct Guard {
     db_path: PathBuf,
     files: [Option<Held>; 3],
     generation: [u8; 4],
+    /// The main file's `ctime` when its header was last read intact, if
+    /// that `ctime` was old enough then to prove a later change moves it.
+    header_quiet: Option<i128>,
+    racy: std::time::Duration,
+    header_reads: u64,
 }
 
 /// The path of one of the db's files.
@@ -148,6 +160,25 @@ fn fd_stat(fd: RawFd) -> io::Result<(FileId, u64)> {
     }
 }
 
+/// The identity, link count and `ctime` of the main file through its
+/// descriptor. Asking for the main file's times costs no commit: in WAL
+/// mode only a checkpoint writes it.
+fn fd_stat_ctime(fd: RawFd) -> io::Result<(FileId, u64, Option<i128>)> {
+    // SAFETY: the descriptor is held open by this process's SQLite connection.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    let want = IDENTITY.union(rustix::fs::StatxFlags::CTIME);
+    match rustix::fs::statx(b, "", rustix::fs::AtFlags::EMPTY_PATH, want) {
+        Ok(st) => {
+            let (id, nlink) = identity(&st);
+            let ctime =
+                (st.stx_mask & rustix::fs::StatxFlags::CTIME.bits() != 0).then(|| crate::stamps::ns(st.stx_ctime));
+            Ok((id, nlink, ctime))
+        }
+        Err(rustix::io::Errno::NOSYS) => fd_stat(fd).map(|(id, nlink)| (id, nlink, None)),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Header bytes 68-71 (`application_id`) read through a descriptor.
 fn header_generation(fd: RawFd) -> io::Result<[u8; 4]> {
     // SAFETY: as above.
@@ -189,6 +220,9 @@ impl Guard {
             db_path,
             files: [None; 3],
             generation: [0; 4],
+            header_quiet: None,
+            racy: crate::stamps::RACY,
+            header_reads: 0,
         };
         for part in Part::ALL {
             g.record_part(part)?;
@@ -225,6 +259,24 @@ impl Guard {
         self.files[part as usize]
     }
 
+    /// Trust a `ctime` only once it is `racy` old ([`crate::stamps::RACY`]
+    /// but in tests).
+    pub fn with_racy(mut self, racy: std::time::Duration) -> Guard {
+        self.racy = racy;
+        self
+    }
+
+    /// Forget the quiet header, so the next check reads it (as the first
+    /// check after a checkpoint does).
+    pub fn forget_quiet(&mut self) {
+        self.header_quiet = None;
+    }
+
+    /// How many checks read the header.
+    pub fn header_reads(&self) -> u64 {
+        self.header_reads
+    }
+
     pub fn generation(&self) -> i32 {
         i32::from_be_bytes(self.generation)
     }
@@ -257,29 +309,27 @@ impl Guard {
             Some(_) => {}
         }
         if let Some(fd) = main.fd {
-            let (id, nlink) = probe("fstat state.db", fd_stat(fd))?;
+            let read_at = std::time::SystemTime::now();
+            let (id, nlink, ctime) = probe("fstat state.db", fd_stat_ctime(fd))?;
             if id != main.id {
                 return replaced(format!("descriptor {fd} no longer holds state.db"));
             }
             if nlink == 0 {
                 return replaced("the held state.db has no links left".into());
             }
-            if probe("pread header", header_generation(fd))? != self.generation {
-                return replaced("the header's generation changed (the file was overwritten)".into());
+            if ctime.is_none() || ctime != self.header_quiet {
+                self.header_quiet = None;
+                self.header_reads += 1;
+                if probe("pread header", header_generation(fd))? != self.generation {
+                    return replaced("the header's generation changed (the file was overwritten)".into());
+                }
+                // The ctime was read before the header: any change after
+                // it moves it, once it was old enough then to prove that.
+                self.header_quiet = ctime.filter(|&c| crate::stamps::settled(c, read_at, self.racy));
             }
-        }
-        let mut moved: std::ffi::c_int = 0;
-        // SAFETY: a valid connection handle and an int out-parameter, as
-        // SQLITE_FCNTL_HAS_MOVED expects.
-        let rc = unsafe {
-            rusqlite::ffi::sqlite3_file_control(
-                conn.handle(),
-                c"main".as_ptr(),
-                rusqlite::ffi::SQLITE_FCNTL_HAS_MOVED,
-                (&mut moved as *mut std::ffi::c_int).cast(),
-            )
-        };
-        if rc == rusqlite::ffi::SQLITE_OK && moved != 0 {
+        } else if sqlite_says_moved(conn) {
+            // Without SQLite's descriptor, its own look at the path. With
+            // it, the identities compared above already cover this.
             return replaced("SQLite reports the database file has moved".into());
         }
 
@@ -318,6 +368,23 @@ impl Guard {
         }
         Ok(Verdict::Intact)
     }
+}
+
+/// `SQLITE_FCNTL_HAS_MOVED`: whether SQLite finds its file gone from its
+/// path or another inode there.
+fn sqlite_says_moved(conn: &Connection) -> bool {
+    let mut moved: std::ffi::c_int = 0;
+    // SAFETY: a valid connection handle and an int out-parameter, as
+    // SQLITE_FCNTL_HAS_MOVED expects.
+    let rc = unsafe {
+        rusqlite::ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            rusqlite::ffi::SQLITE_FCNTL_HAS_MOVED,
+            (&mut moved as *mut std::ffi::c_int).cast(),
+        )
+    };
+    rc == rusqlite::ffi::SQLITE_OK && moved != 0
 }
 
 #[cfg(test)]

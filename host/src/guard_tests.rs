@@ -158,6 +158,72 @@ fn a_header_overwritten_in_place_is_replaced() {
     assert_eq!(g.generation(), GENERATION);
 }
 
+/// Past a coarse clock's tick and the shortened racy window below.
+fn age() {
+    std::thread::sleep(std::time::Duration::from_millis(120));
+}
+
+#[test]
+fn the_header_is_read_again_only_when_the_main_files_ctime_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, conn) = wal_db(dir.path());
+    age();
+    let mut g = Guard::record(&db, &conn)
+        .unwrap()
+        .with_racy(std::time::Duration::from_millis(50));
+    assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
+    assert_eq!(g.header_reads(), 1);
+    // Commits write only the WAL: the header is not read again.
+    for k in 0..5 {
+        conn.execute("INSERT INTO t VALUES (?1)", [k]).unwrap();
+        assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
+    }
+    assert_eq!(g.header_reads(), 1);
+    // A checkpoint writes the main file: read while its ctime is young,
+    // then quiet again.
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
+    assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
+    assert_eq!(g.header_reads(), 3);
+    age();
+    assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
+    assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
+    assert_eq!(g.header_reads(), 4);
+}
+
+#[test]
+fn a_header_overwritten_in_place_after_quiet_checks_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, conn) = wal_db(dir.path());
+    age();
+    let mut g = Guard::record(&db, &conn)
+        .unwrap()
+        .with_racy(std::time::Duration::from_millis(50));
+    assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
+    assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
+    assert_eq!(g.header_reads(), 1, "the header is quiet");
+    // Same inode, same size: only the ctime tells.
+    let f = std::fs::OpenOptions::new().write(true).open(&db).unwrap();
+    rustix::io::pwrite(&f, &(GENERATION + 1).to_be_bytes(), 68).unwrap();
+    assert_verdict(g.check(&conn).unwrap(), Evidence::DbReplaced, "generation changed");
+}
+
+#[test]
+fn a_header_overwritten_right_after_an_intact_check_is_replaced() {
+    // The real window: a ctime read just now proves nothing, however
+    // coarse the filesystem's clock, so the next check reads the header.
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, conn) = wal_db(dir.path());
+        let mut g = Guard::record(&db, &conn).unwrap();
+        assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
+        let f = std::fs::OpenOptions::new().write(true).open(&db).unwrap();
+        rustix::io::pwrite(&f, &(GENERATION + 1).to_be_bytes(), 68).unwrap();
+        assert_verdict(g.check(&conn).unwrap(), Evidence::DbReplaced, "generation changed");
+    }
+}
+
 #[test]
 fn a_descriptor_that_no_longer_holds_the_file_is_seen() {
     for part in [Part::Main, Part::Wal, Part::Shm] {

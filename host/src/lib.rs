@@ -46,6 +46,7 @@ pub mod replay;
 pub(crate) mod rows;
 pub mod same;
 pub mod settle;
+pub mod stamps;
 pub mod store;
 pub mod target;
 pub mod transcript;

@@ -151,7 +151,7 @@ pub trait Backend {
     fn ledger(&mut self) -> &mut Ledger;
     /// The unsettled captures that hold some session's rows, read before
     /// every group. A server keeps no capture on this machine: none.
-    fn pending_holds(&self) -> Vec<crate::captures::Hold> {
+    fn pending_holds(&mut self) -> Vec<crate::captures::Hold> {
         Vec::new()
     }
     /// How long a batch started at `started` has waited without progress,

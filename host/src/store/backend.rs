@@ -48,10 +48,11 @@ impl Backend for SessionStore {
     }
 
     /// The unsettled captures under the home that hold some session's
-    /// rows, read before every group: a capture another process made since
-    /// the last group counts at once.
-    fn pending_holds(&self) -> Vec<crate::captures::Hold> {
-        match crate::captures::holds(&self.home) {
+    /// rows, looked for before every group: a capture another process made
+    /// since the last group counts at once. The home is read again only
+    /// when it changed ([`crate::captures::HoldsWatch`]).
+    fn pending_holds(&mut self) -> Vec<crate::captures::Hold> {
+        match self.holds_watch.holds(&self.home) {
             Ok(h) => h,
             Err(e) => {
                 // The open that follows meets whatever keeps the home from

@@ -148,6 +148,8 @@ pub struct SessionStore {
     home_synced: bool,
     /// What the flushes saw of the write lock while they waited for it.
     lock_watch: lockwait::LockWatch,
+    /// The captures in the home, as last read.
+    holds_watch: crate::captures::HoldsWatch,
 }
 
 fn random_u64() -> u64 {
@@ -184,6 +186,7 @@ impl SessionStore {
             quarantined: None,
             home_synced: false,
             lock_watch: lockwait::LockWatch::new(),
+            holds_watch: crate::captures::HoldsWatch::default(),
         };
         // A writer never holds the database open only to divert: with a
         // capture pending, it opens on the first batch that may write, so

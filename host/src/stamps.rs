@@ -1,0 +1,132 @@
+//! Whether a file or folder changed since it was last looked at, told by
+//! its change stamps: what lets the probes before a commit skip a read
+//! when nothing moved, without ever missing a change.
+//!
+//! A stamp is a file's identity with its `mtime` and `ctime`. No process
+//! can set a `ctime`: any write, rename into or out of a folder, link or
+//! attribute change moves it to the kernel's clock. So an equal stamp
+//! means nothing changed, with one exception: a change within the same
+//! tick of a coarse clock (some kernels and filesystems stamp in jiffies,
+//! some in whole seconds) leaves the stamp as it was. A stamp read while
+//! it is that young is *racy* and proves nothing; only a stamp older than
+//! [`RACY`] when it was read may stand for what was read after it.
+
+use std::io;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustix::fs::{AtFlags, StatxFlags};
+
+/// How old a stamp must be, when read, to prove that a later change
+/// moves it: above the coarsest timestamp granularity of a local or
+/// network filesystem (FAT's two seconds).
+pub const RACY: Duration = Duration::from_secs(3);
+
+/// A file's identity and change times, nanoseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+const WANT: StatxFlags = StatxFlags::INO.union(StatxFlags::MTIME).union(StatxFlags::CTIME);
+
+/// A statx timestamp in nanoseconds since the epoch.
+pub fn ns(t: rustix::fs::StatxTimestamp) -> i128 {
+    i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec)
+}
+
+impl Stamp {
+    fn of(st: &rustix::fs::Statx) -> Stamp {
+        Stamp {
+            dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
+            ino: st.stx_ino,
+            mtime_ns: ns(st.stx_mtime),
+            ctime_ns: ns(st.stx_ctime),
+        }
+    }
+
+    /// The stamp of what is at `path` (not following a final symlink:
+    /// the link itself is what a folder listing sees), `None` when
+    /// nothing is there.
+    pub fn at(path: &Path) -> io::Result<Option<Stamp>> {
+        match rustix::fs::statx(rustix::fs::CWD, path, AtFlags::SYMLINK_NOFOLLOW, WANT) {
+            Ok(st) => Ok(Some(Stamp::of(&st))),
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The stamp of the file `fd` holds.
+    pub fn of_fd(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<Stamp> {
+        let st = rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, WANT)?;
+        Ok(Stamp::of(&st))
+    }
+
+    /// Whether this stamp, read at `read_at`, was more than `racy` old
+    /// then, so that any later change must move it ([`RACY`] but in tests).
+    pub fn settled_at(&self, read_at: SystemTime, racy: Duration) -> bool {
+        settled(self.mtime_ns.max(self.ctime_ns), read_at, racy)
+    }
+}
+
+/// Whether a time stamp `stamp_ns`, read at `read_at`, was more than
+/// `racy` old then.
+pub fn settled(stamp_ns: i128, read_at: SystemTime, racy: Duration) -> bool {
+    let now = read_at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX));
+    now.saturating_sub(stamp_ns) > i128::try_from(racy.as_nanos()).unwrap_or(i128::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_moves_with_a_write_a_rename_into_its_folder_and_a_chmod() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"a").unwrap();
+        let before = (
+            Stamp::at(dir.path()).unwrap().unwrap(),
+            Stamp::at(&file).unwrap().unwrap(),
+        );
+        // Past any coarse clock's tick, so each change lands on a later one.
+        std::thread::sleep(Duration::from_millis(30));
+        std::fs::write(&file, b"b").unwrap();
+        assert_ne!(Stamp::at(&file).unwrap().unwrap(), before.1);
+        assert_eq!(
+            Stamp::at(dir.path()).unwrap().unwrap(),
+            before.0,
+            "a write moves no folder"
+        );
+        std::fs::write(dir.path().join("g.tmp"), b"").unwrap();
+        std::fs::rename(dir.path().join("g.tmp"), dir.path().join("g")).unwrap();
+        assert_ne!(Stamp::at(dir.path()).unwrap().unwrap(), before.0);
+        let file_now = Stamp::at(&file).unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        assert_ne!(
+            Stamp::at(&file).unwrap().unwrap(),
+            file_now,
+            "an attribute change moves the ctime"
+        );
+        assert_eq!(Stamp::at(&dir.path().join("absent")).unwrap(), None);
+    }
+
+    #[test]
+    fn a_young_stamp_is_racy_and_an_old_one_is_settled() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Stamp::at(dir.path()).unwrap().unwrap();
+        let now = SystemTime::now();
+        assert!(!s.settled_at(now, RACY), "a folder made just now is racy");
+        assert!(s.settled_at(now + RACY + Duration::from_millis(10), RACY));
+        assert!(
+            !s.settled_at(UNIX_EPOCH, RACY),
+            "a clock before the stamp settles nothing"
+        );
+    }
+}
