@@ -65,6 +65,86 @@ export function holds(home) {
   return out;
 }
 
+/**
+ * How old a change stamp must be, when read, to prove that a later change
+ * moves it: above the coarsest timestamp granularity of a local or network
+ * filesystem (FAT's two seconds). As host/src/stamps.rs `RACY`.
+ */
+export const RACY_MS = 3000;
+
+/** A file's identity and change times (ns), not following a final link; null when nothing is there. */
+function stampAt(p) {
+  try {
+    const st = fs.lstatSync(p, { bigint: true });
+    return { dev: st.dev, ino: st.ino, mtime: st.mtimeNs, ctime: st.ctimeNs };
+  } catch (e) {
+    if (e.code === 'ENOENT' || e.code === 'ENOTDIR') return null;
+    throw e;
+  }
+}
+
+const sameStamp = (a, b) => a !== null && b !== null && a.dev === b.dev && a.ino === b.ino && a.mtime === b.mtime
+  && a.ctime === b.ctime;
+
+/**
+ * `holds(home)`, read again only when the home or one of its capture folders
+ * changed since the last read. A capture appears in, or leaves, the home by
+ * a new folder or a rename, and its manifest and marker each arrive by a
+ * rename into its folder: each moves a stamp watched here. A stamp read
+ * while it was young proves nothing (a change in the same tick of a coarse
+ * clock leaves it as it was), so it is trusted only once `racyMs` old.
+ * As host/src/captures.rs `HoldsWatch`.
+ */
+export class HoldsWatch {
+  constructor(racyMs = RACY_MS) {
+    this.racyNs = BigInt(racyMs) * 1000000n;
+    this.seen = null;
+    this.reads = 0;
+  }
+
+  holds(home) {
+    const readAt = BigInt(Date.now()) * 1000000n;
+    let homeStamp;
+    try {
+      homeStamp = stampAt(home);
+    } catch {
+      this.seen = null;
+      return holds(home);
+    }
+    if (homeStamp === null) {
+      this.seen = null;
+      return [];
+    }
+    const still = ([p, s]) => {
+      try {
+        return sameStamp(stampAt(p), s);
+      } catch {
+        return false;
+      }
+    };
+    if (this.seen && sameStamp(this.seen.home, homeStamp) && this.seen.folders.every(still)) return this.seen.holds;
+    this.seen = null;
+    this.reads += 1;
+    // Each stamp is read before what it stands for, so a change made during
+    // the read moves a stamp the next look compares.
+    const folders = [];
+    try {
+      for (const e of fs.readdirSync(home, { withFileTypes: true })) {
+        if (!e.name.startsWith(PREFIX) || !e.isDirectory()) continue;
+        const p = path.join(home, e.name);
+        const s = stampAt(p);
+        if (s) folders.push([p, s]);
+      }
+    } catch {
+      return holds(home);
+    }
+    const found = holds(home);
+    const old = (s) => readAt - (s.mtime > s.ctime ? s.mtime : s.ctime) > this.racyNs;
+    if (old(homeStamp) && folders.every(([, s]) => old(s))) this.seen = { home: homeStamp, folders, holds: found };
+    return found;
+  }
+}
+
 export const holdsSession = (h, session) => h.sessions === null || (h.sessions[session] ?? 0) > 0;
 
 /** The hold as reads report it: `{path, cause, rows}`. */

@@ -4,7 +4,7 @@
 // it says `done`; the outcome is the component's own object. Several
 // batches met at once are written in one transaction when every machine
 // asks to write first. A room of Host (host.js).
-import { holds, holdsSession } from './captures.js';
+import { holdsSession } from './captures.js';
 import { validSession } from './divert.js';
 import { MAX_UID } from './divert_lines.js';
 import { Refusal } from './errors.js';
@@ -66,7 +66,7 @@ export const flushing = {
   appendGroup(reqs) {
     const before = this.componentMs();
     const t0 = performance.now();
-    this.holdsNow = holds(this.home);
+    this.holdsNow = this.holdsWatch.holds(this.home);
     const base = this.state;
     // A batch refused before its flush began (an invalid session id) gets
     // its error; nothing of it was done.

@@ -75,6 +75,25 @@ export function fdsOf(p, id = null) {
   return out;
 }
 
+/**
+ * Whether descriptor `fd` still holds the file named `p`, told by its link
+ * alone. A link that reads exactly `p` means the name resolves to the file
+ * the descriptor holds: a file deleted, renamed away or replaced at its
+ * name reads `p (deleted)` or another name, and a number reused for
+ * another file reads that file's name. Unlike a stat, reading a link asks
+ * for no time stamp: on filesystems with multigrain timestamps (ext4 since
+ * Linux 6.13) a stat of the WAL marks its times as read, so every later
+ * write stamps a new fine-grained mtime and each commit's sync writes the
+ * inode out too.
+ */
+function linkIs(fd, p) {
+  try {
+    return fs.readlinkSync(`/proc/self/fd/${fd}`) === p;
+  } catch {
+    return false;
+  }
+}
+
 function headerGeneration(fd) {
   const buf = Buffer.alloc(4);
   const n = fs.readSync(fd, buf, 0, 4, 68);
@@ -149,6 +168,19 @@ export class Guard {
     const deleted = (detail) => ({ evidence: 'deleted_wal_generation', detail });
     const main = this.files[0];
     if (!main) return replaced('state.db was not there when the handle opened');
+    // The quiet path: each held descriptor's link names its file, and the
+    // header is the one recorded. Anything else is told apart below.
+    if (main.fd != null && linkIs(main.fd, this.dbPath)
+      && [1, 2].every((i) => this.files[i]?.fd != null && linkIs(this.files[i].fd, this.path(i)))) {
+      let g;
+      try {
+        g = headerGeneration(main.fd);
+      } catch (e) {
+        throw probeError('pread header', e);
+      }
+      if (g !== this.generation) return replaced("the header's generation changed (the file was overwritten)");
+      return null;
+    }
     const now = statId(this.dbPath);
     if (!now) return replaced('state.db is gone from its path');
     if (!same(now, main.id)) return replaced(`state.db at the path is inode ${now.ino} not ${main.id.ino}`);

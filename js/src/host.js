@@ -15,7 +15,7 @@
 // test may replace one on an instance.
 import path from 'node:path';
 
-import { capturing } from './captures.js';
+import { capturing, HoldsWatch } from './captures.js';
 import { clearing } from './clear.js';
 import { closing, kept } from './close.js';
 import { diverting } from './divert.js';
@@ -54,6 +54,8 @@ export class Host {
     this.stmts = null;
     this.counters = { opens: 0, writes: 0, groups: 0, flushes: 0, diverts: 0, flushMs: 0, componentMs: 0 };
     this.holdsNow = [];
+    // The captures in the home, as last read.
+    this.holdsWatch = new HoldsWatch();
   }
 
   cursor(session) {
