@@ -312,7 +312,7 @@ ROWS = [
      {("tmpfs", 1): 2.0, ("disk", 1): 1.3, ("disk", 16): 5.0}),
     ("saver", "step", "TurnsafeSaver", turnsafe_saver, "SqliteSaver", sqlite_saver, [1, 16],
      {("tmpfs", 1): 1.5, ("disk", 1): 1.0}),
-    ("saver-memory", "step", "TurnsafeSaver", turnsafe_saver, "InMemorySaver", in_memory_saver, [16],
+    ("saver-memory", "step", "TurnsafeSaver", turnsafe_saver, "InMemorySaver", in_memory_saver, [1, 16],
      {("disk", 16): 0.9}),
     ("js", "batch", "TurnsafeSession (JavaScript)", js("turnsafe"), "plain better-sqlite3", js("plain"), [1, 16],
      {("tmpfs", 1): 0.35, ("disk", 1): 1.0, ("disk", 16): 3.0}),

@@ -5,8 +5,10 @@
 // files, the descriptors of this process that hold them (found once in
 // /proc/self/fd) and the generation in the header (application_id, bytes
 // 68-71, read through the held descriptor). Before every write, under the
-// write lock, and before close it compares them with the paths (stat), the
-// held descriptors (fstat: identity and link count) and the header.
+// write lock, and before close it reads the held descriptors' links and the
+// header; only when a link no longer names its file does it compare the
+// paths (stat) and the held descriptors (fstat: identity and link count) to
+// tell what changed. A commit never stats the WAL (see linkIs).
 //
 // Unlike the native guard it cannot ask SQLite for SQLITE_FCNTL_HAS_MOVED
 // (better-sqlite3 has no file control); the path and descriptor checks,
