@@ -2,7 +2,9 @@
 //! its change stamps: what lets the probes before a commit skip a read
 //! when nothing moved, without ever missing a change.
 //!
-//! A stamp is a file's identity with its `mtime` and `ctime`. No process
+//! A stamp is a file's identity and link count with its `mtime` and
+//! `ctime` (a folder's link count moves with its subfolders even where a
+//! filesystem's clock does not). No process
 //! can set a `ctime`: any write, rename into or out of a folder, link or
 //! attribute change moves it to the kernel's clock. So an equal stamp
 //! means nothing changed, with one exception: a change within the same
@@ -27,11 +29,15 @@ pub const RACY: Duration = Duration::from_secs(3);
 pub struct Stamp {
     pub dev: u64,
     pub ino: u64,
+    pub nlink: u32,
     pub mtime_ns: i128,
     pub ctime_ns: i128,
 }
 
-const WANT: StatxFlags = StatxFlags::INO.union(StatxFlags::MTIME).union(StatxFlags::CTIME);
+const WANT: StatxFlags = StatxFlags::INO
+    .union(StatxFlags::NLINK)
+    .union(StatxFlags::MTIME)
+    .union(StatxFlags::CTIME);
 
 /// A statx timestamp in nanoseconds since the epoch.
 pub fn ns(t: rustix::fs::StatxTimestamp) -> i128 {
@@ -43,6 +49,7 @@ impl Stamp {
         Stamp {
             dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
             ino: st.stx_ino,
+            nlink: st.stx_nlink,
             mtime_ns: ns(st.stx_mtime),
             ctime_ns: ns(st.stx_ctime),
         }
@@ -113,6 +120,13 @@ mod tests {
             Stamp::at(&file).unwrap().unwrap(),
             file_now,
             "an attribute change moves the ctime"
+        );
+        let folder = Stamp::at(dir.path()).unwrap().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        assert_eq!(
+            Stamp::at(dir.path()).unwrap().unwrap().nlink,
+            folder.nlink + 1,
+            "a subfolder moves the link count, whatever the clock"
         );
         assert_eq!(Stamp::at(&dir.path().join("absent")).unwrap(), None);
     }

@@ -72,19 +72,19 @@ export function holds(home) {
  */
 export const RACY_MS = 3000;
 
-/** A file's identity and change times (ns), not following a final link; null when nothing is there. */
+/** A file's identity, link count and change times (ns), not following a final link; null when nothing is there. */
 function stampAt(p) {
   try {
     const st = fs.lstatSync(p, { bigint: true });
-    return { dev: st.dev, ino: st.ino, mtime: st.mtimeNs, ctime: st.ctimeNs };
+    return { dev: st.dev, ino: st.ino, nlink: st.nlink, mtime: st.mtimeNs, ctime: st.ctimeNs };
   } catch (e) {
     if (e.code === 'ENOENT' || e.code === 'ENOTDIR') return null;
     throw e;
   }
 }
 
-const sameStamp = (a, b) => a !== null && b !== null && a.dev === b.dev && a.ino === b.ino && a.mtime === b.mtime
-  && a.ctime === b.ctime;
+const sameStamp = (a, b) => a !== null && b !== null && a.dev === b.dev && a.ino === b.ino && a.nlink === b.nlink
+  && a.mtime === b.mtime && a.ctime === b.ctime;
 
 /**
  * `holds(home)`, read again only when the home or one of its capture folders
