@@ -465,6 +465,11 @@ def test_async_saver_runs_a_graph_and_groups_its_threads(home: Path) -> None:
                 holder.stdin.flush()
                 holder.wait()
             await until(lambda: arrived["b"] == 8, "every graph waits in b")
+            # A graph may reach b while its writes of a are still being
+            # answered (LangGraph does not wait on them before the next
+            # step): wait for the sixteen answers, never on timing.
+            await until(lambda: sent.batches == sent_in_a + 16, "the 16 batches answered")
+            assert sent.entered == sent.batches, "nothing else sent while every graph waits in b"
             salts_in_b, restarts_in_b, commits_in_b = wal_commits(wal)
             sent_in_b = sent.batches
             gates["b"].set()
