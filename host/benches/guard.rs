@@ -76,7 +76,7 @@ fn measure(dir: &Path, n: usize) {
         assert!(h.is_empty());
     });
     // The watch trusts the home's stamp only once it is old enough.
-    std::thread::sleep(turnsafe_host::stamps::RACY + Duration::from_millis(100));
+    std::thread::sleep(turnsafe_host::stamps::racy_for(home.path()) + Duration::from_millis(100));
     let mut watch = captures::HoldsWatch::default();
     let watched = per_call(n, || {
         let h = watch.holds(home.path()).expect("look at the home");

@@ -228,7 +228,9 @@ pub fn holds(home: &Path) -> io::Result<Vec<Hold>> {
 /// one `statx` of the home instead of a listing.
 #[derive(Debug)]
 pub struct HoldsWatch {
-    racy: std::time::Duration,
+    /// Learned from the home's filesystem at the first look that finds it,
+    /// unless given.
+    racy: Option<std::time::Duration>,
     seen: Option<Seen>,
     reads: u64,
 }
@@ -241,19 +243,23 @@ struct Seen {
 }
 
 impl Default for HoldsWatch {
+    /// A watch whose racy window is the one of the home's filesystem
+    /// ([`crate::stamps::racy_for`]).
     fn default() -> Self {
-        HoldsWatch::with_racy(crate::stamps::RACY)
+        HoldsWatch {
+            racy: None,
+            seen: None,
+            reads: 0,
+        }
     }
 }
 
 impl HoldsWatch {
-    /// A watch that trusts a stamp only once it is `racy` old (tests
-    /// shorten it; see [`crate::stamps::RACY`]).
+    /// A watch that trusts a stamp only once it is `racy` old.
     pub fn with_racy(racy: std::time::Duration) -> HoldsWatch {
         HoldsWatch {
-            racy,
-            seen: None,
-            reads: 0,
+            racy: Some(racy),
+            ..HoldsWatch::default()
         }
     }
 
@@ -293,7 +299,8 @@ impl HoldsWatch {
             }
         }
         let found = holds(home)?;
-        let settled = |s: &Stamp| s.settled_at(read_at, self.racy);
+        let racy = *self.racy.get_or_insert_with(|| crate::stamps::racy_for(home));
+        let settled = |s: &Stamp| s.settled_at(read_at, racy);
         if settled(&home_stamp) && folders.iter().all(|(_, s)| settled(s)) {
             self.seen = Some(Seen {
                 home: home_stamp,
@@ -456,8 +463,8 @@ mod tests {
 
     #[test]
     fn a_capture_made_in_the_same_tick_as_a_look_is_seen() {
-        // The real window: a stamp read just now proves nothing, however
-        // coarse the filesystem's clock.
+        // The real window (the home's filesystem's): a stamp read just now
+        // proves nothing, however coarse the filesystem's clock.
         let home = tempfile::tempdir().unwrap();
         let mut watch = HoldsWatch::default();
         for k in 0..20 {

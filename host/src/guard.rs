@@ -216,12 +216,13 @@ impl Guard {
     /// Record the files as they are now. `db_path` should be absolute.
     pub fn record(db_path: &Path, conn: &Connection) -> Result<Guard, ProbeError> {
         let db_path = probe("canonicalize", std::fs::canonicalize(db_path))?;
+        let racy = crate::stamps::racy_for(&db_path);
         let mut g = Guard {
             db_path,
             files: [None; 3],
             generation: [0; 4],
             header_quiet: None,
-            racy: crate::stamps::RACY,
+            racy,
             header_reads: 0,
         };
         for part in Part::ALL {
@@ -259,8 +260,8 @@ impl Guard {
         self.files[part as usize]
     }
 
-    /// Trust a `ctime` only once it is `racy` old ([`crate::stamps::RACY`]
-    /// but in tests).
+    /// Trust a `ctime` only once it is `racy` old (by default the window
+    /// of the database's filesystem, [`crate::stamps::racy_for`]).
     pub fn with_racy(mut self, racy: std::time::Duration) -> Guard {
         self.racy = racy;
         self

@@ -20,9 +20,33 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rustix::fs::{AtFlags, StatxFlags};
 
 /// How old a stamp must be, when read, to prove that a later change
-/// moves it: above the coarsest timestamp granularity of a local or
-/// network filesystem (FAT's two seconds).
+/// moves it, on a filesystem this module does not know: above the
+/// coarsest timestamp granularity of a local or network filesystem (FAT's
+/// two seconds).
 pub const RACY: Duration = Duration::from_secs(3);
+
+/// The same on the local filesystems that stamp from the kernel's clock,
+/// whose tick is at most 10 ms (`HZ` 100): ext4, XFS, Btrfs, F2FS, tmpfs.
+pub const RACY_LOCAL: Duration = Duration::from_millis(50);
+
+/// `statfs` magic numbers of the filesystems [`RACY_LOCAL`] holds for.
+const LOCAL: [i64; 5] = [
+    0xEF53,      // ext2/3/4
+    0x5846_5342, // XFS
+    0x9123_683E, // Btrfs
+    0xF2F5_2010, // F2FS
+    0x0102_1994, // tmpfs
+];
+
+/// The racy window for stamps of files on the filesystem that holds
+/// `path`: [`RACY_LOCAL`] on a filesystem known to stamp from the kernel's
+/// clock, [`RACY`] on any other or when it cannot be told.
+pub fn racy_for(path: &Path) -> Duration {
+    match rustix::fs::statfs(path) {
+        Ok(st) if LOCAL.contains(&(st.f_type as i64)) => RACY_LOCAL,
+        _ => RACY,
+    }
+}
 
 /// A file's identity and change times, nanoseconds since the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +153,29 @@ mod tests {
             "a subfolder moves the link count, whatever the clock"
         );
         assert_eq!(Stamp::at(&dir.path().join("absent")).unwrap(), None);
+    }
+
+    #[test]
+    fn the_racy_window_is_short_only_where_the_filesystem_is_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let kind = rustix::fs::statfs(dir.path()).unwrap().f_type as i64;
+        let want = if LOCAL.contains(&kind) { RACY_LOCAL } else { RACY };
+        assert_eq!(racy_for(dir.path()), want);
+        if std::path::Path::new("/dev/shm").is_dir()
+            && rustix::fs::statfs("/dev/shm").unwrap().f_type as i64 == 0x0102_1994
+        {
+            assert_eq!(racy_for(Path::new("/dev/shm")), RACY_LOCAL);
+        }
+        assert_eq!(
+            racy_for(&dir.path().join("absent")),
+            RACY,
+            "what cannot be told is the long window"
+        );
+        assert_eq!(
+            racy_for(Path::new("/proc/self")),
+            RACY,
+            "procfs is no filesystem of the list"
+        );
     }
 
     #[test]

@@ -91,7 +91,7 @@ fn a_commit_lists_no_home_and_reads_no_header_when_nothing_moved() {
     };
     send(&mut stdin, 0);
     // Past the window in which a stamp proves nothing.
-    std::thread::sleep(turnsafe_host::stamps::RACY + std::time::Duration::from_millis(300));
+    std::thread::sleep(turnsafe_host::stamps::racy_for(&home) + std::time::Duration::from_millis(300));
     for b in 1..=BATCHES {
         send(&mut stdin, b);
     }

@@ -67,10 +67,24 @@ export function holds(home) {
 
 /**
  * How old a change stamp must be, when read, to prove that a later change
- * moves it: above the coarsest timestamp granularity of a local or network
- * filesystem (FAT's two seconds). As host/src/stamps.rs `RACY`.
+ * moves it, on a filesystem not listed below: above the coarsest timestamp
+ * granularity of a local or network filesystem (FAT's two seconds). On the
+ * local filesystems that stamp from the kernel's clock (a tick of at most
+ * 10 ms), 50 ms. As host/src/stamps.rs `RACY`, `RACY_LOCAL`, `racy_for`.
  */
 export const RACY_MS = 3000;
+export const RACY_LOCAL_MS = 50;
+// statfs magic numbers: ext2/3/4, XFS, Btrfs, F2FS, tmpfs.
+const LOCAL = new Set([0xef53, 0x58465342, 0x9123683e, 0xf2f52010, 0x01021994]);
+
+/** The racy window (ms) for stamps of files on the filesystem that holds `p`. */
+export function racyFor(p) {
+  try {
+    return LOCAL.has(Number(fs.statfsSync(p).type)) ? RACY_LOCAL_MS : RACY_MS;
+  } catch {
+    return RACY_MS;
+  }
+}
 
 /** A file's identity, link count and change times (ns), not following a final link; null when nothing is there. */
 function stampAt(p) {
@@ -96,8 +110,9 @@ const sameStamp = (a, b) => a !== null && b !== null && a.dev === b.dev && a.ino
  * As host/src/captures.rs `HoldsWatch`.
  */
 export class HoldsWatch {
-  constructor(racyMs = RACY_MS) {
-    this.racyNs = BigInt(racyMs) * 1000000n;
+  /** `racyMs`: the window to trust a stamp after; by default the home's filesystem's (racyFor). */
+  constructor(racyMs = null) {
+    this.racyNs = racyMs === null ? null : BigInt(racyMs) * 1000000n;
     this.seen = null;
     this.reads = 0;
   }
@@ -139,6 +154,7 @@ export class HoldsWatch {
       return holds(home);
     }
     const found = holds(home);
+    this.racyNs ??= BigInt(racyFor(home)) * 1000000n;
     const old = (s) => readAt - (s.mtime > s.ctime ? s.mtime : s.ctime) > this.racyNs;
     if (old(homeStamp) && folders.every(([, s]) => old(s))) this.seen = { home: homeStamp, folders, holds: found };
     return found;

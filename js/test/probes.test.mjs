@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import test from 'node:test';
 
-import { HoldsWatch, MARKER, PREFIX, RACY_MS } from '../src/captures.js';
+import { HoldsWatch, MARKER, PREFIX, RACY_LOCAL_MS, RACY_MS, racyFor } from '../src/captures.js';
 import { JS, need, tmp } from './helpers.mjs';
 
 const has = (cmd) => spawnSync('sh', ['-c', `command -v ${cmd}`]).status === 0;
@@ -65,6 +65,17 @@ test('the watch reads the home again only when it or a capture in it changed', a
   fs.unlinkSync(path.join(cap, MARKER));
   assert.deepEqual(watch.holds(home), held);
   assert.equal(watch.reads, reads + 1);
+});
+
+test('the racy window is short only on a filesystem known to stamp from the kernel clock', () => {
+  const kind = Number(fs.statfsSync(tmp()).type);
+  const local = [0xef53, 0x58465342, 0x9123683e, 0xf2f52010, 0x01021994].includes(kind);
+  assert.equal(racyFor(tmp()), local ? RACY_LOCAL_MS : RACY_MS);
+  if (fs.existsSync('/dev/shm') && Number(fs.statfsSync('/dev/shm').type) === 0x01021994) {
+    assert.equal(racyFor('/dev/shm'), RACY_LOCAL_MS);
+  }
+  assert.equal(racyFor(path.join(tmp(), 'absent')), RACY_MS, 'what cannot be told is the long window');
+  assert.equal(racyFor('/proc/self'), RACY_MS);
 });
 
 test('a capture made in the same tick as a look is seen by the next one', () => {
@@ -125,7 +136,7 @@ test('once nothing moved, a commit lists no home and never stats the WAL', (t) =
   const proc = spawnSync('strace', ['-f', '-qq', '-y', '-o', log, '-e', 'trace=statx,newfstatat,getdents64',
     process.execPath, file], {
     cwd: JS,
-    env: { ...process.env, PROBE_CHILD: JSON.stringify({ home, pauseMs: RACY_MS + 300, batches: BATCHES }) },
+    env: { ...process.env, PROBE_CHILD: JSON.stringify({ home, pauseMs: racyFor(base) + 300, batches: BATCHES }) },
     encoding: 'utf8',
   });
   if (!need(t, !(proc.status !== 0 && proc.stderr.includes('ptrace')), `strace cannot trace here: ${proc.stderr}`)) return;
