@@ -41,6 +41,8 @@ const LOCAL: [i64; 5] = [
 /// The racy window for stamps of files on the filesystem that holds
 /// `path`: [`RACY_LOCAL`] on a filesystem known to stamp from the kernel's
 /// clock, [`RACY`] on any other or when it cannot be told.
+// `f_type` is an `i64` here and narrower on other targets.
+#[allow(clippy::unnecessary_cast)]
 pub fn racy_for(path: &Path) -> Duration {
     match rustix::fs::statfs(path) {
         Ok(st) if LOCAL.contains(&(st.f_type as i64)) => RACY_LOCAL,
@@ -156,6 +158,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unnecessary_cast)]
     fn the_racy_window_is_short_only_where_the_filesystem_is_known() {
         let dir = tempfile::tempdir().unwrap();
         let kind = rustix::fs::statfs(dir.path()).unwrap().f_type as i64;
