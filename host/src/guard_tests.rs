@@ -163,14 +163,21 @@ fn age() {
     std::thread::sleep(std::time::Duration::from_millis(120));
 }
 
+/// A WAL database whose files are already old, and its guard, which
+/// trusts a ctime once it is 50 ms old.
+fn aged_guard(dir: &Path) -> (PathBuf, Connection, Guard) {
+    let (db, conn) = wal_db(dir);
+    age();
+    let g = Guard::record(&db, &conn)
+        .unwrap()
+        .with_racy(std::time::Duration::from_millis(50));
+    (db, conn, g)
+}
+
 #[test]
 fn the_header_is_read_again_only_when_the_main_files_ctime_moved() {
     let dir = tempfile::tempdir().unwrap();
-    let (db, conn) = wal_db(dir.path());
-    age();
-    let mut g = Guard::record(&db, &conn)
-        .unwrap()
-        .with_racy(std::time::Duration::from_millis(50));
+    let (_db, conn, mut g) = aged_guard(dir.path());
     assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
     assert_eq!(g.header_reads(), 1);
     // Commits write only the WAL: the header is not read again.
@@ -195,11 +202,7 @@ fn the_header_is_read_again_only_when_the_main_files_ctime_moved() {
 #[test]
 fn a_header_overwritten_in_place_after_quiet_checks_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
-    let (db, conn) = wal_db(dir.path());
-    age();
-    let mut g = Guard::record(&db, &conn)
-        .unwrap()
-        .with_racy(std::time::Duration::from_millis(50));
+    let (db, conn, mut g) = aged_guard(dir.path());
     assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
     assert_eq!(g.check(&conn).unwrap(), Verdict::Intact);
     assert_eq!(g.header_reads(), 1, "the header is quiet");
