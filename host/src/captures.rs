@@ -152,7 +152,7 @@ impl Manifest {
 /// Read `capture/manifest.json`.
 pub fn manifest(capture: &Path) -> Result<Manifest, String> {
     let bytes = std::fs::read(capture.join("manifest.json")).map_err(|e| format!("manifest.json: {e}"))?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("manifest.json is not a capture manifest: {e}"))
+    crate::json_in::typed_bytes(&bytes).map_err(|e| format!("manifest.json is not a capture manifest: {e}"))
 }
 
 /// An unsettled capture that holds rows some sessions' history lacks.
@@ -352,7 +352,7 @@ pub fn pending(home: &Path) -> io::Result<Vec<CaptureFolder>> {
 /// Read a capture folder's marker.
 pub fn status(capture: &Path) -> Status {
     match std::fs::read(capture.join(MARKER)) {
-        Ok(bytes) => match serde_json::from_slice::<Settled>(&bytes) {
+        Ok(bytes) => match crate::json_in::typed_bytes::<Settled>(&bytes) {
             Ok(s) => Status::Settled(s),
             Err(e) => Status::Unreadable(format!("{MARKER} is not a settled marker: {e}")),
         },

@@ -504,7 +504,7 @@ fn parse_lines(data: &[u8], session: &str) -> Vec<Line> {
 /// What replay would read of one line: a LangGraph line, a message, or
 /// why neither can be read.
 fn classify(text: &str, session: &str) -> (Option<String>, Kind) {
-    let obj = match serde_json::from_str::<Value>(text) {
+    let obj = match crate::json_in::value(text) {
         Ok(Value::Object(obj)) => obj,
         Ok(_) => return (None, Kind::Unreadable("not a JSON object")),
         Err(_) => return (None, Kind::Unreadable("torn or invalid JSON")),

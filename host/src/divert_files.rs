@@ -33,7 +33,7 @@ pub fn session_of_name(name: &str) -> Option<&str> {
 /// or a LangGraph line, `v` 3 with `kind` `checkpoint` (and a `checkpoint`
 /// object) or `write` (and a `write` object), that `session` and a `uid`.
 pub fn is_divert_line(line: &[u8], session: &str) -> bool {
-    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line) else {
+    let Ok(Value::Object(obj)) = crate::json_in::value_bytes(line) else {
         return false;
     };
     if crate::graph::is_graph_line(&obj, session) {

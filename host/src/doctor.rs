@@ -463,7 +463,7 @@ fn ledger_states(path: &Path) -> std::collections::BTreeMap<String, u64> {
     // holds, and a FIFO in its place is not waited on.
     let _ = crate::lines::each_line_of(path, crate::lines::MAX_DIVERT_LINE, |line, fits| {
         if fits == crate::lines::Line::Whole
-            && let Ok(v) = serde_json::from_slice::<Value>(line)
+            && let Ok(v) = crate::json_in::value_bytes(line)
             && let Some(state) = v.get("state").and_then(Value::as_str)
         {
             *out.entry(state.to_string()).or_insert(0) += 1;
@@ -513,7 +513,7 @@ fn diverts(home: &Path, out: &mut Vec<Finding>, facts: &mut serde_json::Map<Stri
         // one past the bound is read past, and only a regular file is read.
         let _ = crate::lines::each_line_of(p, crate::lines::MAX_DIVERT_LINE, |line, fits| {
             if fits == crate::lines::Line::Whole
-                && let Ok(v) = serde_json::from_slice::<Value>(line)
+                && let Ok(v) = crate::json_in::value_bytes(line)
             {
                 match v.get("kind").and_then(Value::as_str) {
                     Some("checkpoint") => checkpoints += 1,

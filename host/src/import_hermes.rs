@@ -286,7 +286,7 @@ pub fn hermes_file_component(id: &str) -> String {
 pub fn decode_content(v: Value) -> Value {
     match v {
         Value::String(s) if s.starts_with(CONTENT_JSON_PREFIX) => {
-            serde_json::from_str(&s[CONTENT_JSON_PREFIX.len()..]).unwrap_or(Value::String(s))
+            crate::json_in::value(&s[CONTENT_JSON_PREFIX.len()..]).unwrap_or(Value::String(s))
         }
         other => other,
     }
@@ -296,7 +296,7 @@ pub fn decode_content(v: Value) -> Value {
 /// Hermes would answer `[]` for text that does not parse, the text is kept.
 pub fn decode_tool_calls(v: Value) -> Value {
     match v {
-        Value::String(s) if !s.is_empty() => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+        Value::String(s) if !s.is_empty() => crate::json_in::value(&s).unwrap_or(Value::String(s)),
         other => other,
     }
 }
@@ -473,7 +473,7 @@ impl Quarantine {
                 let mut s = HashSet::new();
                 if let Ok(text) = std::fs::read_to_string(&self.path) {
                     for line in text.lines() {
-                        if let Ok(v) = serde_json::from_str::<Value>(line) {
+                        if let Ok(v) = crate::json_in::value(line) {
                             s.insert((
                                 v["source"].as_str().unwrap_or_default().to_string(),
                                 v["line"].as_u64().unwrap_or_default(),

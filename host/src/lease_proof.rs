@@ -102,7 +102,7 @@ impl Proof {
     pub fn read(stored: Option<&str>) -> Proof {
         let text = stored.unwrap_or_default();
         if text.starts_with('{')
-            && let Ok(proof) = serde_json::from_str::<Proof>(text)
+            && let Ok(proof) = crate::json_in::typed::<Proof>(text)
         {
             return proof;
         }

@@ -160,7 +160,7 @@ impl Message {
     /// whose items are stored exactly as they are, any `uid` field
     /// included, with `uids` (optional; `null` entries are minted) beside.
     pub fn batch_from_json(line: &str) -> Result<Vec<Message>, MessageError> {
-        let v: Value = serde_json::from_str(line).map_err(|_| MessageError::NotABatch)?;
+        let v = crate::json_in::value(line).map_err(|_| MessageError::NotABatch)?;
         Message::batch_from_value(v)
     }
 

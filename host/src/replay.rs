@@ -666,7 +666,7 @@ pub(crate) type DivertLine = (String, Option<i64>, Message);
 /// A divert line read back, or why it cannot be read (with its uid when it
 /// has one).
 pub(crate) fn parse_divert_line(text: &str, session: &str) -> Result<DivertLine, (Option<String>, &'static str)> {
-    let Ok(v) = serde_json::from_str::<Value>(text) else {
+    let Ok(v) = crate::json_in::value(text) else {
         return Err((None, "torn or invalid JSON"));
     };
     let Some(obj) = v.as_object() else {
@@ -716,7 +716,7 @@ fn settle_line(
 ) -> Result<(Option<String>, Settled), ReplayError> {
     // A LangGraph checkpoint or write (version 3): settled by its bytes
     // against what its key holds.
-    if let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(text)
+    if let Ok(Value::Object(obj)) = crate::json_in::value(text)
         && let Some(parsed) = GraphLine::parse(&obj, session)
     {
         let uid = obj.get("uid").and_then(Value::as_str).map(String::from);

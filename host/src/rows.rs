@@ -52,9 +52,9 @@ pub(crate) fn same_row(conn: &Connection, session: &str, uid: &str, m: &Message)
 /// The object an older row held in pieces: `extra` with `role` and
 /// `content` (JSON when `content_json`) put back.
 pub(crate) fn legacy_item(role: String, content: String, content_json: bool, extra: &str) -> Map<String, Value> {
-    let mut item: Map<String, Value> = serde_json::from_str(extra).unwrap_or_default();
+    let mut item = crate::json_in::object(extra).unwrap_or_default();
     let content = if content_json {
-        serde_json::from_str(&content).unwrap_or(Value::String(content))
+        crate::json_in::value(&content).unwrap_or(Value::String(content))
     } else {
         Value::String(content)
     };
@@ -86,7 +86,7 @@ pub(crate) fn item_columns(items: bool) -> &'static str {
 pub(crate) fn read_item(r: &Row<'_>, at: usize, items: bool) -> rusqlite::Result<Map<String, Value>> {
     if items {
         let text: String = r.get(at)?;
-        serde_json::from_str(&text)
+        crate::json_in::object(&text)
             .map_err(|e| rusqlite::Error::FromSqlConversionFailure(at, rusqlite::types::Type::Text, Box::new(e)))
     } else {
         Ok(legacy_item(

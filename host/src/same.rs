@@ -56,7 +56,7 @@ pub fn same_object_text(stored: &str, item: &Map<String, Value>) -> bool {
 
 /// The canonical JSON text of a JSON text, or why it is not JSON.
 pub fn canonical_text(text: &str) -> Result<String, serde_json::Error> {
-    serde_json::from_str::<Value>(text).map(|v| canonical(&v))
+    crate::json_in::value(text).map(|v| canonical(&v))
 }
 
 /// `sha256:<hex>` of `bytes`.

@@ -172,3 +172,25 @@ test('the JavaScript host migrates homes of schema 3, 4 and 5 to the very schema
     assert.deepEqual(after.sessionMeta, before.sessionMeta, fixture);
   }
 });
+
+test('an object keyed like serde_json\'s number token crosses both hosts as written', async () => {
+  // serde_json with `arbitrary_precision` reserves this key for numbers;
+  // the native host must still read it as the key it is.
+  const token = { role: 'tool', content: { '$serde_json::private::Number': '12' } };
+  const home = tmp();
+  const s = new TurnsafeSession('s1', home);
+  await s.addItems([token]);
+  await s.close();
+  let r = append(home, 's1', [{ items: [token], uids: [rows(home, 's1')[0].uid] }]);
+  assert.equal(r.outcomes[0].persisted, true, JSON.stringify(r.outcomes[0]));
+  assert.deepEqual(rows(home, 's1').map((x) => x.message), [token]);
+  // The number the value spells is other content: a conflict, never "already stored".
+  r = append(home, 's1', [{ items: [{ role: 'tool', content: 12 }], uids: [rows(home, 's1')[0].uid] }]);
+  assert.equal(r.outcomes[0].cause, 'uid_conflict', JSON.stringify(r.outcomes[0]));
+  // Written natively (spelled with escapes), read by JavaScript as written.
+  r = turnsafe(['append', '--home', home, '--session', 's2'], '[{"role":"tool","content":{"\\u0024serde_json::private::Number":"x"}}]\n');
+  assert.equal(r.lines[0].persisted, true, r.stderr);
+  const back = new TurnsafeSession('s2', home);
+  assert.deepEqual(await back.getItems(), [{ role: 'tool', content: { '$serde_json::private::Number': 'x' } }]);
+  await back.close();
+});

@@ -34,7 +34,7 @@ impl Store {
         checkpoint: PyBackedBytes,
         metadata: &str,
     ) -> PyResult<Outcome> {
-        let metadata: Value = serde_json::from_str(metadata)
+        let metadata: Value = turnsafe_host::json_in::value(metadata)
             .ok()
             .filter(Value::is_object)
             .ok_or_else(|| PyValueError::new_err("metadata must be a JSON object"))?;
@@ -103,7 +103,7 @@ impl Store {
     ) -> PyResult<Bound<'py, PyList>> {
         let filter = match filter {
             None => Map::new(),
-            Some(text) => match serde_json::from_str(text) {
+            Some(text) => match turnsafe_host::json_in::value(text) {
                 Ok(Value::Object(m)) => m,
                 _ => return Err(PyValueError::new_err("filter must be a JSON object")),
             },

@@ -37,6 +37,8 @@ SHAPES = [
     {"role": 7, "content": "a role that is not a string is just data"},
     {"uid": "its-own-field", "note": "a uid field stays in the message"},
     {"deep": [[[[[[[[[[{"x": "y"}]]]]]]]]]]},
+    # The key serde_json reserves for numbers is a key like any other.
+    {"role": "tool", "content": {"$serde_json::private::Number": "12"}},
 ]
 
 
@@ -121,6 +123,17 @@ def test_a_uid_conflict_is_not_persisted(store: Store):
         out.raise_for_status()
     assert e.value.outcome is out and e.value.cause == out.cause
     assert store.show("s1") == [{"role": "user", "content": "x"}]
+
+
+def test_the_number_token_key_is_not_the_number(store: Store):
+    # An object keyed `$serde_json::private::Number` is not the number its
+    # value spells: a resend is a duplicate, the number is a conflict.
+    item = {"role": "tool", "content": {"$serde_json::private::Number": "12"}}
+    assert store.append("s1", [item], uids=["u1"]).persisted
+    assert store.append("s1", [item], uids=["u1"]).persisted
+    out = store.append("s1", [{"role": "tool", "content": 12}], uids=["u1"])
+    assert not out.persisted and out.cause == "uid_conflict", out.to_dict()
+    assert store.show("s1") == [item]
 
 
 @pytest.mark.parametrize("bad", ["", "../etc", "a/b", ".hidden", "x" * 129, "sp ace", "é"])

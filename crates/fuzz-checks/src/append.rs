@@ -17,7 +17,7 @@ pub fn check_line(raw: &[u8]) -> Result<(), String> {
     let Ok(text) = std::str::from_utf8(raw) else {
         // Not UTF-8: the command refuses the line before reading it
         // (`turnsafe_host::cli::for_each_line`); serde_json refuses it too.
-        return match serde_json::from_slice::<Value>(raw) {
+        return match turnsafe_host::json_in::value_bytes(raw) {
             Ok(_) => Err("serde_json read a line that is not UTF-8".into()),
             Err(_) => Ok(()),
         };
@@ -27,7 +27,7 @@ pub fn check_line(raw: &[u8]) -> Result<(), String> {
         return Ok(());
     };
     let line: Value =
-        serde_json::from_str(text).map_err(|e| format!("a batch read from a line that is not JSON: {e}"))?;
+        turnsafe_host::json_in::value(text).map_err(|e| format!("a batch read from a line that is not JSON: {e}"))?;
     let (objects, uids): (Vec<Value>, Vec<Option<String>>) = match line {
         Value::Array(items) => {
             let uids = items

@@ -108,7 +108,7 @@ impl Target for Memory {
 /// (kind, key, canonical text), or `None` when the bytes are not UTF-8
 /// JSON holding one.
 fn record_of_line(raw: &[u8]) -> Option<(&'static str, String, String)> {
-    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(raw) else {
+    let Ok(Value::Object(obj)) = turnsafe_host::json_in::value_bytes(raw) else {
         return None;
     };
     let uid = obj.get("uid").and_then(Value::as_str).unwrap_or_default().to_string();
@@ -209,7 +209,7 @@ pub fn check_in(scratch: &Path, bytes: &[u8]) -> Result<(), String> {
     let entries: Vec<Value> = ledger
         .split(|b| *b == b'\n')
         .filter(|l| !l.is_empty())
-        .map(serde_json::from_slice)
+        .map(turnsafe_host::json_in::value_bytes)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("a ledger line is not JSON: {e}"))?;
     if entries.len() != lines.len() || report.lines != lines.len() as u64 {
@@ -316,7 +316,7 @@ pub fn check_line(bytes: &[u8]) -> Result<(), String> {
         let line = line.trim_ascii();
         if turnsafe_host::divert_files::is_divert_line(line, SESSION) {
             any = true;
-            if serde_json::from_slice::<Value>(line).is_err() {
+            if turnsafe_host::json_in::value_bytes(line).is_err() {
                 return Err("a divert line that is not JSON".into());
             }
         }

@@ -101,7 +101,8 @@ pub fn check_in(scratch: &Path, data: &[u8]) -> Result<(), String> {
         && let Ok(text) = std::fs::read(q)
     {
         for entry in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            let v: Value = serde_json::from_slice(entry).map_err(|e| format!("a quarantine line is not JSON: {e}"))?;
+            let v: Value = turnsafe_host::json_in::value_bytes(entry)
+                .map_err(|e| format!("a quarantine line is not JSON: {e}"))?;
             if v["source"].as_str().is_some_and(|s| s.ends_with(JSONL_NAME))
                 && let Some(n) = v["line"].as_u64()
             {

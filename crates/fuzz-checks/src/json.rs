@@ -1,7 +1,10 @@
 //! The component's JSON entry points (`classify_json`, `explain_json`,
 //! `evaluate_json`, `flush_step_json`) and their parser, `jsontext`, held
-//! to serde_json as the native hosts configure it (with
-//! `arbitrary_precision`, so a number is kept as its text on both sides).
+//! to the native hosts' reader of JSON text, `turnsafe_host::json_in`:
+//! serde_json as the hosts configure it (with `arbitrary_precision`, so a
+//! number is kept as its text on both sides), except that an object keyed
+//! `$serde_json::private::Number` is read as the object it is (serde_json
+//! alone reads it as a number; fuzz/README.md, findings).
 //!
 //! Properties, for any bytes:
 //! - what is not UTF-8 never reaches the component (its entry points take
@@ -60,7 +63,7 @@ fn serde_numbers(j: &Json) -> Json {
 /// jsontext and serde_json agree on `text`: accepted alike, read alike,
 /// printed alike (numbers excepted as stated).
 pub fn agree(text: &str) -> Result<(), String> {
-    match (parse(text), serde_json::from_str::<Value>(text)) {
+    match (parse(text), turnsafe_host::json_in::value(text)) {
         (Ok(ours), Ok(theirs)) => {
             let read = to_value(&ours)?;
             if read != theirs {
@@ -94,10 +97,10 @@ pub const ENTRY_POINTS: [(&str, EntryPoint); 4] = [
 /// Every entry point answers `text` with one JSON object, an `invalid
 /// JSON` error exactly when serde_json refuses the text.
 pub fn entry_points_answer(text: &str) -> Result<(), String> {
-    let readable = serde_json::from_str::<Value>(text).is_ok();
+    let readable = turnsafe_host::json_in::value(text).is_ok();
     for (name, entry) in ENTRY_POINTS {
         let answer = entry(text);
-        let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(&answer) else {
+        let Ok(Value::Object(obj)) = turnsafe_host::json_in::value(&answer) else {
             return Err(format!(
                 "{name}: an answer that is not a JSON object: {answer:?} for {text:?}"
             ));
@@ -119,7 +122,7 @@ pub fn entry_points_answer(text: &str) -> Result<(), String> {
 /// The whole property for one input.
 pub fn check(data: &[u8]) -> Result<(), String> {
     let Ok(text) = std::str::from_utf8(data) else {
-        return match serde_json::from_slice::<Value>(data) {
+        return match turnsafe_host::json_in::value_bytes(data) {
             Ok(v) => Err(format!("serde_json read bytes that are not UTF-8 as {v}")),
             Err(_) => Ok(()),
         };

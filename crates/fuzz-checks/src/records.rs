@@ -30,7 +30,7 @@ pub fn check_capture_in(scratch: &Path, manifest: &[u8], marker: Option<&[u8]>) 
     // checking that its string is UTF-8: harmless (nothing of it is read),
     // so the object is judged with such bytes replaced.
     let object = matches!(
-        serde_json::from_str::<Value>(&String::from_utf8_lossy(manifest)),
+        turnsafe_host::json_in::value(&String::from_utf8_lossy(manifest)),
         Ok(Value::Object(_))
     );
     if read.is_ok() && !object {
@@ -41,7 +41,7 @@ pub fn check_capture_in(scratch: &Path, manifest: &[u8], marker: Option<&[u8]>) 
     {
         return Err(format!("an error that does not name the manifest: {e}"));
     }
-    let settled = marker.is_some_and(|m| serde_json::from_slice::<captures::Settled>(m).is_ok());
+    let settled = marker.is_some_and(|m| turnsafe_host::json_in::typed_bytes::<captures::Settled>(m).is_ok());
     let pending = captures::pending(home.path()).map_err(|e| e.to_string())?;
     if pending.is_empty() != settled {
         return Err(format!(
@@ -85,7 +85,7 @@ pub fn check_receipt_in(scratch: &Path, data: &[u8]) -> Result<(), String> {
         Some(at) => (&data[..at], &data[at + 1..]),
         None => (data, &[][..]),
     };
-    let Ok(mut receipt) = serde_json::from_slice::<Receipt>(first) else {
+    let Ok(mut receipt) = turnsafe_host::json_in::typed_bytes::<Receipt>(first) else {
         return Ok(());
     };
     let dir = tempfile::tempdir_in(scratch).map_err(|e| e.to_string())?;
@@ -128,7 +128,7 @@ pub fn check_ledger_in(scratch: &Path, bytes: &[u8]) -> Result<(), String> {
     let (_, facts) = turnsafe_host::doctor::examine(home.path(), false);
     let want = bytes
         .split(|b| *b == b'\n')
-        .filter_map(|line| serde_json::from_slice::<Value>(line).ok())
+        .filter_map(|line| turnsafe_host::json_in::value_bytes(line).ok())
         .filter(|v| matches!(v.get("state").and_then(Value::as_str), Some("quarantined" | "conflict")))
         .count() as u64;
     let got = facts["quarantined_lines"].as_u64();

@@ -506,9 +506,7 @@ fn divert_max_seq(divert_dir: &Path, session: &str) -> Option<i64> {
     for f in files {
         let Ok(file) = std::fs::File::open(&f) else { continue };
         for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
-            let seq = serde_json::from_str::<serde_json::Value>(&line)
-                .ok()
-                .and_then(|v| v["seq"].as_i64());
+            let seq = crate::json_in::value(&line).ok().and_then(|v| v["seq"].as_i64());
             if let Some(s) = seq {
                 max = Some(max.map_or(s, |m: i64| m.max(s)));
             }

@@ -22,7 +22,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> i32 {
     super::answer_json_lines("classify", args.engine, |policy, text| {
-        match serde_json::from_str::<Value>(text) {
+        match crate::json_in::value(text) {
             Ok(Value::Object(_)) => policy.classify_json(text),
             Ok(_) => Ok(error_line("line is not a JSON object")),
             Err(e) => Ok(error_line(&format!("invalid JSON: {e}"))),

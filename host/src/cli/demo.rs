@@ -419,7 +419,7 @@ fn verify(home: &Path, ledger: &Ledger) -> bool {
             && let Some(range) = data.get(r.offset as usize..(r.offset + r.length) as usize)
         {
             for line in String::from_utf8_lossy(range).lines() {
-                if let Some(uid) = serde_json::from_str::<Value>(line)
+                if let Some(uid) = crate::json_in::value(line)
                     .ok()
                     .and_then(|v| v["uid"].as_str().map(String::from))
                 {

@@ -157,7 +157,7 @@ fn read_receipt(source: &str) -> Result<Receipt, String> {
         std::fs::read_to_string(source).map_err(|e| format!("--receipt-json {source}: {e}"))?
     };
     let value: Value =
-        serde_json::from_str(text.trim()).map_err(|e| format!("--receipt-json {source}: not JSON: {e}"))?;
+        crate::json_in::value(text.trim()).map_err(|e| format!("--receipt-json {source}: not JSON: {e}"))?;
     // An outcome line carries its receipt in `receipt`; a `--json` envelope in `data`.
     let inner = value.get("data").unwrap_or(&value);
     let inner = match inner.get("receipt") {
@@ -196,7 +196,7 @@ fn read_capture(path: &str) -> Result<turnsafe_policy::CaptureReceipt, String> {
     let dir = std::path::absolute(path).map_err(|e| format!("--capture-path {path}: {e}"))?;
     let refuse = |why: String| format!("the capture does not hold: {}: {why}", dir.display());
     let text = std::fs::read(dir.join("manifest.json")).map_err(|e| refuse(format!("manifest.json: {e}")))?;
-    let manifest: Value = serde_json::from_slice(&text).map_err(|e| refuse(format!("manifest.json: {e}")))?;
+    let manifest = crate::json_in::value_bytes(&text).map_err(|e| refuse(format!("manifest.json: {e}")))?;
     let listed = manifest["files"].as_array().cloned().unwrap_or_default();
     if listed.is_empty() {
         return Err(refuse("its manifest lists no file".into()));

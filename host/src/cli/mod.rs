@@ -207,7 +207,7 @@ pub(crate) fn not_utf8(bytes: &[u8]) -> String {
 /// Answer one JSON Lines request with `answer`; an `{"error"}` answer gets
 /// the line number, and marks the run as failed.
 pub(crate) fn answer_line(line_no: u64, answer: String, failed: &mut bool) -> String {
-    match serde_json::from_str::<serde_json::Value>(&answer) {
+    match crate::json_in::value(&answer) {
         Ok(serde_json::Value::Object(mut m)) if m.contains_key("error") && !m.contains_key("cause") => {
             *failed = true;
             m.insert("line".into(), line_no.into());

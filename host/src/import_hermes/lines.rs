@@ -69,7 +69,7 @@ pub fn parse_divert(data: &[u8]) -> Vec<Entry> {
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match serde_json::from_slice::<Value>(text) {
+        match crate::json_in::value_bytes(text) {
             Ok(Value::Object(item)) => out.push(Entry::Message {
                 position,
                 uid: line_uid(LineKind::Divert, position, text),
@@ -104,7 +104,7 @@ pub fn parse_snapshot(data: &[u8]) -> (Option<String>, Vec<Entry>) {
         bytes: data.to_vec(),
         reason,
     };
-    let v: Value = match serde_json::from_slice(data) {
+    let v: Value = match crate::json_in::value_bytes(data) {
         Ok(v) => v,
         Err(e) => return (None, vec![bad(format!("not JSON: {e}"))]),
     };

@@ -282,7 +282,7 @@ fn stored(uid: String, seq: i64, item: &str) -> StoredMessage {
     StoredMessage {
         uid,
         seq,
-        message: serde_json::from_str(item).unwrap_or_default(),
+        message: crate::json_in::object(item).unwrap_or_default(),
     }
 }
 
@@ -363,7 +363,7 @@ fn archived(client: &mut Client, session: &str, limit: Option<i64>) -> Result<Ve
         .map(|r| Archived {
             uid: r.get(0),
             seq: r.get(1),
-            message: serde_json::from_str(&r.get::<_, String>(2)).unwrap_or_default(),
+            message: crate::json_in::object(&r.get::<_, String>(2)).unwrap_or_default(),
             archived_ms: r.get(3),
             reason: r.get(4),
             holder: r.get(5),

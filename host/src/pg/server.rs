@@ -333,7 +333,7 @@ impl Postgres {
                 serde_json::json!({
                     "uid": r.get::<_, String>(0),
                     "seq": r.get::<_, i64>(1),
-                    "message": serde_json::from_str::<serde_json::Value>(&item).unwrap_or(serde_json::Value::Null),
+                    "message": crate::json_in::value(&item).unwrap_or(serde_json::Value::Null),
                 })
             })
             .collect())

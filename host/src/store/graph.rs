@@ -189,7 +189,7 @@ pub fn stored(conn: &Connection, line: &GraphLine) -> rusqlite::Result<Option<St
                 // Metadata that is not JSON is compared as its text, so it
                 // can never pass for a line's object.
                 let text: String = r.get(6)?;
-                if serde_json::from_str::<Value>(&text).is_err() {
+                if crate::json_in::value(&text).is_err() {
                     record.metadata = Value::String(text);
                 }
                 Ok(StoredGraph {
@@ -260,7 +260,7 @@ fn checkpoint_of(r: &Row<'_>) -> rusqlite::Result<(CheckpointRecord, i64)> {
             parent_checkpoint_id: r.get(3)?,
             kind: r.get(4)?,
             checkpoint: r.get(5)?,
-            metadata: serde_json::from_str(&metadata).unwrap_or(Value::Object(Default::default())),
+            metadata: crate::json_in::value(&metadata).unwrap_or(Value::Object(Default::default())),
         },
         r.get(7)?,
     ))

@@ -120,7 +120,7 @@ pub fn archived(conn: &Connection, session: &str, limit: Option<u64>) -> rusqlit
         Ok(Archived {
             uid: r.get(0)?,
             seq: r.get(1)?,
-            message: serde_json::from_str(&r.get::<_, String>(2)?).unwrap_or_default(),
+            message: crate::json_in::object(&r.get::<_, String>(2)?).unwrap_or_default(),
             archived_ms: r.get(3)?,
             reason: r.get(4)?,
             holder: r.get(5)?,

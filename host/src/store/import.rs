@@ -224,7 +224,7 @@ fn seq_base(conn: &Connection, session: &str, has_messages: bool) -> rusqlite::R
 
 /// The record `meta` (a JSON object) with `seq_base` set.
 fn with_seq_base(meta: &str, base: i64) -> String {
-    match serde_json::from_str::<serde_json::Value>(meta) {
+    match crate::json_in::value(meta) {
         Ok(serde_json::Value::Object(mut m)) => {
             m.insert("seq_base".into(), base.into());
             serde_json::Value::Object(m).to_string()

@@ -33,7 +33,7 @@ pub(crate) enum LineError {
 
 /// Parse one line: `{"session", "messages"}` or `{"session", "items", "uids"}`.
 pub(crate) fn parse_line(text: &str) -> Result<(SessionId, Vec<Message>), LineError> {
-    let Ok(Value::Object(mut obj)) = serde_json::from_str::<Value>(text) else {
+    let Ok(Value::Object(mut obj)) = crate::json_in::value(text) else {
         return Err(LineError::NotASessionBatch);
     };
     let session = match obj.remove("session") {
