@@ -161,15 +161,19 @@ pub(super) struct GraphWritten {
 
 /// Write the graph batches of a group in one transaction, each in its own
 /// savepoint, after checking the database's generation.
-pub(super) fn write_group(client: &mut Client, batches: &[&Flush<'_>], generation: &str) -> GraphWritten {
+pub(super) fn write_group(
+    client: &mut Client,
+    batches: &[&Flush<'_>],
+    rules: super::server::TxRules<'_>,
+) -> GraphWritten {
     let mut each: Vec<Option<Stop>> = batches.iter().map(|_| None).collect();
     let now = crate::ids::now_ms();
     let result = (|| -> Result<(), Stop> {
-        let mut tx = client.transaction()?;
+        let mut tx = super::server::begin(client, rules.sync_local)?;
         let found: Option<String> = tx
             .query_opt("SELECT value FROM state_meta WHERE key = 'generation'", &[])?
             .map(|r| r.get(0));
-        if found.as_deref() != Some(generation) {
+        if found.as_deref() != Some(rules.generation) {
             return Err(Stop::Replaced(found.unwrap_or_default()));
         }
         for (k, flush) in batches.iter().enumerate() {

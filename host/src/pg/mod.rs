@@ -36,8 +36,8 @@ use crate::capture::{Capture, CaptureError};
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::ids::SessionId;
 use crate::transcript::StoredMessage;
-use server::replaced;
 pub use server::{PgOptions, Postgres, ServerState, inspect};
+use server::{TxRules, replaced};
 use translate::Fault;
 pub use url::DbUrl;
 
@@ -164,7 +164,11 @@ impl PgStore {
             },
             Some(client) => {
                 let generation = self.pg.generation.clone().unwrap_or_default();
-                graph::write_group(client, &flushes, &generation)
+                let rules = TxRules {
+                    generation: &generation,
+                    sync_local: self.pg.sync_local,
+                };
+                graph::write_group(client, &flushes, rules)
             }
         };
         let graph_last = match written.group {
@@ -228,7 +232,10 @@ impl PgStore {
             batches,
             &mut self.ledger.sessions,
             &lease,
-            &generation,
+            TxRules {
+                generation: &generation,
+                sync_local: self.pg.sync_local,
+            },
             &promised,
         );
         let last = match written.group {

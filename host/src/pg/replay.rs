@@ -64,7 +64,9 @@ impl Target for PgTarget {
     }
     fn begin(&mut self, session: &str, _first: bool) -> Result<(), ReplayError> {
         let result = (|| {
-            self.client.batch_execute("BEGIN")?;
+            // Always waiting for the flush, whatever the server's setting:
+            // a settled divert file leaves the server the only copy.
+            self.client.batch_execute("BEGIN; SET LOCAL synchronous_commit = on")?;
             self.client.execute(
                 "INSERT INTO sessions(id, created_ms) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
                 &[&session, &now_ms()],

@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use postgres::{Client, Statement, Transaction};
 use turnsafe_policy::machine::WritePlan;
 
+use super::server::TxRules;
 use crate::backend::{Cursor, Flush, Lease};
 use crate::ids::{mint, now_ms};
 use crate::lease_proof::{Judged, Proof, judge};
@@ -109,21 +110,21 @@ pub(super) fn write_group(
     batches: &[(&Flush<'_>, WritePlan)],
     cursors: &mut HashMap<String, Cursor>,
     lease: &Lease,
-    generation: &str,
+    rules: TxRules<'_>,
     promised: &dyn Fn(&str) -> Option<i64>,
 ) -> Written {
     let n = batches.len();
     let mut each: Vec<Option<Stop>> = (0..n).map(|_| None).collect();
     let mut pending: HashMap<String, Cursor> = HashMap::new();
     let result = (|| -> Result<(), Stop> {
-        let mut tx = client.transaction()?;
+        let mut tx = super::server::begin(client, rules.sync_local)?;
         take_leases(
             &mut tx,
             prepared,
             batches,
             cursors,
             lease,
-            generation,
+            rules.generation,
             &mut each,
             &mut pending,
         )?;
