@@ -41,6 +41,11 @@ pub const GROUP_POINTS: &[&str] = &[
     "append.before_print",
 ];
 
+/// The crash points of a PostgreSQL group, for its torture: after the
+/// rows and before COMMIT, after COMMIT and before the outcome is known to
+/// anyone, and after the outcomes are decided but before they are printed.
+pub const PG_POINTS: &[&str] = &["pg.before_commit", "pg.after_commit", "append.before_print"];
+
 /// The crash points inside a history edit (pop, clear, restore, fork,
 /// prune), for the edit torture: after the rows were copied into the
 /// archive and before they leave the transcript (pop, clear, prune),

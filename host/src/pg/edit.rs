@@ -270,7 +270,9 @@ impl PgStore {
                     }
                 }
                 let v = f(&mut tx, session.as_str())?;
+                crate::failpoint::hit("edit.before_commit");
                 tx.commit().map_err(Stop::Commit)?;
+                crate::failpoint::hit("edit.after_commit");
                 Ok(v)
             })();
             result.map_err(|stop| at(self.failure_of(stop)))
@@ -339,6 +341,7 @@ fn archive_rows(
             &stamp.edit,
         ],
     )?;
+    crate::failpoint::hit("edit.after_archive");
     tx.execute(
         &format!("DELETE FROM messages WHERE {filter}"),
         &[&session, &uid, &from, &below],
@@ -449,6 +452,7 @@ fn restore_in(tx: &mut Transaction<'_>, session: &str, selector: &Selector) -> R
         }
         tx.execute("DELETE FROM archive WHERE id = $1", &[&id])?;
         report.restored.push((uid, seq));
+        crate::failpoint::hit("edit.between_rows");
     }
     Ok(report)
 }
@@ -505,6 +509,7 @@ fn fork_in(
         } else {
             already += 1;
         }
+        crate::failpoint::hit("edit.between_rows");
     }
     Ok(Ok(ForkReport {
         source: source.to_string(),
@@ -615,6 +620,7 @@ impl PgStore {
                                 &stamp.edit,
                             ],
                         )?;
+                        crate::failpoint::hit("edit.after_archive");
                         tx.execute(
                             &format!("DELETE FROM messages WHERE {ACTIVE_FILTER}"),
                             &[&session, &below, &stored_before],

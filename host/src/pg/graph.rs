@@ -193,6 +193,7 @@ pub(super) fn write_group(
         }
         crate::failpoint::hit("pg.before_commit");
         tx.commit().map_err(Stop::Commit)?;
+        crate::failpoint::hit("pg.after_commit");
         Ok(())
     })();
     GraphWritten {

@@ -132,6 +132,7 @@ pub(super) fn write_group(
         insert_rows(&mut tx, prepared, batches.len(), &rows, &mut each)?;
         crate::failpoint::hit("pg.before_commit");
         tx.commit().map_err(Stop::Commit)?;
+        crate::failpoint::hit("pg.after_commit");
         Ok(())
     })();
     match result {
