@@ -401,3 +401,86 @@ def test_close_after_an_outage_gives_the_lease_back_so_replay_runs(pg, home):
     report = turnsafe_store.replay(home, db=url)
     assert report["replayed"] == 2, report
     assert [m["content"] for m in stored(pg, db, "s1")] == [m["content"] for m in batch("before", 1) + batch("during", 2)]
+
+
+# ------------------------------------------------------------ a killed client
+
+KILLED_WRITER = r"""
+import json, sys
+from turnsafe_store import Store
+
+home, url, start = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with Store(home, db=url) as store:
+    for i in range(start, start + 100000):
+        uids = [f"u{i}-{j}" for j in range(2)]
+        items = [{"role": "user", "content": f"message {i}-{j}"} for j in range(2)]
+        out = store.append("s1", items, uids=uids)
+        print(json.dumps({"i": i, "acked": out.persisted or out.receipt is not None}), flush=True)
+"""
+
+
+def test_a_python_writer_killed_mid_stream_loses_and_doubles_nothing(pg, home, tmp_path):
+    """``Store(db=)`` in a child process, SIGKILLed while it writes batch
+    after batch (so inside a transaction, between COMMIT and its outcome,
+    or between two batches, wherever the kill lands), six times over. After
+    each kill: replay, then the batches without an answer sent again, as
+    a client would. Every acknowledged message is on the server once, and
+    after the resend every message sent is there once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    db = pg.create_db("killedpy")
+    url = pg.url(db)
+    script = tmp_path / "writer.py"
+    script.write_text(KILLED_WRITER)
+    acked: set = set()
+    sent_up_to = -1
+    for round_, answers_before_kill in enumerate([3, 11, 1, 25, 7, 40]):
+        child = subprocess.Popen(
+            [sys.executable, str(script), str(home), url, str(sent_up_to + 1)], stdout=subprocess.PIPE, text=True
+        )
+        seen = 0
+        assert child.stdout is not None
+        for line in child.stdout:
+            answer = json.loads(line)
+            sent_up_to = max(sent_up_to, answer["i"])
+            if answer["acked"]:
+                acked.update(f"u{answer['i']}-{j}" for j in range(2))
+            seen += 1
+            if seen >= answers_before_kill:
+                break
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+        assert child.returncode == -signal.SIGKILL, child.returncode
+        # The batch after the last answer may have committed: it counts as sent.
+        sent_up_to += 1
+
+        # The killed writer's backend must be gone before replay judges its
+        # lease: the server's own list is the evidence, waited on.
+        deadline = time.monotonic() + 30
+        while pg.query(f"SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}'") != [["0"]]:
+            assert time.monotonic() < deadline, "the killed writer's backend never ended"
+            time.sleep(0.05)
+        turnsafe_store.replay(home, db=url)
+        rows = pg.messages(db, "s1")
+        uids = [uid for uid, _, _ in rows]
+        assert len(uids) == len(set(uids)), f"round {round_}: a uid stored twice"
+        missing = acked - set(uids)
+        assert not missing, f"round {round_}: acknowledged and not on the server: {sorted(missing)}"
+
+        # Everything sent so far, again: what is stored is an idempotent no-op.
+        with Store(home, db=url) as store:
+            for i in range(sent_up_to + 1):
+                out = store.append(
+                    "s1",
+                    [{"role": "user", "content": f"message {i}-{j}"} for j in range(2)],
+                    uids=[f"u{i}-{j}" for j in range(2)],
+                )
+                assert out.persisted, out.to_dict()
+        rows = pg.messages(db, "s1")
+        assert sorted(uid for uid, _, _ in rows) == sorted(f"u{i}-{j}" for i in range(sent_up_to + 1) for j in range(2))
+        # Each session's seqs stay distinct across the kills.
+        seqs = [seq for _, seq, _ in rows]
+        assert len(seqs) == len(set(seqs)), f"round {round_}: a seq given twice"
