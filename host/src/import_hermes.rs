@@ -59,12 +59,13 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use turnsafe_policy::Cause;
 
-use crate::backend::EditError;
+use crate::backend::{EditError, Engine, LeaseOptions};
 use crate::history::Reason;
 use crate::ids::SessionId;
 use crate::ids::safe_session_id;
+use crate::import_rows::{ImportCounts, ImportRow, ImportSession};
 use crate::message::Message;
-use crate::store::import::{ImportCounts, ImportRow, ImportSession, import_session};
+use crate::store::import::import_session;
 use crate::store::schema::NewerSchema;
 use crate::store::{SessionStore, StoreOptions};
 
@@ -93,6 +94,9 @@ pub struct ImportOptions {
     pub dry_run: bool,
     /// Copies of the Hermes database tried before refusing.
     pub copy_attempts: u32,
+    /// Import into this PostgreSQL database instead of `<home>/state.db`
+    /// (the home then keeps only the import's quarantine).
+    pub db: Option<crate::pg::url::DbUrl>,
 }
 
 impl Default for ImportOptions {
@@ -101,6 +105,7 @@ impl Default for ImportOptions {
             session: None,
             dry_run: false,
             copy_attempts: 10,
+            db: None,
         }
     }
 }
@@ -523,9 +528,11 @@ impl Quarantine {
 // ---------------------------------------------------------------------------
 // The import.
 
-/// Where the rows go: the store, or (dry) a read of the home as it is.
+/// Where the rows go: the store (either engine; with `false`, a dry run
+/// on a server, in transactions rolled back), or (dry, SQLite) a read of a
+/// copy of the home's database.
 enum Sink {
-    Store(Box<SessionStore>),
+    Store(Box<dyn Engine>, bool),
     /// A dry run; the home's database, if it has one.
     Dry(Option<Connection>),
 }
@@ -620,7 +627,7 @@ impl Run {
                     .iter()
                     .map(|s| import_session(conn, s, false))
                     .collect::<rusqlite::Result<_>>()?,
-                Sink::Store(store) => match store.import_group(&parts) {
+                Sink::Store(store, write) => match store.import_group(&parts, *write) {
                     Ok(c) => c,
                     // The first session's lease is live: it is refused, the
                     // rest are written.
@@ -693,7 +700,9 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
         return Err(ImportError::SameHome(home.to_path_buf()));
     }
     let db = home.join("state.db");
-    crate::store::schema::check_not_newer(&db)?;
+    if opts.db.is_none() {
+        crate::store::schema::check_not_newer(&db)?;
+    }
 
     let work = tempfile::tempdir().map_err(io_err("make a work folder"))?;
     let copy_attempts = copy_source(source, work.path(), opts.copy_attempts)?;
@@ -784,7 +793,13 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
     )?;
     let bar = progress(total.max(0) as u64);
 
-    let sink = if opts.dry_run {
+    let sink = if let Some(url) = &opts.db {
+        let lease = LeaseOptions {
+            holder: "turnsafe import hermes".into(),
+            ..LeaseOptions::default()
+        };
+        Sink::Store(Box::new(crate::pg::open_store(url.clone(), home, lease)), !opts.dry_run)
+    } else if opts.dry_run {
         // Even a read-only open of a WAL database creates its sidecars: a
         // dry run reads a copy of the home's database too.
         Sink::Dry(if db.is_file() {
@@ -807,7 +822,7 @@ pub fn import(source: &Path, home: &Path, opts: &ImportOptions) -> Result<Report
             context: e.to_string(),
             source: std::io::Error::other("home"),
         })?;
-        Sink::Store(Box::new(store))
+        Sink::Store(Box::new(store), true)
     };
     let mut run = Run {
         sink,

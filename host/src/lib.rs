@@ -34,6 +34,7 @@ pub mod history;
 pub mod holders;
 pub mod ids;
 pub mod import_hermes;
+pub mod import_rows;
 pub mod json_in;
 pub mod lease_proof;
 pub mod lines;

@@ -51,23 +51,27 @@ pub(crate) fn replay<'py>(
 }
 
 /// Import a Hermes home (`HERMES_HOME`) into the turnsafe home `home`
-/// (SQLite, `home/state.db`): the totals of `turnsafe import hermes --json`
+/// (SQLite, `home/state.db`), or with `db` (or `TURNSAFE_DB`) into that
+/// PostgreSQL database: the totals of `turnsafe import hermes --json`
 /// (its `end` line) and `session_reports` (its `session` lines). The Hermes
 /// home is only read, from a verified copy; a session whose live lease
 /// another writer holds is listed in `refused` and not written.
 #[pyfunction]
-#[pyo3(signature = (source, home, *, session = None, dry_run = false))]
+#[pyo3(signature = (source, home, *, session = None, dry_run = false, db = None))]
 pub(crate) fn import_hermes<'py>(
     py: Python<'py>,
     source: PathBuf,
     home: PathBuf,
     session: Option<String>,
     dry_run: bool,
+    db: Option<&str>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let db = writable(resolve_db(db)?)?;
     let (source, home) = (expand_home(source), expand_home(home));
     let opts = turnsafe_host::import_hermes::ImportOptions {
         session,
         dry_run,
+        db,
         ..Default::default()
     };
     match py.detach(move || turnsafe_host::import_hermes::import(&source, &home, &opts)) {

@@ -484,3 +484,35 @@ def test_a_python_writer_killed_mid_stream_loses_and_doubles_nothing(pg, home, t
         # Each session's seqs stay distinct across the kills.
         seqs = [seq for _, seq, _ in rows]
         assert len(seqs) == len(set(seqs)), f"round {round_}: a seq given twice"
+
+
+# ------------------------------------------------------------ import into a server
+
+
+def test_import_hermes_into_a_server_stores_what_the_sqlite_import_stores(pg, tmp_path):
+    import shutil
+    import sqlite3
+
+    fixture = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hermes-0.19.0"
+    source = tmp_path / "hermes"
+    shutil.copytree(fixture, source)
+    before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}
+
+    sqlite_report = turnsafe_store.import_hermes(source, tmp_path / "sqlite")
+    db = pg.create_db("hermesimport")
+    report = turnsafe_store.import_hermes(source, tmp_path / "pg", db=pg.url(db))
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("home", "quarantine")}  # noqa: E731
+    assert strip(report) == strip(sqlite_report)
+    assert (report["imported"], report["archived"], report["sessions"]) == (5, 5, 2), report
+    assert not (tmp_path / "pg" / "state.db").exists()
+
+    on_server = pg.query("SELECT session_id, uid, seq, item FROM messages ORDER BY session_id, seq", db)
+    con = sqlite3.connect(tmp_path / "sqlite" / "state.db")
+    in_sqlite = [
+        [s, u, str(q), i] for s, u, q, i in con.execute("SELECT session_id, uid, seq, item FROM messages ORDER BY session_id, seq")
+    ]
+    assert on_server == in_sqlite
+
+    again = turnsafe_store.import_hermes(source, tmp_path / "pg", db=pg.url(db))
+    assert (again["imported"], again["archived"]) == (0, 0), again
+    assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before

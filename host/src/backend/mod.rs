@@ -271,6 +271,14 @@ pub trait History {
     fn prune(&mut self, opts: &crate::history::PruneOptions) -> Result<crate::history::PruneReport, EditError>;
     /// Delete a session for good: rows, archive, lineage. Returns `(rows, archived rows)`.
     fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError>;
+    /// Import a group of another runtime's sessions in one transaction
+    /// ([`crate::import_rows`]); with `write` false, what it would do,
+    /// nothing written.
+    fn import_group(
+        &mut self,
+        group: &[crate::import_rows::ImportSession],
+        write: bool,
+    ) -> Result<Vec<crate::import_rows::ImportCounts>, EditError>;
     /// Full-text search over the committed messages; never misses one.
     /// With `archived`, the archive's rows too, after them.
     fn search(

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::exit;
 use crate::import_hermes::{ImportError, ImportOptions, LineKind, Report, import};
+use crate::target::DbChoice;
 
 /// Bring another agent runtime's history into a turnsafe home.
 #[derive(Debug, clap::Args)]
@@ -18,14 +19,19 @@ enum What {
 }
 
 /// Import a Hermes home (`HERMES_HOME`: `state.db` and `sessions/`) into a
-/// turnsafe home's `state.db`.
+/// turnsafe home's `state.db`, or with `--db` (or `TURNSAFE_DB`) into a
+/// PostgreSQL database.
 ///
 /// The Hermes home is never written to, and its `state.db` is never opened:
 /// `state.db` and its `-wal` are copied, the copy is kept only if no file
 /// changed during it, and the copy is read. While a Hermes process keeps
 /// writing, the copy is tried again a few times, then the import refuses
-/// (exit 5). `--home` may be neither the Hermes home nor inside it. Only
-/// SQLite homes (`<home>/state.db`) are written; there is no `--db`.
+/// (exit 5). `--home` may be neither the Hermes home nor inside it. With
+/// `--db`, the rows go to the server (the same tables, keys, counts and
+/// report, idempotent the same way) and `--home` keeps only the
+/// quarantine; a dry run there runs the import in transactions rolled
+/// back (connecting as a writer does, which brings an older schema to the
+/// current version first).
 ///
 /// Every Hermes session becomes a session; its Hermes record (title,
 /// source, parent, model, token counts...) is kept in `session_meta`. A
@@ -79,6 +85,9 @@ pub struct HermesArgs {
     /// The turnsafe home to import into (`<home>/state.db`; created if missing).
     #[arg(long, value_name = "DIR")]
     home: PathBuf,
+    /// Import into PostgreSQL instead of `<home>/state.db` (default: `TURNSAFE_DB`).
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
     /// Only this Hermes session (its Hermes id).
     #[arg(long, value_name = "HERMES_ID")]
     session: Option<String>,
@@ -97,18 +106,53 @@ pub fn run(args: Args) -> i32 {
 }
 
 fn hermes(args: HermesArgs) -> i32 {
-    if let Some(code) = super::refuse_newer_schema(&args.home.join("state.db")) {
-        return code;
-    }
+    let db = match DbChoice::resolve(args.db.as_deref(), Some(&args.home)) {
+        Ok(DbChoice::Sqlite(path)) => {
+            if let Some(code) = super::refuse_newer_schema(&path) {
+                return code;
+            }
+            None
+        }
+        Ok(DbChoice::Postgres(url)) => {
+            if let Some(why) = url.writer_refusal() {
+                eprintln!("turnsafe import hermes: --db {}: {why}", url.display());
+                return exit::USAGE;
+            }
+            Some(*url)
+        }
+        Err(e) => {
+            eprintln!("turnsafe import hermes: {e}");
+            return exit::USAGE;
+        }
+    };
+    let target = match &db {
+        Some(url) => url.display().to_string(),
+        None => args.home.join("state.db").display().to_string(),
+    };
     let opts = ImportOptions {
         session: args.session,
         dry_run: args.dry_run,
+        db,
         ..ImportOptions::default()
     };
     let report = match import(&args.source, &args.home, &opts) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("turnsafe import hermes: {e}");
+            if let ImportError::Edit(edit) = &e {
+                // The store refused or failed a write: the policy's copy,
+                // as every edit prints it, and where it was going.
+                let copy = edit.copy();
+                eprintln!("{}\n{}", copy.title, copy.body);
+                for step in &copy.remediation {
+                    eprintln!("  - {step}");
+                }
+                eprintln!(
+                    "turnsafe import hermes: into {target}: {e} (sessions imported before it stay; a second run \
+                     adds only what is missing)"
+                );
+            } else {
+                eprintln!("turnsafe import hermes: {e}");
+            }
             return match e {
                 e if e.is_refusal() => exit::REFUSED,
                 ImportError::NoSource(_) | ImportError::NoSuchSession(_) | ImportError::NotHermes { .. } => exit::USAGE,

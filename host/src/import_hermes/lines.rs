@@ -11,9 +11,9 @@ use sha2::{Digest, Sha256};
 
 use super::align::{self, Reading, Record, Verdict};
 use super::{ImportError, PossibleDuplicate, Quarantine, Run, io_err};
+use crate::import_rows::{ImportRow, ImportSession};
 use crate::message::Message;
 use crate::same::canonical;
-use crate::store::import::{ImportRow, ImportSession};
 
 /// Where a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

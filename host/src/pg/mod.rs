@@ -17,6 +17,7 @@ mod edit;
 mod graph;
 mod graph_marks;
 mod guard;
+mod import;
 pub mod replay;
 pub mod schema;
 mod server;
@@ -497,6 +498,18 @@ impl History for PgStore {
 
     fn delete_session(&mut self, session: &SessionId) -> Result<(u64, u64), EditError> {
         PgStore::delete_session(self, session)
+    }
+
+    fn import_group(
+        &mut self,
+        group: &[crate::import_rows::ImportSession],
+        write: bool,
+    ) -> Result<Vec<crate::import_rows::ImportCounts>, EditError> {
+        if write {
+            PgStore::import_group(self, group)
+        } else {
+            PgStore::import_dry(self, group)
+        }
     }
 }
 

@@ -17,11 +17,14 @@
 //!
 //! Version 4 keeps LangGraph's state, as SQLite's version 6 does:
 //! `checkpoints` and `checkpoint_writes` (`super::graph`).
+//!
+//! Version 5 keeps where an imported session came from, as SQLite's
+//! version 5 does: `session_meta` (`turnsafe import hermes --db`).
 
 use postgres::{Client, Transaction};
 
 /// Current schema version (`state_meta.schema_version`).
-pub const VERSION: i64 = 4;
+pub const VERSION: i64 = 5;
 
 /// The advisory lock key migrations take ("turnsafe" in ASCII).
 pub const MIGRATION_LOCK: i64 = 0x7475_726e_7361_6665;
@@ -79,6 +82,17 @@ CREATE TABLE IF NOT EXISTS archive(
 CREATE INDEX IF NOT EXISTS archive_by_session ON archive(session_id, archived_ms);
 ";
 
+/// Version 5: each imported session's origin and record.
+const V5: &str = "
+CREATE TABLE IF NOT EXISTS session_meta(
+    session_id   text PRIMARY KEY,
+    origin       text NOT NULL,
+    origin_id    text NOT NULL,
+    meta         text NOT NULL,
+    imported_ms  bigint NOT NULL
+);
+";
+
 /// What [`migrate`] found or made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Migrated {
@@ -119,6 +133,7 @@ pub fn migrate(client: &mut Client) -> Result<Migrated, postgres::Error> {
         to_items(&mut tx)?;
         tx.batch_execute(V3)?;
         tx.batch_execute(super::graph::TABLES)?;
+        tx.batch_execute(V5)?;
         let generation = crate::ids::mint();
         tx.execute(
             "INSERT INTO state_meta(key, value) VALUES ('generation', $1), ('schema_version', $2) \

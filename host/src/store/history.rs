@@ -590,6 +590,25 @@ impl History for SessionStore {
         self.ledger.sessions.remove(session.as_str());
         Ok(done)
     }
+
+    fn import_group(
+        &mut self,
+        group: &[crate::import_rows::ImportSession],
+        write: bool,
+    ) -> Result<Vec<crate::import_rows::ImportCounts>, EditError> {
+        if write {
+            return SessionStore::import_group(self, group);
+        }
+        let Some(first) = group.first() else {
+            return Ok(Vec::new());
+        };
+        self.edit("import", &first.session, |conn, _| {
+            group
+                .iter()
+                .map(|s| super::import::import_session(conn, s, false))
+                .collect()
+        })
+    }
 }
 
 fn restore_in(conn: &Connection, session: &str, selector: &Selector) -> rusqlite::Result<RestoreReport> {

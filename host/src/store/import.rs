@@ -22,49 +22,10 @@ use std::collections::HashSet;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{EditError, SessionId, SessionStore};
-use crate::history::Reason;
+use super::{EditError, SessionStore};
 use crate::ids::now_ms;
-use crate::message::Message;
-
-/// The `edit` stamped on every archived row an import writes.
-pub const IMPORT_EDIT: &str = "import";
-
-/// One row to import.
-#[derive(Debug, Clone)]
-pub struct ImportRow {
-    pub uid: String,
-    pub seq: i64,
-    pub message: Message,
-    pub created_ms: i64,
-    /// `Some`: the source had taken it out of the transcript; it goes to the
-    /// archive with this reason.
-    pub archive: Option<Reason>,
-}
-
-/// One session's rows (all of them, or the next part of them), and its
-/// metadata.
-#[derive(Debug, Clone)]
-pub struct ImportSession {
-    pub session: SessionId,
-    pub created_ms: i64,
-    /// `(origin, origin_id, meta JSON)` for `session_meta`.
-    pub meta: Option<(String, String, String)>,
-    pub rows: Vec<ImportRow>,
-}
-
-/// What one session's import did (or, in a dry run, would do).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ImportCounts {
-    /// Rows written as active history.
-    pub imported: u64,
-    /// Rows written to the archive.
-    pub archived: u64,
-    /// Rows whose uid the session already holds, active or archived.
-    pub duplicate: u64,
-    /// Another writer holds the session's live turn lease: nothing written.
-    pub refused: bool,
-}
+use crate::import_rows::with_seq_base;
+pub use crate::import_rows::{IMPORT_EDIT, IMPORT_HOLDER, ImportCounts, ImportRow, ImportSession};
 
 /// Whether `session`'s live turn lease is held (by anyone: an import holds
 /// none).
@@ -221,20 +182,6 @@ fn seq_base(conn: &Connection, session: &str, has_messages: bool) -> rusqlite::R
     conn.prepare_cached("SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE session_id = ?1")?
         .query_row([session], |r| r.get(0))
 }
-
-/// The record `meta` (a JSON object) with `seq_base` set.
-fn with_seq_base(meta: &str, base: i64) -> String {
-    match crate::json_in::value(meta) {
-        Ok(serde_json::Value::Object(mut m)) => {
-            m.insert("seq_base".into(), base.into());
-            serde_json::Value::Object(m).to_string()
-        }
-        _ => meta.to_string(),
-    }
-}
-
-/// The `holder` stamped on every archived row an import writes.
-pub const IMPORT_HOLDER: &str = "turnsafe import";
 
 impl SessionStore {
     /// Import a group of sessions in one edit (one transaction). The

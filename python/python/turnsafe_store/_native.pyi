@@ -231,9 +231,12 @@ def import_hermes(
     *,
     session: Optional[str] = None,
     dry_run: bool = False,
+    db: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Import the Hermes home ``source`` (``HERMES_HOME``: ``state.db`` and
-    ``sessions/``) into the turnsafe home ``home`` (``home/state.db``): the
+    ``sessions/``) into the turnsafe home ``home`` (``home/state.db``), or
+    with ``db`` (else ``TURNSAFE_DB``) into that PostgreSQL database, the
+    home keeping only the quarantine: the
     report of ``turnsafe import hermes --json`` (the ``end`` line's fields:
     ``sessions``, ``rows``, ``lines``, ``imported``, ``archived``,
     ``duplicate``, ``possible_duplicate``, ``quarantined``, ``torn``,
