@@ -46,6 +46,9 @@ pub trait PolicyEngine {
     fn evaluate_json(&mut self, request: &str) -> Result<String, EngineError>;
     /// One step of the flush machine (`{state, start?, event?}` in).
     fn flush_step_json(&mut self, request: &str) -> Result<String, EngineError>;
+    /// One step of a history edit's machine (`{state, sticky?, seed?, edit,
+    /// session, event?}` in).
+    fn edit_step_json(&mut self, request: &str) -> Result<String, EngineError>;
     /// Whether a writer may take a lease another holder has
     /// (`{now_ms, expires_ms?, local?, server?}` in).
     fn decide_lease_json(&mut self, request: &str) -> Result<String, EngineError>;
@@ -70,6 +73,9 @@ impl PolicyEngine for NativeEngine {
     }
     fn flush_step_json(&mut self, request: &str) -> Result<String, EngineError> {
         Ok(turnsafe_policy::machine::flush_step_json(request))
+    }
+    fn edit_step_json(&mut self, request: &str) -> Result<String, EngineError> {
+        Ok(turnsafe_policy::machine::edit_step_json(request))
     }
     fn decide_lease_json(&mut self, request: &str) -> Result<String, EngineError> {
         Ok(turnsafe_policy::json::decide_lease_json(request))
@@ -166,6 +172,9 @@ impl PolicyEngine for WasmEngine {
     }
     fn flush_step_json(&mut self, request: &str) -> Result<String, EngineError> {
         self.call(|g, s| g.call_flush_step_json(s, request))
+    }
+    fn edit_step_json(&mut self, request: &str) -> Result<String, EngineError> {
+        self.call(|g, s| g.call_edit_step_json(s, request))
     }
     fn decide_lease_json(&mut self, request: &str) -> Result<String, EngineError> {
         self.call(|g, s| g.call_decide_lease_json(s, request))

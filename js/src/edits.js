@@ -1,7 +1,7 @@
 // Reads and edits outside a flush (show, pop, a history transaction, the
 // database half of clear): each attempt runs in one transaction, the guard
 // and another holder's lease checked first for a write; a failed attempt is
-// answered by the policy component (`editNext`). A room of Host (host.js).
+// driven by the policy component's edit machine (`editStep`). A room of Host (host.js).
 import Database from 'better-sqlite3';
 
 import { holds, holdsSession, holdValue } from './captures.js';
@@ -10,7 +10,7 @@ import { EditFailure, Incomplete, Refusal, userError } from './errors.js';
 import { failedEvent } from './failure.js';
 import { mintId, seed } from './ids.js';
 import { judge } from './lease.js';
-import { editNext, refused } from './policy.js';
+import { editStep } from './policy.js';
 import { textOf } from './projection.js';
 import { recordObservation } from './record.js';
 import { sameText } from './same.js';
@@ -18,36 +18,57 @@ import { sleep } from './sleep.js';
 
 /** Host's methods for reads and edits. */
 export const editing = {
-  /** A sticky handle refuses every edit before it touches anything. */
+  /** A sticky handle refuses every edit before it touches anything: the machine's first step. */
   refuseIfSticky(edit, session) {
     const sticky = this.stickyCause();
-    if (sticky) {
-      const n = refused(sticky);
-      throw new EditFailure(edit, session, n.cause, n.action, 'the store refuses to touch its database until an operator acts', 0);
+    if (!sticky) return;
+    const { step } = editStep({ state: null, sticky, edit, session });
+    if (step.type === 'failed') {
+      throw new EditFailure(edit, session, step.cause, step.action,
+        'the store refuses to touch its database until an operator acts', 0, step.copy, step.possibly_written);
     }
   },
 
   /**
-   * Work outside a flush: each attempt opens the store if needed and runs
-   * `f(db)` in one BEGIN IMMEDIATE transaction (the guard and the session's
-   * lease checked first when `write`); a failure is answered by the policy.
+   * Work outside a flush, driven by the policy's edit machine: each attempt
+   * opens the store if needed and runs `f(db)` in one BEGIN IMMEDIATE
+   * transaction (the guard and the session's lease checked first when
+   * `write`); the machine says whether to wait, write around the search
+   * index, or fail with its cause and copy.
    */
   edit(edit, session, f, { write = true } = {}) {
-    this.refuseIfSticky(edit, session);
     const started = performance.now();
     const s = seed();
-    let degraded = false;
-    for (let attempt = 1; ; attempt++) {
-      let ev = this.openStore(started);
-      if (!ev) ev = this.editOnce(session, f, write, degraded, started);
-      if (ev.type === 'ok') return ev.value;
-      const { type: _failed, ...obs } = ev;
-      // editNext asks the policy about it as a `replay`: work with nothing to divert.
-      recordObservation('replay', { ...obs, attempt, seed: s });
-      const next = editNext({ ...obs, attempt, seed: s }, degraded);
-      if (next.wait !== undefined) sleep(next.wait);
-      else if (next.degradeFts) degraded = true;
-      else throw new EditFailure(edit, session, next.cause, next.action, ev.message, attempt);
+    let answer = editStep({ state: null, sticky: this.stickyCause() ?? null, seed: s, edit, session });
+    let value;
+    let last = 'the store refuses to touch its database until an operator acts';
+    let attempt = 0;
+    for (;;) {
+      const { step } = answer;
+      let event;
+      if (step.type === 'attempt') {
+        attempt += 1;
+        let ev = this.openStore(started);
+        if (!ev) ev = this.editOnce(session, f, write, step.degrade_fts, started);
+        if (ev.type === 'ok') {
+          value = ev.value;
+          event = { type: 'succeeded' };
+        } else {
+          last = ev.message;
+          const { type: _failed, ...obs } = ev;
+          // Recorded as the machine reads it: a `replay`, work with nothing to divert.
+          recordObservation('replay', { ...obs, attempt, seed: s });
+          event = ev;
+        }
+      } else if (step.type === 'wait') {
+        sleep(step.ms);
+        event = { type: 'waited' };
+      } else if (step.type === 'done') {
+        return value;
+      } else {
+        throw new EditFailure(edit, session, step.cause, step.action, last, step.attempts, step.copy, step.possibly_written);
+      }
+      answer = editStep({ state: answer.state, edit, session, event });
     }
   },
 

@@ -89,10 +89,15 @@ export class Refusal extends Error {
 
 /** An edit that did not happen: nothing was changed. */
 export class EditFailure extends Error {
-  constructor(edit, session, cause, action, message, attempts) {
+  /**
+   * `copy` is the policy's copy of the failed edit (`code`, `cause`,
+   * `title`, `body`, `remediation`, `details`), word for word what the
+   * native host prints for the same edit and cause.
+   */
+  constructor(edit, session, cause, action, message, attempts, copy = null, possiblyWritten = false) {
     super(`${edit} of session ${session} failed: session_persistence_failed:${cause}: ${message}`);
     this.name = 'TurnsafeError';
-    Object.assign(this, { edit, session, cause, action, attempts });
+    Object.assign(this, { edit, session, cause, action, attempts, copy, possiblyWritten });
   }
 }
 

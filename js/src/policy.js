@@ -1,6 +1,6 @@
 // The turnsafe policy component, transpiled by jco into gen/policy. The
 // host calls only its JSON entry points: `flushStepJson` drives every flush,
-// `classifyJson` answers the attempts of an edit (see `editNext` below).
+// `editStepJson` drives every edit (see `editStep` below).
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -54,21 +54,16 @@ export function outcomeText(answer) {
 }
 
 /**
- * The next move after a failed attempt of work that has nothing to divert
- * (an edit: pop, clear, a history transaction). The WIT exports no machine
- * for it, so this is the policy crate's `machine::background::after_failure`
- * over the component's own decision (`classify-json` on an observation of
- * operation `replay`, whose fallback is to fail closed): retry waits the
- * plan's delay, the index is written around once, anything else stops
- * with the policy's cause. The decision is the component's; this only reads it.
+ * One step of the edit machine (`edit-step-json`): `{state, sticky?,
+ * seed?, edit, session, event?}` in, `{state, step}` out. Each attempt is
+ * one transaction; a cause the policy retries is waited out on its plan,
+ * a damaged search index is written around once, anything else fails the
+ * edit with its cause and copy. The decisions are the component's; this
+ * only carries them.
  */
-export function editNext(observation, degraded) {
-  const d = JSON.parse(classifyJson(JSON.stringify({ ...observation, operation: 'replay' })));
-  if (d.error) return { stop: true, cause: 'unknown', action: 'fail_closed', error: d.error };
-  if (d.action === 'retry') return { wait: d.delay_ms ?? 1 };
-  if (d.action === 'degrade_fts' && !degraded) return { degradeFts: true };
-  return { stop: true, cause: d.cause, action: d.action };
+export function editStep(request) {
+  const answer = JSON.parse(timed((x) => engine.editStepJson(x), JSON.stringify(request)));
+  if (answer.error) throw new Error(`turnsafe policy (edit-step-json): ${answer.error}`);
+  return answer;
 }
 
-/** What a sticky handle answers to an edit: it never touches the database again. */
-export const refused = (sticky) => ({ stop: true, cause: sticky, action: 'fail_closed' });

@@ -17,7 +17,7 @@ import Database from 'better-sqlite3';
 
 import { TurnsafeSession } from '../src/index.js';
 import { probeLocal, readProof } from '../src/lease.js';
-import { JS, tmp, turnsafeBin } from './helpers.mjs';
+import { JS, tmp, turnsafe, turnsafeBin } from './helpers.mjs';
 
 // A JavaScript writer: one batch of two messages per stdin line (the
 // line is the batch's tag), one JSON line out per batch.
@@ -209,8 +209,15 @@ test('a live holder in another process still fences, and the copy names its pid 
   assert.equal(e.outcome.copy.details.lease_expires, expiresText(expires));
   assert.ok(e.outcome.copy.body.includes(`pid ${holder.pid} on this machine`), e.outcome.copy.body);
   assert.ok(e.message.includes(`pid ${holder.pid} on this machine`), e.message);
-  // An edit is fenced as well, and takes nothing.
-  await assert.rejects(ours.popItem(), (err) => err.name === 'TurnsafeError' && err.cause === 'turn_lease' && err.edit === 'pop');
+  // An edit is fenced as well, and takes nothing; its copy is the policy's
+  // edit copy, word for word what the native command prints for the same edit.
+  const popped = await ours.popItem().then(() => null, (err) => err);
+  assert.ok(popped && popped.name === 'TurnsafeError' && popped.cause === 'turn_lease' && popped.edit === 'pop', String(popped));
+  assert.equal(popped.copy.code, 'edit.turn_lease');
+  const native = turnsafe(['pop', '--home', home, '--session', 's1', '--json']);
+  assert.equal(native.status, 5, native.stderr);
+  const nativeCopy = native.lines.find((l) => l.type === 'error').data.copy;
+  assert.deepEqual(popped.copy, nativeCopy);
   // Once the holder ends its input it gives the lease back.
   await holder.finish();
   await ours.addItems([{ role: 'user', content: 'b2-1' }, { role: 'assistant', content: 'b2-2' }]);

@@ -357,6 +357,10 @@ impl Guest for Component {
     type Handle = HandleResource;
     type Flush = FlushResource;
 
+    fn edit_step_json(request: String) -> String {
+        crate::machine::edit_step_json(&request)
+    }
+
     fn flush_step_json(request: String) -> String {
         crate::machine::flush_step_json(&request)
     }

@@ -87,11 +87,12 @@ pub fn agree(text: &str) -> Result<(), String> {
 pub type EntryPoint = fn(&str) -> String;
 
 /// The component's entry points, natively.
-pub const ENTRY_POINTS: [(&str, EntryPoint); 4] = [
+pub const ENTRY_POINTS: [(&str, EntryPoint); 5] = [
     ("classify_json", turnsafe_policy::json::classify_json),
     ("explain_json", turnsafe_policy::json::explain_json),
     ("evaluate_json", turnsafe_policy::json::evaluate_json),
     ("flush_step_json", turnsafe_policy::machine::flush_step_json),
+    ("edit_step_json", turnsafe_policy::machine::edit_step_json),
 ];
 
 /// Every entry point answers `text` with one JSON object, an `invalid

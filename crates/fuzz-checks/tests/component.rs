@@ -34,6 +34,7 @@ fn the_component_answers_every_committed_input_as_the_native_entry_points() {
                 "explain_json" => wasm.explain_json(text),
                 "evaluate_json" => wasm.evaluate_json(text),
                 "flush_step_json" => wasm.flush_step_json(text),
+                "edit_step_json" => wasm.edit_step_json(text),
                 other => panic!("an entry point this test does not know: {other}"),
             }
             .unwrap_or_else(|e| panic!("{name} through wasmtime failed: {e}"));

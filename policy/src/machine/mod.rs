@@ -53,6 +53,7 @@
 use crate::prelude::*;
 pub mod background;
 mod edit;
+mod edit_wire;
 mod flush;
 mod group;
 mod report;
@@ -61,6 +62,7 @@ pub(crate) mod wire;
 
 pub use crate::model::DivertReceipt;
 pub use edit::{EditEvent, EditMachine, EditStep};
+pub use edit_wire::edit_step_json;
 pub use flush::FlushMachine;
 pub use group::{Scope, failure_scope};
 pub use report::{CaptureReport, DivertErrorReport, FlushReport};
