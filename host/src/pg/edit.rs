@@ -248,7 +248,7 @@ impl PgStore {
                 return Err(at(translate::failure(&Fault::NotConnected, 0)));
             };
             let result = (|| -> Result<T, Stop> {
-                let mut tx = super::server::begin(client, sync_local)?;
+                let mut tx = super::tx::begin(client, sync_local)?;
                 // Another writer's live turn lease fences the session.
                 // Its lease ends on its expiry, or on the policy's word that
                 // its holder is gone.

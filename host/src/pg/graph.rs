@@ -161,15 +161,11 @@ pub(super) struct GraphWritten {
 
 /// Write the graph batches of a group in one transaction, each in its own
 /// savepoint, after checking the database's generation.
-pub(super) fn write_group(
-    client: &mut Client,
-    batches: &[&Flush<'_>],
-    rules: super::server::TxRules<'_>,
-) -> GraphWritten {
+pub(super) fn write_group(client: &mut Client, batches: &[&Flush<'_>], rules: super::tx::TxRules<'_>) -> GraphWritten {
     let mut each: Vec<Option<Stop>> = batches.iter().map(|_| None).collect();
     let now = crate::ids::now_ms();
     let result = (|| -> Result<(), Stop> {
-        let mut tx = super::server::begin(client, rules.sync_local)?;
+        let mut tx = super::tx::begin(client, rules.sync_local)?;
         let found: Option<String> = tx
             .query_opt("SELECT value FROM state_meta WHERE key = 'generation'", &[])?
             .map(|r| r.get(0));

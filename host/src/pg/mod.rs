@@ -22,6 +22,7 @@ pub mod replay;
 pub mod schema;
 mod server;
 pub mod translate;
+mod tx;
 pub mod url;
 mod write;
 
@@ -37,9 +38,10 @@ use crate::capture::{Capture, CaptureError};
 use crate::history::{Archived, Cleared, ForkRefused, ForkReport, Lineage, RestoreReport, Selector};
 use crate::ids::SessionId;
 use crate::transcript::StoredMessage;
+use server::replaced;
 pub use server::{PgOptions, Postgres, ServerState, inspect};
-use server::{TxRules, replaced};
 use translate::Fault;
+use tx::TxRules;
 pub use url::DbUrl;
 
 /// Open a PostgreSQL store diverting under `home`.

@@ -49,7 +49,7 @@ pub struct Postgres {
     pub(super) durability: Durability,
     /// What every write transaction on this connection sets first, so
     /// that the durability read at connect holds for each COMMIT (see
-    /// [`begin`]); `None` under [`Durability::Unsynced`].
+    /// [`super::tx::begin`]); `None` under [`Durability::Unsynced`].
     pub(super) sync_local: Option<&'static str>,
     /// This connection's server backend: its pid and `backend_start` (in
     /// microseconds since the epoch), recorded with every lease it takes.
@@ -231,7 +231,7 @@ impl Postgres {
         let level = client
             .query_one("SHOW synchronous_commit", &[])
             .map(|row| row.get::<_, String>(0));
-        self.sync_local = level.ok().and_then(|l| sync_local(&l));
+        self.sync_local = level.ok().and_then(|l| super::tx::sync_local(&l));
         self.durability = match self.sync_local {
             Some(_) => Durability::Synced,
             None => Durability::Unsynced,
@@ -555,46 +555,4 @@ pub fn inspect(url: &DbUrl) -> Result<ServerState, connect::ConnectError> {
         state.langgraph = Some((r.get(0), r.get(1), r.get(2), r.get(3)));
     }
     Ok(state)
-}
-
-/// The `SET LOCAL` that keeps `level` (`SHOW synchronous_commit` at
-/// connect) for one transaction; `None` for `off`, which promises nothing.
-///
-/// Why per transaction: the server's setting can change under a live
-/// connection (a reload of `postgresql.conf`, `ALTER SYSTEM`), and a
-/// connection pooler may hand the next transaction another backend with
-/// other session settings. A `SET LOCAL` inside the transaction is the one
-/// setting neither can undo before its COMMIT, so `durable: true` stays
-/// true of every batch it is reported for.
-pub(super) fn sync_local(level: &str) -> Option<&'static str> {
-    Some(match level {
-        "off" => return None,
-        "local" => "SET LOCAL synchronous_commit = local",
-        "remote_write" => "SET LOCAL synchronous_commit = remote_write",
-        "remote_apply" => "SET LOCAL synchronous_commit = remote_apply",
-        // `on`, and any spelling this build does not know: the default,
-        // which waits for the local flush and the synchronous standbys.
-        _ => "SET LOCAL synchronous_commit = on",
-    })
-}
-
-/// What every write transaction on a connection checks and sets: the
-/// database's generation the handle opened, and the [`sync_local`].
-#[derive(Clone, Copy)]
-pub(super) struct TxRules<'a> {
-    pub generation: &'a str,
-    pub sync_local: Option<&'a str>,
-}
-
-/// A write transaction on `client` that first sets `sync_local` (see
-/// [`sync_local`]). One more round trip than `BEGIN` alone.
-pub(super) fn begin<'c>(
-    client: &'c mut Client,
-    sync_local: Option<&str>,
-) -> Result<postgres::Transaction<'c>, postgres::Error> {
-    let mut tx = client.transaction()?;
-    if let Some(sql) = sync_local {
-        tx.batch_execute(sql)?;
-    }
-    Ok(tx)
 }

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use postgres::{Client, Statement, Transaction};
 use turnsafe_policy::machine::WritePlan;
 
-use super::server::TxRules;
+use super::tx::TxRules;
 use crate::backend::{Cursor, Flush, Lease};
 use crate::ids::{mint, now_ms};
 use crate::lease_proof::{Judged, Proof, judge};
@@ -117,7 +117,7 @@ pub(super) fn write_group(
     let mut each: Vec<Option<Stop>> = (0..n).map(|_| None).collect();
     let mut pending: HashMap<String, Cursor> = HashMap::new();
     let result = (|| -> Result<(), Stop> {
-        let mut tx = super::server::begin(client, rules.sync_local)?;
+        let mut tx = super::tx::begin(client, rules.sync_local)?;
         take_leases(
             &mut tx,
             prepared,
