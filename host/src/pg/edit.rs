@@ -243,12 +243,12 @@ impl PgStore {
                 self.pg.open().map_err(at)?;
                 self.ledger.counters.connections_opened += 1;
             }
-            let sync_local = self.pg.sync_local;
+            let sync_level = self.pg.sync_level;
             let Some(client) = self.pg.client.as_mut() else {
                 return Err(at(translate::failure(&Fault::NotConnected, 0)));
             };
             let result = (|| -> Result<T, Stop> {
-                let mut tx = super::tx::begin(client, sync_local)?;
+                let mut tx = super::tx::begin(client, sync_level)?;
                 // Another writer's live turn lease fences the session.
                 // Its lease ends on its expiry, or on the policy's word that
                 // its holder is gone.

@@ -165,10 +165,18 @@ pub(super) fn write_group(client: &mut Client, batches: &[&Flush<'_>], rules: su
     let mut each: Vec<Option<Stop>> = batches.iter().map(|_| None).collect();
     let now = crate::ids::now_ms();
     let result = (|| -> Result<(), Stop> {
-        let mut tx = super::tx::begin(client, rules.sync_local)?;
+        let mut tx = client.transaction()?;
+        // The generation, and the transaction's `synchronous_commit` set as
+        // `SET LOCAL` would, in the first statement (one row always).
         let found: Option<String> = tx
-            .query_opt("SELECT value FROM state_meta WHERE key = 'generation'", &[])?
-            .map(|r| r.get(0));
+            .query_one(
+                concat!(
+                    "SELECT (SELECT value FROM state_meta WHERE key = 'generation'), ",
+                    super::tx::set_level_sql!(1)
+                ),
+                &[&rules.sync_level],
+            )?
+            .get(0);
         if found.as_deref() != Some(rules.generation) {
             return Err(Stop::Replaced(found.unwrap_or_default()));
         }

@@ -169,7 +169,7 @@ impl PgStore {
                 let generation = self.pg.generation.clone().unwrap_or_default();
                 let rules = TxRules {
                     generation: &generation,
-                    sync_local: self.pg.sync_local,
+                    sync_level: self.pg.sync_level,
                 };
                 graph::write_group(client, &flushes, rules)
             }
@@ -237,7 +237,7 @@ impl PgStore {
             &lease,
             TxRules {
                 generation: &generation,
-                sync_local: self.pg.sync_local,
+                sync_level: self.pg.sync_level,
             },
             &promised,
         );

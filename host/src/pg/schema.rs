@@ -112,7 +112,7 @@ pub fn migrate(client: &mut Client) -> Result<Migrated, postgres::Error> {
     // Waiting for the flush whatever the server's setting: a migration a
     // crash undid would leave a new generation behind, which every writer
     // that saw the old one takes for a replaced database.
-    let mut tx = super::tx::begin(client, Some("SET LOCAL synchronous_commit = on"))?;
+    let mut tx = super::tx::begin(client, Some("on"))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
     let exists: bool = tx
         .query_one("SELECT to_regclass('state_meta') IS NOT NULL", &[])?

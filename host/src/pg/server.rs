@@ -50,7 +50,7 @@ pub struct Postgres {
     /// What every write transaction on this connection sets first, so
     /// that the durability read at connect holds for each COMMIT (see
     /// [`super::tx::begin`]); `None` under [`Durability::Unsynced`].
-    pub(super) sync_local: Option<&'static str>,
+    pub(super) sync_level: Option<&'static str>,
     /// This connection's server backend: its pid and `backend_start` (in
     /// microseconds since the epoch), recorded with every lease it takes.
     pub(crate) backend: Option<(i32, i64)>,
@@ -85,7 +85,7 @@ impl Postgres {
             generation: None,
             guard: guard::Guard::default(),
             durability: Durability::Synced,
-            sync_local: None,
+            sync_level: None,
             backend: None,
         }
     }
@@ -231,8 +231,8 @@ impl Postgres {
         let level = client
             .query_one("SHOW synchronous_commit", &[])
             .map(|row| row.get::<_, String>(0));
-        self.sync_local = level.ok().and_then(|l| super::tx::sync_local(&l));
-        self.durability = match self.sync_local {
+        self.sync_level = level.ok().and_then(|l| super::tx::sync_level(&l));
+        self.durability = match self.sync_level {
             Some(_) => Durability::Synced,
             None => Durability::Unsynced,
         };

@@ -117,14 +117,16 @@ pub(super) fn write_group(
     let mut each: Vec<Option<Stop>> = (0..n).map(|_| None).collect();
     let mut pending: HashMap<String, Cursor> = HashMap::new();
     let result = (|| -> Result<(), Stop> {
-        let mut tx = super::tx::begin(client, rules.sync_local)?;
+        // The level is set by the first statement (take_leases), not by a
+        // `SET LOCAL` of its own: one round trip less per group.
+        let mut tx = client.transaction()?;
         take_leases(
             &mut tx,
             prepared,
             batches,
             cursors,
             lease,
-            rules.generation,
+            rules,
             &mut each,
             &mut pending,
         )?;
@@ -158,7 +160,7 @@ fn take_leases(
     batches: &[(&Flush<'_>, WritePlan)],
     cursors: &HashMap<String, Cursor>,
     lease: &Lease,
-    generation: &str,
+    rules: TxRules<'_>,
     each: &mut [Option<Stop>],
     pending: &mut HashMap<String, Cursor>,
 ) -> Result<(), Stop> {
@@ -169,19 +171,25 @@ fn take_leases(
         .map(|(f, _)| f.session.as_str())
         .collect();
     let ids: Vec<&str> = sessions.iter().copied().collect();
-    // The generation always comes back (the left side is one row); the
-    // sessions' rows that no other transaction holds come locked, in id
-    // order, so two groups never wait on each other in a cycle.
+    // The generation always comes back (the left side is one row), and
+    // with it the transaction's `synchronous_commit` is set, as `SET LOCAL`
+    // would (`sync`, referenced so it is always evaluated); the sessions'
+    // rows that no other transaction holds come locked, in id order, so two
+    // groups never wait on each other in a cycle.
     let lock = prepared.get(
         tx,
-        "SELECT g.value, s.id, s.lease_token, s.lease_expires_ms, s.lease_holder \
-         FROM (SELECT (SELECT value FROM state_meta WHERE key = 'generation') AS value) g \
-         LEFT JOIN LATERAL (SELECT id, lease_token, lease_expires_ms, lease_holder FROM sessions \
-             WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED) s ON true",
+        concat!(
+            "SELECT g.value, s.id, s.lease_token, s.lease_expires_ms, s.lease_holder, g.sync \
+             FROM (SELECT (SELECT value FROM state_meta WHERE key = 'generation') AS value, ",
+            super::tx::set_level_sql!(2),
+            " AS sync) g \
+             LEFT JOIN LATERAL (SELECT id, lease_token, lease_expires_ms, lease_holder FROM sessions \
+                 WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED) s ON true"
+        ),
     )?;
-    let found = tx.query(&lock, &[&ids])?;
+    let found = tx.query(&lock, &[&ids, &rules.sync_level])?;
     let found_generation: Option<String> = found.first().and_then(|r| r.get(0));
-    if found_generation.as_deref() != Some(generation) {
+    if found_generation.as_deref() != Some(rules.generation) {
         return Err(Stop::Replaced(found_generation.unwrap_or_default()));
     }
     let locked: BTreeMap<String, LeaseRow> = found
