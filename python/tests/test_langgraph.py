@@ -437,8 +437,10 @@ def test_async_saver_runs_a_graph_and_groups_its_threads(home: Path) -> None:
         raise AssertionError(f"never: {what}")
 
     async def main():
-        # A worker per graph, so every graph's call reaches the store at once.
-        asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=16))
+        # The loop's default executor with one worker: the saver must not
+        # use it (its calls would reach the store one at a time, and each
+        # take a transaction of its own), but the package's own workers.
+        asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
         async with AsyncTurnsafeSaver(home) as saver:
             sent = Recorder.around(saver)
             arrived = {"a": 0, "b": 0, "c": 0}

@@ -47,6 +47,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 
+from ._aio import off_loop
 from ._errors import TurnNotPersisted
 from ._native import Store
 
@@ -207,8 +208,11 @@ class _Saver(BaseCheckpointSaver[str]):
     # -- the async API: the same calls, off the event loop ----------------
 
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
+        # The package's own workers, never the loop's default executor: that
+        # one is sized for the application's own `to_thread` calls (6
+        # threads on 2 cores), which left most of 16 tasks' checkpoints
+        # waiting outside the store instead of sharing its group commits.
+        return await off_loop(fn, *args, **kwargs)
 
     async def aget_tuple(self, config: RunnableConfig) -> Optional[CheckpointTuple]:
         return await self._run(self.get_tuple, config)
@@ -280,8 +284,8 @@ class TurnsafeSaver(_Saver):
     holder=None, lease_ttl=30.0)``: ``home`` holds ``state.db`` and the
     divert folder; ``db`` (or ``TURNSAFE_DB``) a PostgreSQL URL instead of
     ``state.db``. Safe to share between threads: their checkpoints are
-    committed together. The async methods run the same calls in the event
-    loop's executor.
+    committed together. The async methods run the same calls on the
+    package's own worker threads (never the event loop's default executor).
     """
 
 
