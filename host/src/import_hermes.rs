@@ -42,7 +42,9 @@
 //!   `torn`: a writer stopped in the middle of it.
 //!
 //! **Idempotent.** Every row and line has a stable uid; a uid the session
-//! already holds, active or archived, is a duplicate. A second import of
+//! already holds, active or archived, is a duplicate when the stored row
+//! has its bytes, and a `conflict` (not written) when it has others. A
+//! second import of
 //! an unchanged home adds nothing. An import never takes back what an
 //! earlier one wrote: a row Hermes rewound after it was imported stays
 //! active here.
@@ -173,6 +175,9 @@ pub struct SessionReport {
     /// Already in the session: a row or line an earlier import wrote, or a
     /// line that is a message already there ([`align`]).
     pub duplicate: u64,
+    /// Rows and lines whose uid the session holds with other bytes: not
+    /// written, the stored row kept.
+    pub conflict: u64,
     /// Lines imported although they may repeat a message already there
     /// (the evidence cannot tell); counted in `imported` too.
     pub possible_duplicate: u64,
@@ -238,6 +243,7 @@ impl Report {
             "copy_attempts": self.copy_attempts, "sessions": self.sessions.len(),
             "rows": sum(|s| s.rows), "lines": sum(|s| s.lines), "imported": sum(|s| s.imported),
             "archived": sum(|s| s.archived), "duplicate": sum(|s| s.duplicate),
+            "conflict": sum(|s| s.conflict),
             "possible_duplicate": sum(|s| s.possible_duplicate),
             "quarantined": sum(|s| s.quarantined), "torn": sum(|s| s.torn),
             "renamed": renamed, "refused": refused, "quarantine": self.quarantine,
@@ -652,6 +658,7 @@ impl Run {
                 r.imported += c.imported;
                 r.archived += c.archived;
                 r.duplicate += c.duplicate;
+                r.conflict += c.conflict;
                 r.refused |= c.refused;
                 if let Some(possible) = owner.possible
                     && c.imported > 0

@@ -4,8 +4,10 @@
 //! given uids and seqs, and rows that runtime had already taken out of the
 //! transcript, for the archive.
 //!
-//! Idempotent by uid on every engine: a uid already in the session, active
-//! or archived, is a duplicate and is never written again. A row's seq is
+//! Idempotent on every engine: a uid already in the session, active or
+//! archived, is never written again; it is a duplicate when the stored row
+//! has the row's bytes (the one comparison, [`crate::same`]), and a
+//! conflict, set aside, when it has others. A row's seq is
 //! its given seq plus the session's base, recorded in its `session_meta`
 //! record (`seq_base`) at its first import: 0 for a new session, just past
 //! its rows for a session turnsafe already wrote to.
@@ -47,10 +49,26 @@ pub struct ImportCounts {
     pub imported: u64,
     /// Rows written to the archive.
     pub archived: u64,
-    /// Rows whose uid the session already holds, active or archived.
+    /// Rows the session already holds, active or archived, with the same
+    /// bytes ([`crate::same`]).
     pub duplicate: u64,
+    /// Rows whose uid the session holds with other bytes: not written (the
+    /// stored row stays), counted apart.
+    pub conflict: u64,
     /// Another writer holds the session's live turn lease: nothing written.
     pub refused: bool,
+}
+
+impl ImportCounts {
+    /// A row whose uid the session already holds: a duplicate when the
+    /// stored row has its bytes, else a conflict.
+    pub(crate) fn held(&mut self, same_bytes: bool) {
+        if same_bytes {
+            self.duplicate += 1;
+        } else {
+            self.conflict += 1;
+        }
+    }
 }
 
 /// The record `meta` (a JSON object) with `seq_base` set.

@@ -203,6 +203,59 @@ fn an_import_into_a_server_matches_the_same_import_into_sqlite() {
     );
     assert_eq!(stored_pg(&server, &db), on_server);
 
+    // A uid the session holds with other bytes is never a duplicate: the
+    // one comparison of bytes says conflict, and the stored row stays.
+    let (session, uid) = (on_server.0[0][0].clone(), on_server.0[0][1].clone());
+    let other = r#"{"role":"user","content":"edited since"}"#;
+    server
+        .admin(&db)
+        .execute(
+            "UPDATE messages SET item = $3 WHERE session_id = $1 AND uid = $2",
+            &[&session, &uid, &other],
+        )
+        .unwrap();
+    let c = rusqlite::Connection::open(sqlite_home.join("state.db")).unwrap();
+    c.execute(
+        "UPDATE messages SET item = ?3 WHERE session_id = ?1 AND uid = ?2",
+        [&session, &uid, &other.to_string()],
+    )
+    .unwrap();
+    drop(c);
+    for (home, extra) in [(&pg_home, vec!["--db", url.as_str()]), (&sqlite_home, vec![])] {
+        let (code, edited) = import(&source, home, &extra);
+        assert_eq!(code, 0, "{edited:?}");
+        let end = &edited.last().unwrap()["data"];
+        assert_eq!(
+            (
+                end["conflict"].as_u64(),
+                end["imported"].as_u64(),
+                end["archived"].as_u64()
+            ),
+            (Some(1), Some(0), Some(0)),
+            "{extra:?}: {end}"
+        );
+        assert_eq!(
+            end["duplicate"].as_u64(),
+            again.last().unwrap()["data"]["duplicate"].as_u64().map(|d| d - 1)
+        );
+    }
+    let kept: String = server
+        .admin(&db)
+        .query_one(
+            "SELECT item FROM messages WHERE session_id = $1 AND uid = $2",
+            &[&session, &uid],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, other, "the stored row stays");
+    server
+        .admin(&db)
+        .execute(
+            "UPDATE messages SET item = $3 WHERE session_id = $1 AND uid = $2",
+            &[&session, &uid, &on_server.0[0][3]],
+        )
+        .unwrap();
+
     // Read back by the server's own readers, as written.
     let shown = std::process::Command::new(bin())
         .args(["show", "--json", "--db", &url, "--home"])

@@ -55,7 +55,10 @@ enum What {
 /// possible duplicate, with the uid of the message it may repeat. A line
 /// that cannot be read is copied to `<home>/import-quarantine/hermes.jsonl`
 /// and counted `quarantined`; a torn last line is counted `torn`. Every
-/// row and line has a stable uid, so a second import adds nothing.
+/// row and line has a stable uid, so a second import adds nothing: a uid
+/// the session holds is a `duplicate` when the stored row has the same
+/// bytes, and a `conflict` when it has others (not written; the stored row
+/// stays).
 ///
 /// Output, one line per session:
 /// `<hermes id> -> <session>: <rows> rows, <lines> lines: <imported> imported, <archived> archived, <duplicate> duplicate, <quarantined> quarantined[, <torn> torn][, <n> possible duplicate][, refused]`
@@ -63,7 +66,7 @@ enum What {
 /// `  possible duplicate: <file> line|message <line> (<uid>) may repeat <uid>`;
 /// then a summary line. With `--json`: one `{"type":"session","data":{...}}`
 /// per session (`hermes_id`, `session`, `renamed`, `parent`, `rows`,
-/// `lines`, `imported`, `archived`, `duplicate`, `possible_duplicate`,
+/// `lines`, `imported`, `archived`, `duplicate`, `conflict`, `possible_duplicate`,
 /// `possible_duplicates`: [{`file`, `kind`, `line`, `uid`, `may_repeat`}],
 /// `quarantined`, `torn`, `refused`, `files`), then
 /// `{"type":"end","data":{...}}` (`source`, `home`, `dry_run`,
@@ -185,6 +188,9 @@ pub(crate) fn print(report: &Report, json: bool) {
             if s.torn > 0 {
                 line.push_str(&format!(", {} torn", s.torn));
             }
+            if s.conflict > 0 {
+                line.push_str(&format!(", {} conflict", s.conflict));
+            }
             if s.possible_duplicate > 0 {
                 line.push_str(&format!(", {} possible duplicate", s.possible_duplicate));
             }
@@ -227,6 +233,9 @@ pub(crate) fn print(report: &Report, json: bool) {
     );
     if n("possible_duplicate") > 0 {
         last.push_str(&format!(", {} possible duplicate", n("possible_duplicate")));
+    }
+    if n("conflict") > 0 {
+        last.push_str(&format!(", {} conflict", n("conflict")));
     }
     super::emit(&last);
     if let Some(q) = &report.quarantine {

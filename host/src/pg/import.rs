@@ -5,7 +5,7 @@
 //! generation and the first session's lease checked, the policy deciding
 //! a failure).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use postgres::Transaction;
 
@@ -78,15 +78,15 @@ fn import_session(tx: &mut Transaction<'_>, s: &ImportSession, write: bool) -> R
     }
     // Uids of the session already archived: a duplicate, whether an
     // earlier import put them there or an edit since did.
-    let mut archived: HashSet<String> = tx
-        .query("SELECT uid FROM archive WHERE session_id = $1", &[&session])?
+    let mut archived: HashMap<String, String> = tx
+        .query("SELECT uid, item FROM archive WHERE session_id = $1", &[&session])?
         .into_iter()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1)))
         .collect();
-    let active: HashSet<String> = tx
-        .query("SELECT uid FROM messages WHERE session_id = $1", &[&session])?
+    let active: HashMap<String, String> = tx
+        .query("SELECT uid, item FROM messages WHERE session_id = $1", &[&session])?
         .into_iter()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1)))
         .collect();
     let base = seq_base(tx, session)?;
     if write {
@@ -111,8 +111,8 @@ fn import_session(tx: &mut Transaction<'_>, s: &ImportSession, write: bool) -> R
                       reason, holder, edit) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
     let at_ms = now_ms();
     for row in &s.rows {
-        if archived.contains(&row.uid) || active.contains(&row.uid) {
-            counts.duplicate += 1;
+        if let Some(stored) = archived.get(&row.uid).or_else(|| active.get(&row.uid)) {
+            counts.held(crate::same::same_object_text(stored, row.message.item()));
             continue;
         }
         let seq = base + row.seq;
@@ -138,7 +138,14 @@ fn import_session(tx: &mut Transaction<'_>, s: &ImportSession, write: bool) -> R
                 if written == 1 {
                     counts.imported += 1;
                 } else {
-                    counts.duplicate += 1;
+                    // Another writer stored the uid since the read above.
+                    let stored: Option<String> = tx
+                        .query_opt(
+                            "SELECT item FROM messages WHERE session_id = $1 AND uid = $2",
+                            &[&session, &row.uid],
+                        )?
+                        .map(|r| r.get(0));
+                    counts.held(stored.is_some_and(|s| crate::same::same_object_text(&s, row.message.item())));
                 }
             }
             Some(reason) => {
@@ -161,8 +168,8 @@ fn import_session(tx: &mut Transaction<'_>, s: &ImportSession, write: bool) -> R
                     )?;
                 }
                 // A source's rows have distinct uids; one archived twice in
-                // this run is a duplicate the second time.
-                archived.insert(row.uid.clone());
+                // this run meets its first copy.
+                archived.insert(row.uid.clone(), row.message.item_text());
                 counts.archived += 1;
             }
         }

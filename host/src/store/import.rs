@@ -18,7 +18,7 @@
 //! session, just past its rows for a session turnsafe already wrote to, so
 //! those stay first and every later import numbers the same way.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -68,11 +68,12 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
     let has_archive = table_exists(conn, "archive")?;
     // Uids of the session already in the archive: a duplicate, whether an
     // earlier import put them there or an edit since did.
-    let mut archived: HashSet<String> = HashSet::new();
+    let mut archived: HashMap<String, String> = HashMap::new();
     if has_archive {
-        let mut stmt = conn.prepare_cached("SELECT uid FROM archive WHERE session_id = ?1")?;
-        for uid in stmt.query_map([session], |r| r.get::<_, String>(0))? {
-            archived.insert(uid?);
+        let mut stmt = conn.prepare_cached("SELECT uid, item FROM archive WHERE session_id = ?1")?;
+        for row in stmt.query_map([session], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
+            let (uid, item) = row?;
+            archived.insert(uid, item);
         }
     }
     let has_messages = table_exists(conn, "messages")?;
@@ -92,7 +93,10 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
         }
     }
     let mut active = if has_messages {
-        Some(conn.prepare_cached("SELECT 1 FROM messages WHERE session_id = ?1 AND uid = ?2")?)
+        let columns = crate::rows::item_columns(crate::rows::has_items(conn)?);
+        Some(conn.prepare_cached(&format!(
+            "SELECT {columns} FROM messages WHERE session_id = ?1 AND uid = ?2"
+        ))?)
     } else {
         None
     };
@@ -110,9 +114,10 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
         (None, None)
     };
     let at_ms = now_ms();
+    let items = has_messages && crate::rows::has_items(conn)?;
     for row in &s.rows {
-        if archived.contains(&row.uid) {
-            counts.duplicate += 1;
+        if let Some(stored) = archived.get(&row.uid) {
+            counts.held(crate::same::same_object_text(stored, row.message.item()));
             continue;
         }
         match row.archive {
@@ -121,16 +126,19 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
                 if crate::rows::insert(insert, session, &row.uid, base + row.seq, &row.message, row.created_ms)? == 1 {
                     counts.imported += 1;
                 } else {
-                    counts.duplicate += 1;
+                    counts.held(crate::rows::same_row(conn, session, &row.uid, &row.message)?);
                 }
             }
             _ => {
-                let stored = match active.as_mut() {
-                    Some(stmt) => stmt.exists(params![session, row.uid])?,
-                    None => false,
+                let stored: Option<serde_json::Map<String, serde_json::Value>> = match active.as_mut() {
+                    Some(stmt) => stmt
+                        .query_row(params![session, row.uid], |r| crate::rows::read_item(r, 0, items))
+                        .optional()?,
+                    None => None,
                 };
-                if stored {
-                    counts.duplicate += 1;
+                if let Some(stored) = stored {
+                    let text = serde_json::Value::Object(stored).to_string();
+                    counts.held(crate::same::same_object_text(&text, row.message.item()));
                     continue;
                 }
                 match row.archive {
@@ -152,8 +160,8 @@ pub fn import_session(conn: &Connection, s: &ImportSession, write: bool) -> rusq
                             ])?;
                         }
                         // A source's rows have distinct uids; one archived
-                        // twice in this run is a duplicate the second time.
-                        archived.insert(row.uid.clone());
+                        // twice in this run meets its first copy.
+                        archived.insert(row.uid.clone(), row.message.item_text());
                         counts.archived += 1;
                     }
                 }
