@@ -6,32 +6,11 @@
 //! current version with the same tables.
 mod common;
 use common::*;
+use pg::{dump, schema_version as version};
 use turnsafe_host::backend::Backend;
 use turnsafe_host::pg::schema::VERSION;
 
 const FIXTURE: &str = include_str!("fixtures/pg-v3.sql");
-
-fn version(server: &pg::PgServer, db: &str) -> String {
-    server
-        .admin(db)
-        .query_one("SELECT value FROM state_meta WHERE key = 'schema_version'", &[])
-        .unwrap()
-        .get(0)
-}
-
-/// Every row of `table`, every column, as JSON text, in `order`.
-fn dump(server: &pg::PgServer, db: &str, table: &str, order: &str) -> Vec<String> {
-    server
-        .admin(db)
-        .query(
-            &format!("SELECT row_to_json(t)::text FROM {table} t ORDER BY {order}"),
-            &[],
-        )
-        .unwrap()
-        .into_iter()
-        .map(|r| r.get(0))
-        .collect()
-}
 
 fn count(server: &pg::PgServer, db: &str, table: &str) -> i64 {
     server

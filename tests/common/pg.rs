@@ -695,6 +695,29 @@ pub fn store(url: &str, home: &Path) -> turnsafe_host::pg::PgStore {
     turnsafe_host::pg::open_store(url, home, turnsafe_host::backend::LeaseOptions::default())
 }
 
+/// `state_meta.schema_version` of `db`.
+pub fn schema_version(server: &PgServer, db: &str) -> String {
+    server
+        .admin(db)
+        .query_one("SELECT value FROM state_meta WHERE key = 'schema_version'", &[])
+        .expect("read the schema version")
+        .get(0)
+}
+
+/// Every row of `table`, every column, as JSON text, in `order`.
+pub fn dump(server: &PgServer, db: &str, table: &str, order: &str) -> Vec<String> {
+    server
+        .admin(db)
+        .query(
+            &format!("SELECT row_to_json(t)::text FROM {table} t ORDER BY {order}"),
+            &[],
+        )
+        .expect("dump a table")
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 /// `(uid, seq, content)` of a session's stored messages, in order.
 pub fn rows(server: &PgServer, db: &str, session: &str) -> Vec<(String, i64, String)> {
     server
