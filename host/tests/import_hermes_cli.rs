@@ -11,6 +11,9 @@
 //! Hermes writer and an unflushed WAL are in
 //! `python/tests/test_import_hermes.py`, where the real package runs.
 
+mod hermes_fixture;
+
+use hermes_fixture::{bytes, hermes_home};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -36,40 +39,6 @@ fn turnsafe(args: &[&str]) -> Run {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
-}
-
-/// A copy of the fixture home, in `dir/hermes`.
-fn hermes_home(dir: &Path) -> PathBuf {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hermes-0.19.0");
-    let to = dir.join("hermes");
-    for entry in walk(&fixture) {
-        let rel = entry.strip_prefix(&fixture).unwrap();
-        let target = to.join(rel);
-        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        std::fs::copy(&entry, &target).unwrap();
-    }
-    to
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out.sort();
-    out
-}
-
-fn bytes(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    walk(dir)
-        .into_iter()
-        .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
-        .collect()
 }
 
 fn redact(text: &str, dir: &Path) -> String {

@@ -7,46 +7,15 @@
 #[path = "../../tests/common/pg.rs"]
 mod pg;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+mod hermes_fixture;
+
+use hermes_fixture::{bytes, hermes_home};
+use std::path::Path;
 
 use serde_json::Value;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_turnsafe")
-}
-
-/// A copy of the fixture home, in `dir/hermes`.
-fn hermes_home(dir: &Path) -> PathBuf {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hermes-0.19.0");
-    let to = dir.join("hermes");
-    for entry in walk(&fixture) {
-        let target = to.join(entry.strip_prefix(&fixture).unwrap());
-        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        std::fs::copy(&entry, &target).unwrap();
-    }
-    to
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out.sort();
-    out
-}
-
-fn bytes(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    walk(dir)
-        .into_iter()
-        .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
-        .collect()
 }
 
 /// `turnsafe import hermes --json` with `extra`; the exit code and the
