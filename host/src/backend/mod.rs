@@ -88,6 +88,14 @@ impl LeaseOptions {
     }
 }
 
+/// How a shared store may commit several groups at once
+/// ([`shared::SharedStore`]): up to `depth` handles, the first the one it
+/// was given, each further one made by `make` when first needed.
+pub struct Pipeline {
+    pub depth: usize,
+    pub make: Box<dyn Fn() -> Box<dyn Engine + Send> + Send + Sync>,
+}
+
 /// Which database a handle writes to, as its generation and the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
@@ -185,6 +193,11 @@ pub trait Backend {
     fn capture(&mut self, trigger: &str, evidence: &[Evidence]) -> Result<Capture, CaptureError>;
     /// Give back every lease this handle holds (end of input).
     fn release_all_leases(&mut self);
+    /// Further handles on the same database for a pipeline of groups, or
+    /// `None` where one group commits at a time (SQLite has one writer).
+    fn pipeline(&self) -> Option<Pipeline> {
+        None
+    }
     /// Give back this handle's lease on `session`.
     fn release_lease(&mut self, session: &SessionId);
 

@@ -241,10 +241,11 @@ pub fn run(args: Args) -> i32 {
             opts.holder = h;
         }
         tracing::info!(target_db = url.display(), "appending to postgres");
-        let store: Store = Box::new(crate::pg::open_store(*url, &args.home, opts));
+        let store = crate::pg::open_store(*url, &args.home, opts);
         return match session {
-            Some(session) => stream(store, &session, |_| {}),
-            None => many::stream(store, |_| {}),
+            Some(session) => stream(Box::new(store), &session, |_| {}),
+            // Sessions that wait together pipeline their groups.
+            None => many::stream_shared(crate::backend::SharedStore::over(store, &args.home)),
         };
     }
     let mut opts = StoreOptions {

@@ -9,6 +9,8 @@
 //! behind that one) the last batch stored is looked up, and a server that
 //! lacks it is refused for good: the handle never uses a connection again.
 
+use std::sync::{Arc, Mutex, MutexGuard};
+
 use postgres::Client;
 use turnsafe_policy::Evidence;
 use turnsafe_policy::machine::Failure;
@@ -89,9 +91,26 @@ enum Position {
     Unread,
 }
 
+/// One guard for every connection of a pipeline: what any of them stored
+/// last is what every new connection is checked against, and a server one
+/// of them refused is refused by all.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Shared(Arc<Mutex<Guard>>);
+
+impl Shared {
+    /// The guard, even after a thread panicked holding it: each of its
+    /// changes is one assignment, so it is never half made.
+    pub(super) fn lock(&self) -> MutexGuard<'_, Guard> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// What the guard knows across connections.
 #[derive(Debug)]
 pub(super) struct Guard {
+    /// The generation of the database the first open found; a later open
+    /// that finds another is a replaced store.
+    generation: Option<String>,
     /// The server this handle last connected to.
     server: Option<ServerMark>,
     last: Option<LastStored>,
@@ -104,6 +123,7 @@ pub(super) struct Guard {
 impl Default for Guard {
     fn default() -> Self {
         Guard {
+            generation: None,
             server: None,
             last: None,
             position: Position::Unknown,
@@ -113,6 +133,16 @@ impl Default for Guard {
 }
 
 impl Guard {
+    /// The generation every connection must find, once one found it.
+    pub(super) fn generation(&self) -> Option<&String> {
+        self.generation.as_ref()
+    }
+
+    /// The first open found `generation` (a later one found the same).
+    pub(super) fn found(&mut self, generation: String) {
+        self.generation.get_or_insert(generation);
+    }
+
     pub(super) fn refused(&self) -> Option<&Failure> {
         self.refused.as_ref()
     }
@@ -123,8 +153,16 @@ impl Guard {
     }
 
     /// A batch was stored: `last`, committed before `lsn` was read (`None`
-    /// when it could not be).
+    /// when it could not be). Connections of one pipeline report in any
+    /// order: a batch read at a position behind the one kept is not the
+    /// later one, and the check keeps the furthest (a server restored to a
+    /// point between the two lacks the one kept, and is caught by it).
     pub(super) fn committed(&mut self, last: LastStored, lsn: Option<i64>) {
+        if let (Position::At(seen), Some(lsn)) = (self.position, lsn)
+            && lsn < seen
+        {
+            return;
+        }
         self.last = Some(last);
         self.position = lsn.map_or(Position::Unread, Position::At);
     }

@@ -67,11 +67,15 @@ impl PgStore {
     /// A store on `pg`, diverting under `home/sessions/`. The server is
     /// connected to here; if that fails the store still answers every batch.
     pub fn new(pg: Postgres, home: &std::path::Path, opts: LeaseOptions) -> PgStore {
+        PgStore::connected(pg, home, opts.lease())
+    }
+
+    fn connected(pg: Postgres, home: &std::path::Path, lease: Lease) -> PgStore {
         let mut store = PgStore {
             pg,
             home: home.to_path_buf(),
             ledger: Ledger::new(home),
-            lease: opts.lease(),
+            lease,
             open_failure: None,
         };
         store.ledger.counters.open_attempts += 1;
@@ -103,7 +107,7 @@ impl PgStore {
 
     /// The failure of a stopped write, in the policy's terms.
     fn failure_of(&mut self, stop: write::Stop) -> Failure {
-        let generation = self.pg.generation.clone().unwrap_or_default();
+        let generation = self.pg.generation();
         match stop {
             write::Stop::Client(e) => self.pg.client_failure(&e, Fault::Client(&e)),
             write::Stop::Commit(e) => self.pg.client_failure(&e, Fault::Commit(&e)),
@@ -132,6 +136,10 @@ impl PgStore {
     /// the guard learns the last batch stored and the server's WAL
     /// position, read after the last COMMIT: one round trip per group.
     fn write_any(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
+        if self.refused() {
+            // The next open is refused as that one was.
+            self.pg.client = None;
+        }
         let (write, last) = if batches.iter().any(|(f, _)| f.graph.is_some()) {
             self.write_mixed(batches)
         } else {
@@ -142,9 +150,16 @@ impl PgStore {
             // WAL: a server restored from a backup taken just before it
             // starts behind it even with the checkpoint its recovery adds.
             let lsn = self.pg.client.as_mut().and_then(guard::wal_position);
-            self.pg.guard.committed(last, lsn);
+            self.pg.guard.lock().committed(last, lsn);
         }
         write
+    }
+
+    /// Whether the guard refused a server, on any connection of this
+    /// handle's pipeline: then no connection of it writes again, one still
+    /// open included.
+    fn refused(&self) -> bool {
+        self.pg.guard.lock().refused().is_some()
     }
 
     /// A group with LangGraph batches: those are written in a transaction
@@ -157,6 +172,7 @@ impl PgStore {
         let (graphs, messages): (Vec<usize>, Vec<usize>) =
             (0..batches.len()).partition(|&k| batches[k].0.graph.is_some());
         let flushes: Vec<&Flush<'_>> = graphs.iter().map(|&k| batches[k].0).collect();
+        let generation = self.pg.generation();
         let written = match self.pg.client.as_mut() {
             None => graph::GraphWritten {
                 group: Some(write::Stop::Failed(Box::new(translate::failure(
@@ -166,7 +182,6 @@ impl PgStore {
                 each: flushes.iter().map(|_| None).collect(),
             },
             Some(client) => {
-                let generation = self.pg.generation.clone().unwrap_or_default();
                 let rules = TxRules {
                     generation: &generation,
                     sync_level: self.pg.sync_level,
@@ -208,6 +223,7 @@ impl PgStore {
     /// A group of message batches, in one transaction. Returns the last
     /// batch it stored.
     fn write_messages(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> (GroupWrite, Option<guard::LastStored>) {
+        let generation = self.pg.generation();
         let Some(client) = self.pg.client.as_mut() else {
             return (
                 GroupWrite::failed(batches.len(), translate::failure(&Fault::NotConnected, 0)),
@@ -215,7 +231,6 @@ impl PgStore {
             );
         };
         let prepared = &mut self.pg.prepared;
-        let generation = self.pg.generation.clone().unwrap_or_default();
         let divert_dir = self.ledger.divert_dir.clone();
         let promised = |session: &str| crate::backend::group::promised_seq(&divert_dir, session);
         // The lease names this process and this connection's backend.
@@ -295,6 +310,26 @@ impl Backend for PgStore {
 
     fn write_group(&mut self, batches: &[(&Flush<'_>, WritePlan)]) -> GroupWrite {
         self.write_any(batches)
+    }
+
+    /// Further connections to the same server, each a handle of its own
+    /// (its ledger, its lease holder's backend) sharing this one's
+    /// identity guard and generation.
+    fn pipeline(&self) -> Option<crate::backend::Pipeline> {
+        let depth = self.pg.opts.pipeline;
+        if depth < 2 {
+            return None;
+        }
+        let template = self.pg.lane();
+        let home = self.home.clone();
+        let lease = self.lease.clone();
+        Some(crate::backend::Pipeline {
+            depth,
+            make: Box::new(move || {
+                Box::new(PgStore::connected(template.make(), &home, lease.clone()))
+                    as Box<dyn crate::backend::Engine + Send>
+            }),
+        })
     }
 
     fn resolve(

@@ -21,12 +21,44 @@ pub struct PgOptions {
     /// `lock_timeout` for the writer's statements: kept small, as the
     /// policy's retry plan, not the server, decides how long to wait.
     pub lock_timeout: Duration,
+    /// How many groups a shared store has in flight at once, each on its
+    /// own connection (see [`crate::backend::shared`]): while one group's
+    /// COMMIT waits for the server's WAL flush, the next is written. 1
+    /// commits one group at a time. `TURNSAFE_PG_PIPELINE` sets it (1 to 8).
+    pub pipeline: usize,
+}
+
+/// Groups in flight at once when `TURNSAFE_PG_PIPELINE` does not say.
+pub const DEFAULT_PIPELINE: usize = 3;
+/// The most `TURNSAFE_PG_PIPELINE` may ask for: each is a connection.
+pub const MAX_PIPELINE: usize = 8;
+
+impl PgOptions {
+    /// The pipeline depth `TURNSAFE_PG_PIPELINE` asks for; a value that is
+    /// not a number from 1 to [`MAX_PIPELINE`] is refused with a warning
+    /// and the default taken.
+    pub fn pipeline_from_env() -> usize {
+        match std::env::var("TURNSAFE_PG_PIPELINE") {
+            Err(_) => DEFAULT_PIPELINE,
+            Ok(v) => match v.trim().parse::<usize>() {
+                Ok(n @ 1..=MAX_PIPELINE) => n,
+                _ => {
+                    tracing::warn!(
+                        value = %v,
+                        "TURNSAFE_PG_PIPELINE must be a number from 1 to {MAX_PIPELINE}; using {DEFAULT_PIPELINE}"
+                    );
+                    DEFAULT_PIPELINE
+                }
+            },
+        }
+    }
 }
 
 impl Default for PgOptions {
     fn default() -> Self {
         PgOptions {
             lock_timeout: Duration::from_millis(50),
+            pipeline: PgOptions::pipeline_from_env(),
         }
     }
 }
@@ -38,12 +70,11 @@ pub struct Postgres {
     pub(super) client: Option<Client>,
     /// The write path's statements, prepared on `client`.
     pub(super) prepared: write::Prepared,
-    /// The generation of the database the first open found; a later open
-    /// that finds another is a replaced store.
-    pub(super) generation: Option<String>,
     /// What the last batch stored left for the check of every new
-    /// connection (see [`guard`]).
-    pub(super) guard: guard::Guard,
+    /// connection (see [`guard`]), shared by every connection of one
+    /// pipeline ([`Postgres::lane`]): a connection is checked against what
+    /// any of them stored last.
+    pub(super) guard: guard::Shared,
     /// Whether this connection's COMMIT waits for its WAL flush
     /// (`synchronous_commit`), read at every connect.
     pub(super) durability: Durability,
@@ -54,6 +85,22 @@ pub struct Postgres {
     /// This connection's server backend: its pid and `backend_start` (in
     /// microseconds since the epoch), recorded with every lease it takes.
     pub(crate) backend: Option<(i32, i64)>,
+}
+
+/// A connection of a pipeline, not yet made ([`Postgres::lane`]).
+pub(super) struct Lane {
+    url: DbUrl,
+    opts: PgOptions,
+    guard: guard::Shared,
+}
+
+impl Lane {
+    pub(super) fn make(&self) -> Postgres {
+        Postgres {
+            guard: self.guard.clone(),
+            ..Postgres::new(self.url.clone(), self.opts.clone())
+        }
+    }
 }
 
 /// Why no connection was made ready.
@@ -82,8 +129,7 @@ impl Postgres {
             opts,
             client: None,
             prepared: write::Prepared::default(),
-            generation: None,
-            guard: guard::Guard::default(),
+            guard: guard::Shared::default(),
             durability: Durability::Synced,
             sync_level: None,
             backend: None,
@@ -92,6 +138,23 @@ impl Postgres {
 
     pub fn url(&self) -> &DbUrl {
         &self.url
+    }
+
+    /// The generation this handle's connections must find (empty before
+    /// the first open found one).
+    pub(super) fn generation(&self) -> String {
+        self.guard.lock().generation().cloned().unwrap_or_default()
+    }
+
+    /// What a second connection to the same database for a pipeline is
+    /// made from: the URL and options, and this one's identity guard, with
+    /// the generation the first open of any of them found.
+    pub(super) fn lane(&self) -> Lane {
+        Lane {
+            url: self.url.clone(),
+            opts: self.opts.clone(),
+            guard: self.guard.clone(),
+        }
     }
 
     /// The live connection, for tests and read commands.
@@ -192,7 +255,7 @@ impl Postgres {
     #[allow(clippy::result_large_err)]
     pub(super) fn ready(&mut self) -> Result<(), Unready> {
         self.client = None;
-        if let Some(f) = self.guard.refused() {
+        if let Some(f) = self.guard.lock().refused() {
             return Err(Unready::Failed(f.clone()));
         }
         let failed = |fault: Fault<'_>| Unready::Failed(translate::failure(&fault, 0));
@@ -212,19 +275,23 @@ impl Postgres {
             Ok(Migrated::Newer { found }) => return Err(Unready::NewerSchema { found }),
             Err(e) => return Err(failed(Fault::Client(&e))),
         };
-        match &self.generation {
+        let known = self.guard.lock().generation().cloned();
+        match &known {
             Some(known) if *known != generation => {
                 tracing::error!(
                     target_db = self.url.display(),
                     "the database at the URL is not the one this handle wrote to"
                 );
                 let f = replaced(&self.url, known, &generation);
-                self.guard.refuse(&f);
+                self.guard.lock().refuse(&f);
                 return Err(Unready::Failed(f));
             }
             _ => {}
         }
-        self.guard.check(&mut client, &self.url).map_err(Unready::Failed)?;
+        self.guard
+            .lock()
+            .check(&mut client, &self.url)
+            .map_err(Unready::Failed)?;
         // `off` returns from COMMIT before the WAL is flushed: a crash of
         // the server may lose it. A setting that cannot be read claims the
         // less.
@@ -248,7 +315,7 @@ impl Postgres {
             .flatten()
             .and_then(|r| Some((r.get::<_, Option<i32>>(0)?, r.get::<_, Option<i64>>(1)?)));
         tracing::debug!(target_db = self.url.display(), "postgres store opened");
-        self.generation = Some(generation);
+        self.guard.lock().found(generation);
         self.prepared.clear();
         self.client = Some(client);
         Ok(())
@@ -288,7 +355,7 @@ impl Postgres {
                         session: session.to_string(),
                         uids: uids.to_vec(),
                     };
-                    self.guard.committed(last, lsn);
+                    self.guard.lock().committed(last, lsn);
                 }
                 Ok(all)
             }
@@ -306,7 +373,9 @@ impl Postgres {
             Ok(all) => {
                 if all {
                     let lsn = guard::wal_position(client);
-                    self.guard.committed(guard::LastStored::Graph(batch.clone()), lsn);
+                    self.guard
+                        .lock()
+                        .committed(guard::LastStored::Graph(batch.clone()), lsn);
                 }
                 Ok(all)
             }

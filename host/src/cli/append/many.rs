@@ -5,12 +5,20 @@
 //! while a group was committing is waiting, whole, when the next group is
 //! formed. Answers are printed in input order, each only after its batch
 //! settled.
+//!
+//! On PostgreSQL the batches go through a [`SharedStore`] with pipelined
+//! groups ([`stream_shared`]): while one group's COMMIT waits for the
+//! server, the next is written on another connection, and a printer thread
+//! still answers in input order.
 
-use std::sync::mpsc;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 
 use serde_json::Value;
 
 use super::Store;
+use crate::backend::SharedStore;
 use crate::exit;
 use crate::ids::SessionId;
 use crate::message::{Message, MessageError};
@@ -160,6 +168,121 @@ pub(super) fn stream(mut store: Store, after: impl Fn(u64)) -> i32 {
     }
     store.release_all_leases();
     if all_persisted { exit::OK } else { exit::NOT_PERSISTED }
+}
+
+/// A line's answer, for the printer.
+enum Answer {
+    Bad(String),
+    Settled(SessionId, Box<FlushOutcome>),
+}
+
+/// [`stream`] through a shared store, whose lanes pipeline the groups: a
+/// batch is handed over as soon as its line is read (at most
+/// `in_flight` of them unanswered), and a printer thread prints each
+/// answer in input order once its batch settled.
+pub(super) fn stream_shared(store: SharedStore) -> i32 {
+    let in_flight = GROUP_MAX_BATCHES * store.lanes() * 2;
+    let (lines_tx, lines) = mpsc::channel::<std::io::Result<Line>>();
+    std::thread::spawn(move || {
+        let read = crate::cli::for_each_exact_line(|number, text| {
+            lines_tx
+                .send(Ok(Line {
+                    number,
+                    text: text.map(str::to_string),
+                }))
+                .is_ok()
+        });
+        if let Err(e) = read {
+            let _ = lines_tx.send(Err(e));
+        }
+    });
+    // Tokens for the answers not yet printed: a send blocks when
+    // `in_flight` are out, so a fast writer cannot queue without bound.
+    let (tokens, taken) = mpsc::sync_channel::<()>(in_flight);
+    let (answers_tx, answers) = mpsc::channel::<(u64, Answer)>();
+    let broken = Arc::new(AtomicBool::new(false));
+    let printer = {
+        let broken = Arc::clone(&broken);
+        std::thread::spawn(move || print_in_order(&answers, &taken, &broken))
+    };
+    let mut read_ok = true;
+    let mut index = 0u64;
+    while let Ok(line) = lines.recv() {
+        if broken.load(Ordering::Acquire) {
+            break;
+        }
+        let line = match line {
+            Ok(line) => line,
+            Err(e) => {
+                eprintln!("turnsafe append: reading stdin: {e}");
+                read_ok = false;
+                break;
+            }
+        };
+        if tokens.send(()).is_err() {
+            break;
+        }
+        let parsed = match &line.text {
+            Ok(text) => parse_line(text).map_err(|e| e.to_string()),
+            Err(not_utf8) => Err(not_utf8.clone()),
+        };
+        let this = index;
+        index += 1;
+        match parsed {
+            Err(e) => {
+                let answer = serde_json::json!({ "error": e, "line": line.number }).to_string();
+                let _ = answers_tx.send((this, Answer::Bad(answer)));
+            }
+            Ok((session, batch)) => {
+                let tx = answers_tx.clone();
+                let answered = session.clone();
+                store.append_batch_then(&session, batch, move |outcome| {
+                    let _ = tx.send((this, Answer::Settled(answered, Box::new(outcome))));
+                });
+            }
+        }
+    }
+    store.settle();
+    drop(answers_tx);
+    drop(tokens);
+    let all_persisted = printer.join().unwrap_or(false) && read_ok;
+    // Dropping the last handle gives every lease back.
+    drop(store);
+    if all_persisted { exit::OK } else { exit::NOT_PERSISTED }
+}
+
+/// Print each answer in input order as it comes; false when any batch was
+/// not persisted, a line was bad, or stdout went away.
+fn print_in_order(answers: &mpsc::Receiver<(u64, Answer)>, taken: &mpsc::Receiver<()>, broken: &AtomicBool) -> bool {
+    let mut all_persisted = true;
+    let mut next = 0u64;
+    let mut early: BTreeMap<u64, Answer> = BTreeMap::new();
+    while let Ok((index, answer)) = answers.recv() {
+        early.insert(index, answer);
+        while let Some(answer) = early.remove(&next) {
+            next += 1;
+            let _ = taken.try_recv();
+            if broken.load(Ordering::Acquire) {
+                continue;
+            }
+            let text = match answer {
+                Answer::Bad(text) => {
+                    all_persisted = false;
+                    text
+                }
+                Answer::Settled(session, outcome) => {
+                    all_persisted &= outcome.persisted;
+                    crate::failpoint::hit("append.before_print");
+                    with_session(&session, &outcome)
+                }
+            };
+            if !crate::cli::emit(&text) {
+                broken.store(true, Ordering::Release);
+                all_persisted = false;
+            }
+        }
+    }
+    all_persisted && early.is_empty()
 }
 
 #[cfg(test)]

@@ -1,0 +1,186 @@
+//! PostgreSQL: a shared store pipelines its groups, each on its own
+//! connection, and keeps every rule of one connection.
+//!
+//! The server delays one COMMIT for real: a deferred constraint trigger
+//! (it runs at COMMIT) takes an advisory lock the test holds, for the rows
+//! whose uid starts with `slow-`. Nothing waits on time: the test reads
+//! `pg_locks` to know the COMMIT is waiting, and lets it go when it chooses.
+//!
+//! - While one group's COMMIT waits, a batch of another session commits on
+//!   a second connection; a batch of the waiting session sent meanwhile is
+//!   not taken into that group (its turn comes after the one it sent
+//!   first), and commits once the first did, with the next seq.
+//! - The identity guard is one for the pipeline: the second connection
+//!   committed last, the server is restored from a backup taken before
+//!   that batch, and the first connection, whose own last batch is older
+//!   than the backup, is refused when it connects again. Nothing is written
+//!   into the older copy.
+mod common;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use pg::Recovery;
+use turnsafe_host::backend::SharedStore;
+use turnsafe_policy::Cause;
+
+const LOCK: i64 = 4242;
+
+/// The trigger that makes a `slow-` row's COMMIT wait for [`LOCK`].
+fn delay_slow_commits(server: &pg::PgServer, db: &str) {
+    let mut admin = server.admin(db);
+    // The store creates its schema on its first connection.
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION wait_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN PERFORM pg_advisory_xact_lock({LOCK}); RETURN NULL; END $$; \
+             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON messages \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.uid LIKE 'slow-%') \
+             EXECUTE FUNCTION wait_at_commit();"
+        ))
+        .expect("the delaying trigger");
+}
+
+/// Until some backend waits for [`LOCK`]: a COMMIT held by the trigger.
+fn wait_for_held_commit(server: &pg::PgServer, db: &str) {
+    let mut admin = server.admin(db);
+    for _ in 0..6000 {
+        let waiting: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND NOT granted",
+                &[&(LOCK as u32)],
+            )
+            .expect("pg_locks")
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("no COMMIT ever waited for the advisory lock");
+}
+
+/// The sessions' uids as stored, in seq order.
+fn stored(server: &pg::PgServer, db: &str, session: &str) -> Vec<String> {
+    pg::rows(server, db, session).into_iter().map(|r| r.0).collect()
+}
+
+#[test]
+fn a_group_is_written_while_another_commits_and_a_session_keeps_its_order() {
+    let server = pg_or_skip!();
+    let db = server.create_db("pipelined");
+    let home = Home::new();
+    let shared = SharedStore::over(pg::store(&server.url(&db), home.path()), home.path());
+    assert!(shared.lanes() >= 2, "a PostgreSQL store pipelines by default");
+    assert!(shared.append_batch(&sid("a"), &batch("a1", 1)).persisted);
+    delay_slow_commits(&server, &db);
+
+    // The test's own transaction holds the lock the slow COMMIT waits for.
+    let mut holder = server.admin(&db);
+    let mut held = holder.transaction().unwrap();
+    held.query_one("SELECT pg_advisory_xact_lock($1)", &[&LOCK]).unwrap();
+
+    let (done_tx, done) = mpsc::channel();
+    let first = {
+        let (shared, done_tx) = (shared.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            let out = shared.append_batch(&sid("a"), &batch("slow", 1));
+            done_tx.send("slow").unwrap();
+            out
+        })
+    };
+    wait_for_held_commit(&server, &db);
+    // The same session's next batch, queued behind the one in the held COMMIT.
+    let second = {
+        let (shared, done_tx) = (shared.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            let out = shared.append_batch(&sid("a"), &batch("a2", 1));
+            done_tx.send("a2").unwrap();
+            out
+        })
+    };
+    while shared.waiting() == 0 && done.try_recv().is_err() {
+        std::thread::yield_now();
+    }
+    assert_eq!(shared.waiting(), 1, "a2 waits behind the held COMMIT of its session");
+
+    // Another session's batch commits while the first COMMIT still waits:
+    // a group of its own, on a second connection. Had a2 been eligible, it
+    // was queued first and would have gone in this group.
+    let other = shared.append_batch(&sid("b"), &batch("b1", 1));
+    assert!(other.persisted, "{}", other.to_value());
+    assert_eq!(stored(&server, &db, "b"), ["b1-0"]);
+    assert_eq!(
+        stored(&server, &db, "a"),
+        ["a1-0"],
+        "neither slow nor a2 is committed yet"
+    );
+    assert!(
+        done.try_recv().is_err(),
+        "no batch of session a is answered while its COMMIT waits"
+    );
+    assert_eq!(shared.waiting(), 1, "a2 still waits");
+
+    held.commit().unwrap();
+    let slow = first.join().unwrap();
+    let a2 = second.join().unwrap();
+    assert!(slow.persisted, "{}", slow.to_value());
+    assert!(a2.persisted, "{}", a2.to_value());
+    let rows = pg::rows(&server, &db, "a");
+    let in_order: Vec<(&str, i64)> = rows.iter().map(|r| (r.0.as_str(), r.1)).collect();
+    assert_eq!(in_order, [("a1-0", 1), ("slow-0", 2), ("a2-0", 3)]);
+}
+
+#[test]
+fn the_first_connection_is_refused_by_what_the_second_stored_before_a_restore() {
+    let mut server = pg_or_skip!();
+    let db = server.create_db("pipelined_restore");
+    let home = Home::new();
+    let shared = SharedStore::over(pg::store(&server.url(&db), home.path()), home.path());
+    assert!(shared.append_batch(&sid("a"), &batch("a1", 1)).persisted);
+    delay_slow_commits(&server, &db);
+    let backup = server.base_backup("older").expect("base backup");
+
+    // The first connection waits in a COMMIT; the second stores c1, the
+    // last batch stored, after the backup.
+    let mut holder = server.admin(&db);
+    let mut held = holder.transaction().unwrap();
+    held.query_one("SELECT pg_advisory_xact_lock($1)", &[&LOCK]).unwrap();
+    let waiting = {
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.append_batch(&sid("a"), &batch("slow", 1)))
+    };
+    wait_for_held_commit(&server, &db);
+    let c1 = shared.append_batch(&sid("c"), &batch("c1", 1));
+    assert!(c1.persisted, "{}", c1.to_value());
+
+    // The restore stops the server: the held COMMIT goes with it.
+    drop(held);
+    drop(holder);
+    server.restore_base_backup(&backup, Recovery::Crash).expect("restore");
+    assert_eq!(
+        stored(&server, &db, "c"),
+        Vec::<String>::new(),
+        "the restored server lacks c1"
+    );
+    let slow = waiting.join().unwrap();
+    assert!(!slow.persisted, "{}", slow.to_value());
+    assert_eq!(
+        slow.diverted,
+        1,
+        "the batch of the lost COMMIT is kept: {}",
+        slow.to_value()
+    );
+
+    // Nothing else runs: the next batch takes the first connection again,
+    // whose own last batch (a1) the restored server holds.
+    let next = shared.append_batch(&sid("a"), &batch("a2", 1));
+    assert!(!next.persisted, "{}", next.to_value());
+    assert_eq!(next.cause, Some(Cause::Replaced), "{}", next.to_value());
+    assert_eq!(next.diverted, 1);
+    assert_eq!(
+        stored(&server, &db, "a"),
+        ["a1-0"],
+        "nothing was written into the older copy"
+    );
+}
