@@ -28,7 +28,10 @@ lines), and the ratios against SQLAlchemySession at the same count.
     benches/pg-append-vs-sqlalchemysession   # builds, makes the venv, runs this
 
 Environment: TURNSAFE_BIN (required), SESSIONS (default "1,16,64"),
-BATCHES (batches per session, default 200). Not for CI: it refuses to run
+BATCHES (batches per session, default 200), PIPELINES (default "3,1": the
+`TURNSAFE_PG_PIPELINE` of the first command-line row and of
+`TurnsafeSession`, then one more command-line row per further depth, so
+what pipelining buys is measured in the same run). Not for CI: it refuses to run
 under CI=true.
 """
 
@@ -48,12 +51,17 @@ import time
 
 SESSIONS = [int(k) for k in os.environ.get("SESSIONS", "1,16,64").split(",")]
 BATCHES = int(os.environ.get("BATCHES", "200"))
-STORES = ("cli", "session", "sdk")
+# `turnsafe append --db` once per pipeline depth (TURNSAFE_PG_PIPELINE):
+# the first is the default's row, the others show what pipelining buys.
+PIPELINES = [int(k) for k in os.environ.get("PIPELINES", "3,1").split(",")]
+STORES = tuple(f"cli{d}" if i else "cli" for i, d in enumerate(PIPELINES)) + ("session", "sdk")
 LABELS = {
-    "cli": "turnsafe append --db (one process)",
-    "session": "TurnsafeSession(db=...)",
+    "cli": f"turnsafe append --db (one process, pipeline {PIPELINES[0]})",
+    **{f"cli{d}": f"turnsafe append --db (one process, pipeline {d})" for d in PIPELINES[1:]},
+    "session": f"TurnsafeSession(db=...) (pipeline {PIPELINES[0]})",
     "sdk": "SQLAlchemySession (asyncpg, one engine)",
 }
+DEPTH = {"cli": PIPELINES[0], "session": PIPELINES[0], **{f"cli{d}": d for d in PIPELINES[1:]}}
 
 
 def batch(tag: str, b: int) -> list:
@@ -150,9 +158,10 @@ async def timed(server: Server, sessions: int, send) -> dict:
     return {"wall": wall, "lat": lat, "commits": commits}
 
 
-async def run_cli(server: Server, url: str, home: str, n: int) -> dict:
+async def run_cli(server: Server, url: str, home: str, n: int, depth: int) -> dict:
     """One `turnsafe append --db` process for all n sessions (no --session)."""
-    env = dict(os.environ, TURNSAFE_DB=url, TURNSAFE_LOG="turnsafe::commit=debug")
+    env = dict(os.environ, TURNSAFE_DB=url, TURNSAFE_LOG="turnsafe::commit=debug",
+               TURNSAFE_PG_PIPELINE=str(depth))
     proc = await asyncio.create_subprocess_exec(
         os.environ["TURNSAFE_BIN"], "append", "--home", home,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -200,6 +209,7 @@ async def run_session(server: Server, url: str, home: str, n: int) -> dict:
     """n TurnsafeSessions (one shared Store) through asyncio.gather."""
     from turnsafe_store.agents import TurnsafeSession
 
+    os.environ["TURNSAFE_PG_PIPELINE"] = str(DEPTH["session"])
     sessions = [TurnsafeSession(f"py-{n}-{s}", home, db=url) for s in range(n)]
     not_persisted = 0
 
@@ -262,12 +272,13 @@ def main() -> int:
         for i, n in enumerate(SESSIONS):
             results[n] = {}
             # Rotate who goes first, so a busy machine slows all alike.
-            order = list(STORES[i % 3:] + STORES[:i % 3])
+            k = i % len(STORES)
+            order = list(STORES[k:] + STORES[:k])
             for name in order:
                 url = server.create_db(f"{name}{n}")
                 home = os.path.join(homes, f"{name}{n}")
-                if name == "cli":
-                    res = asyncio.run(run_cli(server, url + "?sslmode=disable", home, n))
+                if name.startswith("cli"):
+                    res = asyncio.run(run_cli(server, url + "?sslmode=disable", home, n, DEPTH[name]))
                 elif name == "session":
                     res = asyncio.run(run_session(server, url + "?sslmode=disable", home, n))
                 else:
@@ -293,7 +304,7 @@ def main() -> int:
             ratio = s["msgs"] / results[n]["sdk"]["msgs"]
             tail = f"{s['p99'] / base[name]['p50']:.2f}x" if base else "-"
             per_commit = f"{s['per_commit']:.2f}"
-            if name == "cli":
+            if name.startswith("cli"):
                 per_commit += f" (log {s['logged']:.2f})"
             print(f"| {n} | {LABELS[name]} | {s['msgs']:,.0f} | {s['p50']:.2f} | {s['p99']:.2f} | {tail} "
                   f"| {per_commit} | {ratio:.2f}x |")
