@@ -10,6 +10,10 @@
 //!   a second connection; a batch of the waiting session sent meanwhile is
 //!   not taken into that group (its turn comes after the one it sent
 //!   first), and commits once the first did, with the next seq.
+//! - A connection the server ends takes only its own group to
+//!   `outcome_unknown`: the held COMMIT's backend is terminated, its batch
+//!   is looked up by uid and written again on a new connection, and the
+//!   group the other connection committed meanwhile was never touched.
 //! - The identity guard is one for the pipeline: the second connection
 //!   committed last, the server is restored from a backup taken before
 //!   that batch, and the first connection, whose own last batch is older
@@ -58,6 +62,18 @@ fn wait_for_held_commit(server: &pg::PgServer, db: &str) {
         std::thread::sleep(Duration::from_millis(5));
     }
     panic!("no COMMIT ever waited for the advisory lock");
+}
+
+/// The backend whose COMMIT waits for [`LOCK`].
+fn held_backend(server: &pg::PgServer, db: &str) -> i32 {
+    server
+        .admin(db)
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND NOT granted",
+            &[&(LOCK as u32)],
+        )
+        .expect("the waiting backend")
+        .get(0)
 }
 
 /// The sessions' uids as stored, in seq order.
@@ -183,4 +199,47 @@ fn the_first_connection_is_refused_by_what_the_second_stored_before_a_restore() 
         ["a1-0"],
         "nothing was written into the older copy"
     );
+}
+
+#[test]
+fn a_connection_the_server_ends_takes_only_its_own_group_to_an_unknown_outcome() {
+    let server = pg_or_skip!();
+    let db = server.create_db("pipelined_ended");
+    let home = Home::new();
+    let shared = SharedStore::over(pg::store(&server.url(&db), home.path()), home.path());
+    assert!(shared.append_batch(&sid("a"), &batch("a1", 1)).persisted);
+    delay_slow_commits(&server, &db);
+
+    let mut holder = server.admin(&db);
+    let mut held = holder.transaction().unwrap();
+    held.query_one("SELECT pg_advisory_xact_lock($1)", &[&LOCK]).unwrap();
+    let waiting = {
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.append_batch(&sid("a"), &batch("slow", 1)))
+    };
+    wait_for_held_commit(&server, &db);
+    let other = shared.append_batch(&sid("b"), &batch("b1", 1));
+    assert!(other.persisted, "{}", other.to_value());
+
+    // The server ends the connection whose COMMIT waits: its answer is lost.
+    let pid = held_backend(&server, &db);
+    let ended: bool = server
+        .admin(&db)
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .unwrap()
+        .get(0);
+    assert!(ended);
+    held.commit().unwrap();
+    let slow = waiting.join().unwrap();
+    assert!(
+        slow.persisted,
+        "looked up by uid, then written again: {}",
+        slow.to_value()
+    );
+    assert!(slow.attempts >= 2, "{}", slow.to_value());
+    assert_eq!(other.attempts, 1, "the other group never failed: {}", other.to_value());
+    assert_eq!(stored(&server, &db, "a"), ["a1-0", "slow-0"], "each once, in order");
+    assert_eq!(stored(&server, &db, "b"), ["b1-0"]);
+    let next = shared.append_batch(&sid("b"), &batch("b2", 1));
+    assert!(next.persisted, "{}", next.to_value());
 }
