@@ -33,10 +33,12 @@ const LOCK: i64 = 4242;
 /// The trigger that makes a `slow-` row's COMMIT wait for [`LOCK`].
 fn delay_slow_commits(server: &pg::PgServer, db: &str) {
     let mut admin = server.admin(db);
-    // The store creates its schema on its first connection.
+    // The store creates its schema on its first connection. The wait is
+    // the function's own, outside the writer's `lock_timeout`: it lasts
+    // until the test lets it go.
     admin
         .batch_execute(&format!(
-            "CREATE FUNCTION wait_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+            "CREATE FUNCTION wait_at_commit() RETURNS trigger LANGUAGE plpgsql SET lock_timeout = 0 AS $$ \
              BEGIN PERFORM pg_advisory_xact_lock({LOCK}); RETURN NULL; END $$; \
              CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON messages \
              DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.uid LIKE 'slow-%') \
@@ -170,10 +172,11 @@ fn the_first_connection_is_refused_by_what_the_second_stored_before_a_restore() 
     let c1 = shared.append_batch(&sid("c"), &batch("c1", 1));
     assert!(c1.persisted, "{}", c1.to_value());
 
-    // The restore stops the server: the held COMMIT goes with it.
+    // The restore stops the server with the lock still held: the held
+    // COMMIT goes with it.
+    server.restore_base_backup(&backup, Recovery::Crash).expect("restore");
     drop(held);
     drop(holder);
-    server.restore_base_backup(&backup, Recovery::Crash).expect("restore");
     assert_eq!(
         stored(&server, &db, "c"),
         Vec::<String>::new(),
