@@ -29,7 +29,7 @@ pub struct PgOptions {
 }
 
 /// Groups in flight at once when `TURNSAFE_PG_PIPELINE` does not say.
-pub const DEFAULT_PIPELINE: usize = 3;
+pub const DEFAULT_PIPELINE: usize = 2;
 /// The most `TURNSAFE_PG_PIPELINE` may ask for: each is a connection.
 pub const MAX_PIPELINE: usize = 8;
 
@@ -38,19 +38,25 @@ impl PgOptions {
     /// not a number from 1 to [`MAX_PIPELINE`] is refused with a warning
     /// and the default taken.
     pub fn pipeline_from_env() -> usize {
-        match std::env::var("TURNSAFE_PG_PIPELINE") {
-            Err(_) => DEFAULT_PIPELINE,
-            Ok(v) => match v.trim().parse::<usize>() {
-                Ok(n @ 1..=MAX_PIPELINE) => n,
-                _ => {
-                    tracing::warn!(
-                        value = %v,
-                        "TURNSAFE_PG_PIPELINE must be a number from 1 to {MAX_PIPELINE}; using {DEFAULT_PIPELINE}"
-                    );
-                    DEFAULT_PIPELINE
-                }
-            },
-        }
+        let value = std::env::var("TURNSAFE_PG_PIPELINE").ok();
+        pipeline_depth(value.as_deref()).unwrap_or_else(|why| {
+            tracing::warn!("{why}; using {DEFAULT_PIPELINE}");
+            DEFAULT_PIPELINE
+        })
+    }
+}
+
+/// The depth `TURNSAFE_PG_PIPELINE` names (the default when unset), or why
+/// it names none.
+fn pipeline_depth(value: Option<&str>) -> Result<usize, String> {
+    let Some(v) = value else {
+        return Ok(DEFAULT_PIPELINE);
+    };
+    match v.trim().parse::<usize>() {
+        Ok(n @ 1..=MAX_PIPELINE) => Ok(n),
+        _ => Err(format!(
+            "TURNSAFE_PG_PIPELINE must be a number from 1 to {MAX_PIPELINE}, not {v:?}"
+        )),
     }
 }
 
@@ -624,4 +630,21 @@ pub fn inspect(url: &DbUrl) -> Result<ServerState, connect::ConnectError> {
         state.langgraph = Some((r.get(0), r.get(1), r.get(2), r.get(3)));
     }
     Ok(state)
+}
+
+#[cfg(test)]
+mod pipeline_tests {
+    use super::*;
+
+    #[test]
+    fn the_pipeline_depth_is_a_number_from_one_to_the_most() {
+        assert_eq!(pipeline_depth(None), Ok(DEFAULT_PIPELINE));
+        assert_eq!(pipeline_depth(Some("1")), Ok(1));
+        assert_eq!(pipeline_depth(Some(" 4 ")), Ok(4));
+        assert_eq!(pipeline_depth(Some("8")), Ok(MAX_PIPELINE));
+        for bad in ["0", "9", "-1", "two", ""] {
+            let why = pipeline_depth(Some(bad)).expect_err(bad);
+            assert!(why.contains("from 1 to 8"), "{why}");
+        }
+    }
 }
