@@ -80,6 +80,27 @@ execFileSync(process.execPath, [jcoBin, 'transpile', wasm, '-o', path.join(gen, 
   { stdio: 'inherit' });
 fs.copyFileSync(path.join(root, 'examples', 'sqlite-codes.json'), path.join(gen, 'sqlite-codes.json'));
 
+// jco's bindings (1.35) ask `process.env.JCO_DEBUG` several times on every
+// call into the component (each `_debugLog`); a lookup in the environment
+// costs about half a microsecond in Node, some 3 µs a call. It is read once,
+// when the module loads, instead: what the bindings do is otherwise
+// unchanged (test/policy_bindings.test.mjs checks the rewrite took).
+const bindings = path.join(gen, 'policy', 'turnsafe_policy.js');
+const DEBUG_LOG = `const _debugLog = (...args) => {
+  if (!globalThis?.process?.env?.JCO_DEBUG) { return; }
+  console.debug(...args);
+};`;
+const js = fs.readFileSync(bindings, 'utf8');
+if (js.split(DEBUG_LOG).length === 2) {
+  fs.writeFileSync(bindings, js.replace(DEBUG_LOG, `const JCO_DEBUG_AT_LOAD = Boolean(globalThis?.process?.env?.JCO_DEBUG);
+const _debugLog = (...args) => {
+  if (!JCO_DEBUG_AT_LOAD) { return; }
+  console.debug(...args);
+};`));
+} else {
+  console.error('turnsafe-store: jco\'s bindings have no `_debugLog` of the form this build rewrites (another jco?); left as generated');
+}
+
 // The extension that switches off SQLite's checkpoint at close on a
 // connection to a retired generation (native/no_ckpt_on_close.c), built
 // against better-sqlite3's own SQLite headers. It calls SQLite only through

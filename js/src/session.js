@@ -68,20 +68,51 @@ export class TurnsafeSession {
     return this.sessionId;
   }
 
+  // Each operation has an asynchronous form (the SDK's `Session`) and a
+  // synchronous one (`...Sync`, for a session opened with `thread: false`:
+  // the store runs in the calling thread, as better-sqlite3 does, and every
+  // wait of a retry plan blocks it). Both forms make the same request and
+  // read its answer the same way (`...Request` and `...Answer` below), so
+  // they reach the same outcomes and copy.
+
   /**
    * The newest `limit` items (all without one) in chronological order,
    * exactly as they were added. Rejects with HistoryIncomplete while an
    * unsettled capture holds rows of the session the database lacks.
    */
   async getItems(limit) {
+    const args = this.showRequest(limit);
+    return args === null ? [] : this.store.call('show', args);
+  }
+
+  /** getItems() in the calling thread. */
+  getItemsSync(limit) {
+    const args = this.showRequest(limit);
+    return args === null ? [] : this.store.callSync('show', args);
+  }
+
+  showRequest(limit) {
     const n = limit ?? this.limit;
-    if (n !== null && n !== undefined && n <= 0) return [];
-    return this.store.call('show', { session: this.turnsafeId, limit: n ?? null });
+    if (n !== null && n !== undefined && n <= 0) return null;
+    return { session: this.turnsafeId, limit: n ?? null };
   }
 
   /** Append one batch; rejects with TurnNotPersisted (`.outcome`) unless every item was committed. */
   async addItems(items) {
-    if (!items || items.length === 0) return;
+    const request = this.appendRequest(items);
+    if (request === null) return;
+    this.appendAnswer(request, await this.store.call('append', request.args));
+  }
+
+  /** addItems() in the calling thread: returns once committed, else throws TurnNotPersisted. */
+  addItemsSync(items) {
+    const request = this.appendRequest(items);
+    if (request === null) return;
+    this.appendAnswer(request, this.store.callSync('append', request.args));
+  }
+
+  appendRequest(items) {
+    if (!items || items.length === 0) return null;
     const batch = items.map(plain);
     let prints = null;
     let uids = null;
@@ -90,9 +121,12 @@ export class TurnsafeSession {
       prints = batch.map(print);
       uids = prints.map((p) => (p === null ? null : this.takeUnsettled(p)));
     }
-    const { outcome, text } = await this.store.call('append', { session: this.turnsafeId, items: batch, uids });
+    return { batch, prints, args: { session: this.turnsafeId, items: batch, uids } };
+  }
+
+  appendAnswer(request, { outcome, text }) {
     if (outcome.persisted) return;
-    prints ??= batch.map(print);
+    const prints = request.prints ?? request.batch.map(print);
     prints.forEach((p, i) => {
       if (p === null) return;
       const q = this.unsettled.get(p) ?? [];
@@ -116,9 +150,21 @@ export class TurnsafeSession {
     return item ?? undefined;
   }
 
+  /** popItem() in the calling thread. */
+  popItemSync() {
+    const item = this.store.callSync('pop', { session: this.turnsafeId });
+    return item ?? undefined;
+  }
+
   /** Remove every item; the session's pending divert lines are settled as `cleared`. */
   async clearSession() {
     await this.store.call('clear', { session: this.turnsafeId });
+    this.unsettled.clear();
+  }
+
+  /** clearSession() in the calling thread. */
+  clearSessionSync() {
+    this.store.callSync('clear', { session: this.turnsafeId });
     this.unsettled.clear();
   }
 
@@ -127,9 +173,18 @@ export class TurnsafeSession {
    * its retained suffix) in one transaction: all of it, or nothing.
    */
   async replaceHistoryWithCompaction(items) {
+    await this.store.call('replace', this.compactionRequest(items));
+  }
+
+  /** replaceHistoryWithCompaction() in the calling thread. */
+  replaceHistoryWithCompactionSync(items) {
+    this.store.callSync('replace', this.compactionRequest(items));
+  }
+
+  compactionRequest(items) {
     const replacement = items.map(plain);
     const uids = operationUids(randomUUID(), replacement.length, 'compaction');
-    await this.store.call('replace', { session: this.turnsafeId, expected: null, replacement, uids, edit: 'replace_history' });
+    return { session: this.turnsafeId, expected: null, replacement, uids, edit: 'replace_history' };
   }
 
   /**
@@ -142,6 +197,21 @@ export class TurnsafeSession {
    * TurnNotPersisted, like addItems; its retry reuses the same uids.
    */
   async applyHistoryTransaction(args) {
+    const request = this.transactionRequest(args);
+    if (request === null) return;
+    const r = await this.store.call(request.op, request.args);
+    if (request.op === 'appendTransaction') transactionAnswer(r);
+  }
+
+  /** applyHistoryTransaction() in the calling thread. */
+  applyHistoryTransactionSync(args) {
+    const request = this.transactionRequest(args);
+    if (request === null) return;
+    const r = this.store.callSync(request.op, request.args);
+    if (request.op === 'appendTransaction') transactionAnswer(r);
+  }
+
+  transactionRequest(args) {
     const operationId = args?.operationId;
     const transaction = args?.transaction;
     if (typeof operationId !== 'string' || !operationId.trim()) {
@@ -151,11 +221,9 @@ export class TurnsafeSession {
     if (transaction.type === 'append_items') {
       if (!Array.isArray(transaction.items)) throw userError('Session history append transaction fields are invalid.');
       const items = transaction.items.map(plain);
-      if (items.length === 0) return;
+      if (items.length === 0) return null;
       const uids = operationUids(operationId, items.length, 'append_items');
-      const r = await this.store.call('appendTransaction', { session: this.turnsafeId, items, uids });
-      if (r.already || r.outcome.persisted) return;
-      throw new TurnNotPersisted(r.outcome, r.text);
+      return { op: 'appendTransaction', args: { session: this.turnsafeId, items, uids } };
     }
     if (transaction.type === 'replace_suffix') {
       if (!Array.isArray(transaction.expectedSuffix) || !Array.isArray(transaction.replacement)) {
@@ -163,9 +231,8 @@ export class TurnsafeSession {
       }
       const replacement = transaction.replacement.map(plain);
       const uids = operationUids(operationId, replacement.length, 'replace_suffix');
-      await this.store.call('replace', { session: this.turnsafeId, expected: transaction.expectedSuffix.map(plain),
-        replacement, uids, edit: 'replace_suffix' });
-      return;
+      return { op: 'replace', args: { session: this.turnsafeId, expected: transaction.expectedSuffix.map(plain),
+        replacement, uids, edit: 'replace_suffix' } };
     }
     throw userError('Unsupported session history transaction type.');
   }
@@ -177,6 +244,24 @@ export class TurnsafeSession {
     await this.store.call('release', { session: this.turnsafeId }).catch(() => {});
     await this.store.release();
   }
+
+  /** close() in the calling thread. */
+  closeSync() {
+    if (this.closed) return;
+    this.closed = true;
+    try {
+      this.store.callSync('release', { session: this.turnsafeId });
+    } catch {
+      // the lease then expires on its own
+    }
+    this.store.releaseSync();
+  }
+}
+
+/** What a history append answered: done already, committed, or TurnNotPersisted. */
+function transactionAnswer(r) {
+  if (r.already || r.outcome.persisted) return;
+  throw new TurnNotPersisted(r.outcome, r.text);
 }
 
 export { TurnNotPersisted, TurnsafeError, safeSessionId };

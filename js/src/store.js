@@ -23,7 +23,7 @@ export class Store {
     // is fsynced again at the first open).
     createDirAll(abs, 0o700);
     const key = JSON.stringify([fs.realpathSync(abs), options.thread !== false, options.holder ?? null,
-      options.leaseTtlMs ?? null, options.synchronous ?? null]);
+      options.leaseTtlMs ?? null, options.synchronous ?? null, options.typedFlush ?? null]);
     let s = stores.get(key);
     if (!s || s.closed) {
       s = new Store(abs, options);
@@ -40,7 +40,7 @@ export class Store {
     this.closed = false;
     this.users = 0;
     const hostOptions = { holder: options.holder, leaseTtlMs: options.leaseTtlMs, synchronous: options.synchronous,
-      busyTimeoutMs: options.busyTimeoutMs };
+      busyTimeoutMs: options.busyTimeoutMs, typedFlush: options.typedFlush };
     if (options.thread === false) {
       this.ops = makeOps(home, hostOptions);
       this.worker = null;
@@ -48,20 +48,26 @@ export class Store {
       this.worker = new Worker(new URL('./worker.js', import.meta.url), { workerData: { home, options: hostOptions } });
       this.pending = new Map();
       this.nextId = 1;
-      this.worker.on('message', (m) => this.settle(m));
+      // Requests made in this turn of the event loop, posted as one message.
+      this.outbox = [];
+      this.worker.on('message', (answers) => {
+        for (const a of answers) this.settle(a);
+      });
       this.worker.on('error', (e) => this.failAll(e));
       this.worker.on('exit', (code) => this.failAll(new Error(`the store's worker exited (${code})`)));
       this.worker.unref();
     }
   }
 
-  settle({ id, ok, value, error }) {
+  settle({ id, ok, value, text, error }) {
     const p = this.pending.get(id);
     if (!p) return;
     this.pending.delete(id);
     if (this.pending.size === 0) this.worker.unref();
-    if (ok) p.resolve(value);
-    else p.reject(revive(error));
+    if (!ok) p.reject(revive(error));
+    // An append's answer: the outcome's text, the component's own bytes.
+    else if (text !== undefined) p.resolve({ outcome: JSON.parse(text), text });
+    else p.resolve(value);
   }
 
   failAll(e) {
@@ -84,8 +90,29 @@ export class Store {
       const id = this.nextId++;
       if (this.pending.size === 0) this.worker.ref();
       this.pending.set(id, { resolve, reject });
-      this.worker.postMessage({ id, op, args });
+      if (this.outbox.length === 0) queueMicrotask(() => this.post());
+      this.outbox.push({ id, op, args });
     });
+  }
+
+  /** Post the requests made since the last post, in the order they were made. */
+  post() {
+    const out = this.outbox;
+    this.outbox = [];
+    if (out.length > 0) this.worker.postMessage(out);
+  }
+
+  /**
+   * Run `op` on the Host in the calling thread and return its value (or
+   * throw): the synchronous path, for a store opened with `thread: false`.
+   * Every wait of a retry plan blocks the calling thread.
+   */
+  callSync(op, args) {
+    if (this.worker) {
+      throw new TypeError('synchronous calls run the store in the calling thread: open the session with { thread: false }');
+    }
+    if (this.closed) throw new Error('the store is closed');
+    return this.ops[op](args ?? {});
   }
 
   /** One session let go of the store; the last one closes it (leases released, connection closed). */
@@ -93,6 +120,21 @@ export class Store {
     this.users -= 1;
     if (this.users > 0 || this.closed) return null;
     return this.close();
+  }
+
+  /** release(), in the calling thread (a store opened with `thread: false`). */
+  releaseSync() {
+    this.users -= 1;
+    if (this.users > 0 || this.closed) return null;
+    if (this.worker) throw new TypeError('synchronous calls run the store in the calling thread: open the session with { thread: false }');
+    let result = null;
+    try {
+      result = this.ops.close();
+    } finally {
+      this.closed = true;
+      if (stores.get(this.key) === this) stores.delete(this.key);
+    }
+    return result;
   }
 
   async close() {

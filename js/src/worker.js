@@ -5,6 +5,12 @@
 // that arrived while the worker was busy) are committed together: one
 // transaction, one sync (Host.appendGroup), at most 64 at a time and never
 // two of one session in one group.
+//
+// The crossing, both ways, is batched: the store posts every request made
+// in one turn of its event loop as one message (an array), and each drain
+// answers every request it ran in one message. An append's answer crosses
+// as the outcome's text alone (the component's own bytes), which the store
+// parses: a string clones for a fraction of the object's cost.
 import fs from 'node:fs';
 import { parentPort, workerData } from 'node:worker_threads';
 
@@ -24,52 +30,66 @@ if (process.env.TURNSAFE_JS_TEST_HOOKS === '1' && fs.existsSync(HOOKS)) {
 const GROUP_MAX = 64;
 const queue = [];
 let scheduled = false;
+// The answers of the request (or the group) that runs, posted together
+// as soon as it is done.
+let answers = [];
+
+function post() {
+  const out = answers;
+  answers = [];
+  if (out.length > 0) parentPort.postMessage(out);
+}
 
 function answer(id, f) {
   try {
-    parentPort.postMessage({ id, ok: true, value: f() });
+    answers.push({ id, ok: true, value: f() });
   } catch (e) {
-    parentPort.postMessage({ id, ok: false, error: flatten(e) });
+    answers.push({ id, ok: false, error: flatten(e) });
   }
 }
 
 function drain() {
   scheduled = false;
   while (queue.length > 0) {
-    const first = queue.shift();
-    if (first.op !== 'append') {
-      answer(first.id, () => {
-        const f = ops[first.op];
-        if (!f) throw new Error(`unknown store operation ${first.op}`);
-        return f(first.args ?? {});
-      });
-      continue;
-    }
-    const group = [first];
-    const sessions = new Set([first.args.session]);
-    while (group.length < GROUP_MAX && queue[0]?.op === 'append' && !sessions.has(queue[0].args.session)) {
-      const next = queue.shift();
-      sessions.add(next.args.session);
-      group.push(next);
-    }
-    let results;
-    try {
-      results = ops.host.appendGroup(group.map((r) => r.args));
-    } catch (e) {
-      // Only a fault of the host itself gets here; no batch is answered twice.
-      for (const r of group) parentPort.postMessage({ id: r.id, ok: false, error: flatten(e) });
-      continue;
-    }
-    group.forEach((r, i) => {
-      const res = results[i];
-      if (res.error) parentPort.postMessage({ id: r.id, ok: false, error: flatten(res.error) });
-      else parentPort.postMessage({ id: r.id, ok: true, value: res });
-    });
+    run(queue.shift());
+    post();
   }
 }
 
-parentPort.on('message', (request) => {
-  queue.push(request);
+/** Run `first` (with the appends queued behind it that form its group). */
+function run(first) {
+  if (first.op !== 'append') {
+    answer(first.id, () => {
+      const f = ops[first.op];
+      if (!f) throw new Error(`unknown store operation ${first.op}`);
+      return f(first.args ?? {});
+    });
+    return;
+  }
+  const group = [first];
+  const sessions = new Set([first.args.session]);
+  while (group.length < GROUP_MAX && queue[0]?.op === 'append' && !sessions.has(queue[0].args.session)) {
+    const next = queue.shift();
+    sessions.add(next.args.session);
+    group.push(next);
+  }
+  let results;
+  try {
+    results = ops.host.appendGroup(group.map((r) => r.args));
+  } catch (e) {
+    // Only a fault of the host itself gets here; no batch is answered twice.
+    for (const r of group) answers.push({ id: r.id, ok: false, error: flatten(e) });
+    return;
+  }
+  group.forEach((r, i) => {
+    const res = results[i];
+    if (res.error) answers.push({ id: r.id, ok: false, error: flatten(res.error) });
+    else answers.push({ id: r.id, ok: true, text: res.text });
+  });
+}
+
+parentPort.on('message', (requests) => {
+  for (const r of requests) queue.push(r);
   if (!scheduled) {
     scheduled = true;
     // Every message that has arrived is queued before the drain runs.
