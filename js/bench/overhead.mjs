@@ -1,24 +1,42 @@
 // One side of one round of benches/overhead: K sessions adding batches at
 // once (closed loop, each session sends its next batch once the last was
 // stored) into a fresh folder under DIR, after one untimed batch each.
-// Prints one JSON line: {"wall": seconds, "batches": n, "loop_max_ms": ms}.
+// Prints one JSON line: {"wall": seconds, "batches": n, "loop_max_ms": ms},
+// `loop_max_ms` being the longest the event loop went without turning
+// while the timed part ran (a 1 ms interval timer's largest gap).
 //
-//   node bench/overhead.mjs turnsafe|plain DIR K BATCHES
+//   node bench/overhead.mjs SIDE DIR K BATCHES
 //
-// `turnsafe` is TurnsafeSession (its worker, as by default); `plain` is the
-// Session the Agents SDK's docs show, over better-sqlite3 on a three-column
-// table (WAL, synchronous=FULL, one transaction a batch).
+// SIDE:
+// - `turnsafe`: TurnsafeSession as by default (its worker thread, the
+//   typed flush machine on the commit road);
+// - `turnsafe-json`: the same, every flush step through flush-step-json
+//   (`typedFlush: false`), to weigh the two ways into the component;
+// - `turnsafe-sync`: TurnsafeSession with `thread: false` and addItemsSync,
+//   the store in the calling thread;
+// - `floor`: the statements turnsafe runs for a batch, with nothing else,
+//   through better-sqlite3 in the calling thread on turnsafe's own schema
+//   (BEGIN IMMEDIATE, the session's next seq and its lease, the session
+//   row at its first batch, one INSERT a message with a fresh uid, COMMIT;
+//   foreign keys on);
+// - `plain`: the Session the Agents SDK's docs show, over better-sqlite3 on
+//   a three-column table (one transaction a batch).
+// All WAL, synchronous=FULL.
 import Database from 'better-sqlite3';
+import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 
 import { TurnsafeSession } from '../src/index.js';
+import { textOf } from '../src/projection.js';
+import { migrate } from '../src/schema.js';
 
+const SIDES = ['turnsafe', 'turnsafe-json', 'turnsafe-sync', 'floor', 'plain'];
 const [side, dir, kText, perText] = process.argv.slice(2);
 const k = Number(kText);
 const per = Number(perText);
-if (!['turnsafe', 'plain'].includes(side) || !dir || !(k > 0) || !(per > 0)) {
-  console.error('usage: node bench/overhead.mjs turnsafe|plain DIR K BATCHES');
+if (!SIDES.includes(side) || !dir || !(k > 0) || !(per > 0)) {
+  console.error(`usage: node bench/overhead.mjs ${SIDES.join('|')} DIR K BATCHES`);
   process.exit(2);
 }
 
@@ -43,19 +61,65 @@ class PlainSession {
   }
 }
 
+/** The floor: what a TurnsafeSession's write runs in SQLite for a batch, and nothing else. */
+class FloorSession {
+  constructor(sessionId, db) {
+    this.sessionId = sessionId;
+    this.db = db;
+    this.st = db.floor ??= {
+      begin: db.prepare('BEGIN IMMEDIATE'),
+      commit: db.prepare('COMMIT'),
+      maxSeq: db.prepare('SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM messages WHERE session_id = ?'),
+      lease: db.prepare('SELECT lease_token, lease_expires_ms, lease_holder FROM sessions WHERE id = ?'),
+      newSession: db.prepare('INSERT INTO sessions(id, created_ms, lease_token, lease_holder, lease_expires_ms) VALUES (?, ?, ?, ?, ?)'),
+      insert: db.prepare('INSERT INTO messages(session_id, uid, seq, role, content, item, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)'),
+    };
+  }
+
+  async addItems(items) {
+    const { st } = this;
+    const now = Date.now();
+    st.begin.run();
+    try {
+      let seq = st.maxSeq.get(this.sessionId).s;
+      if (!st.lease.get(this.sessionId)) st.newSession.run(this.sessionId, now, randomUUID().replaceAll('-', ''), 'floor', now + 30_000);
+      for (const m of items) {
+        st.insert.run(this.sessionId, randomUUID().replaceAll('-', ''), seq, m.role, textOf(m.content), JSON.stringify(m), now);
+        seq += 1;
+      }
+      st.commit.run();
+    } catch (e) {
+      if (this.db.inTransaction) this.db.exec('ROLLBACK');
+      throw e;
+    }
+  }
+}
+
 const home = fs.mkdtempSync(path.join(dir, `js-${side}-`));
 let sessions;
 let close;
-if (side === 'plain') {
-  const db = new Database(path.join(home, 'items.db'));
-  db.pragma('journal_mode = WAL');
-  db.pragma('synchronous = FULL');
-  db.exec('CREATE TABLE items(id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, item TEXT NOT NULL)');
-  db.exec('CREATE INDEX items_by_session ON items(session_id, id)');
-  sessions = Array.from({ length: k }, (_, c) => new PlainSession(`c${c}`, db));
+if (side === 'plain' || side === 'floor') {
+  const db = new Database(path.join(home, side === 'plain' ? 'items.db' : 'state.db'));
+  if (side === 'plain') {
+    db.pragma('journal_mode = WAL');
+    db.pragma('synchronous = FULL');
+    db.exec('CREATE TABLE items(id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, item TEXT NOT NULL)');
+    db.exec('CREATE INDEX items_by_session ON items(session_id, id)');
+    sessions = Array.from({ length: k }, (_, c) => new PlainSession(`c${c}`, db));
+  } else {
+    db.pragma('foreign_keys = ON');
+    migrate(db);
+    db.pragma('journal_mode = WAL');
+    db.pragma('synchronous = FULL');
+    sessions = Array.from({ length: k }, (_, c) => new FloorSession(`c${c}`, db));
+  }
   close = async () => db.close();
 } else {
-  sessions = Array.from({ length: k }, (_, c) => new TurnsafeSession(`c${c}`, home));
+  const options = { 'turnsafe-json': { typedFlush: false }, 'turnsafe-sync': { thread: false } }[side] ?? {};
+  sessions = Array.from({ length: k }, (_, c) => new TurnsafeSession(`c${c}`, home, options));
+  if (side === 'turnsafe-sync') {
+    for (const s of sessions) s.addItems = async (items) => s.addItemsSync(items);
+  }
   close = async () => {
     for (const s of sessions) await s.close();
   };
@@ -77,6 +141,7 @@ await Promise.all(
 );
 const wall = (performance.now() - t0) / 1000;
 clearInterval(timer);
+worst = Math.max(worst, performance.now() - last);
 await close();
 fs.rmSync(home, { recursive: true, force: true });
 console.log(JSON.stringify({ wall, batches: k * per, loop_max_ms: worst }));

@@ -156,6 +156,7 @@ export const flushing = {
       }
     }
     dispose(flush, handle);
+    this.counters.handedOver += 1;
     const started = JSON.parse(flushStep({ state: m.base, start: m.start }));
     if (started.error || started.step?.type !== 'write' || !plainPlan(started.step.plan)) {
       throw new Error(`the flush machine over JSON did not ask for the write performed: ${started.error ?? JSON.stringify(started.step)}`);

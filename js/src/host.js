@@ -52,7 +52,7 @@ export class Host {
     this.ckptForbidden = null;
     this.ckptError = null;
     this.stmts = null;
-    this.counters = { opens: 0, writes: 0, groups: 0, flushes: 0, typed: 0, diverts: 0, flushMs: 0, componentMs: 0 };
+    this.counters = { opens: 0, writes: 0, groups: 0, flushes: 0, typed: 0, handedOver: 0, diverts: 0, flushMs: 0, componentMs: 0 };
     // The typed flush machine for the write-and-commit road (flush.js);
     // `typedFlush: false` sends every step through flush-step-json.
     this.typedFlush = opts.typedFlush !== false;

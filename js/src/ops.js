@@ -26,7 +26,7 @@ export function makeOps(home, options) {
     close: () => host.close(),
     stats: () => ({ ...host.counters, componentCalls: spent.calls, componentMsTotal: spent.ms }),
     resetStats: () => {
-      Object.assign(host.counters, { opens: 0, writes: 0, groups: 0, flushes: 0, typed: 0, diverts: 0, flushMs: 0, componentMs: 0 });
+      Object.assign(host.counters, { opens: 0, writes: 0, groups: 0, flushes: 0, typed: 0, handedOver: 0, diverts: 0, flushMs: 0, componentMs: 0 });
       spent.ms = 0;
       spent.calls = 0;
     },
