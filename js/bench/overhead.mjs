@@ -1,9 +1,11 @@
 // One side of one round of benches/overhead: K sessions adding batches at
 // once (closed loop, each session sends its next batch once the last was
 // stored) into a fresh folder under DIR, after one untimed batch each.
-// Prints one JSON line: {"wall": seconds, "batches": n, "loop_max_ms": ms},
-// `loop_max_ms` being the longest the event loop went without turning
-// while the timed part ran (a 1 ms interval timer's largest gap).
+// Prints one JSON line: {"wall": seconds, "cpu": seconds, "batches": n,
+// "loop_max_ms": ms}, `cpu` being the process's CPU time (every thread,
+// user and system) in the timed part, and `loop_max_ms` the longest the
+// event loop went without turning while it ran (a 1 ms interval timer's
+// largest gap).
 //
 //   node bench/overhead.mjs SIDE DIR K BATCHES
 //
@@ -133,6 +135,7 @@ const timer = setInterval(() => {
   worst = Math.max(worst, now - last);
   last = now;
 }, 1);
+const c0 = process.cpuUsage();
 const t0 = performance.now();
 await Promise.all(
   sessions.map(async (s, c) => {
@@ -140,8 +143,9 @@ await Promise.all(
   }),
 );
 const wall = (performance.now() - t0) / 1000;
+const used = process.cpuUsage(c0);
 clearInterval(timer);
 worst = Math.max(worst, performance.now() - last);
 await close();
 fs.rmSync(home, { recursive: true, force: true });
-console.log(JSON.stringify({ wall, batches: k * per, loop_max_ms: worst }));
+console.log(JSON.stringify({ wall, cpu: (used.user + used.system) / 1e6, batches: k * per, loop_max_ms: worst }));

@@ -3,11 +3,20 @@
 import { Host } from './host.js';
 import { spent } from './policy.js';
 
+/**
+ * An append's batch as the Host takes it: `texts`, the items' JSON texts as
+ * a session sends them, are parsed here, in the store's thread.
+ */
+export const batchOf = ({ session, items, texts, uids }) => ({ session, items: items ?? texts.map((t) => JSON.parse(t)), uids });
+
 export function makeOps(home, options) {
   const host = new Host(home, options);
   return {
     host,
-    append: ({ session, items, uids }) => host.append(session, items, uids),
+    append: (args) => {
+      const { session, items, uids } = batchOf(args);
+      return host.append(session, items, uids);
+    },
     appendGroup: ({ batches }) => host.appendGroup(batches),
     /** A history append by operation id: done already, a conflict, or flushed. */
     appendTransaction: ({ session, items, uids }) => {

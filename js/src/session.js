@@ -27,10 +27,18 @@ function print(item) {
 
 /** An item as it will be stored: its JSON round trip (undefined fields dropped). */
 function plain(item) {
+  return JSON.parse(textOfItem(item));
+}
+
+/** An item's JSON text, which parses to the item as it will be stored (`plain`). */
+function textOfItem(item) {
   if (item === null || typeof item !== 'object' || Array.isArray(item)) {
     throw new TypeError('a session item must be a JSON object');
   }
-  return JSON.parse(JSON.stringify(item));
+  const text = JSON.stringify(item);
+  // An item whose toJSON gives nothing has no text: refused as plain() refuses it.
+  if (typeof text !== 'string') JSON.parse(text);
+  return text;
 }
 
 function userError(message) {
@@ -113,20 +121,22 @@ export class TurnsafeSession {
 
   appendRequest(items) {
     if (!items || items.length === 0) return null;
-    const batch = items.map(plain);
+    // Each item crosses to the store as its JSON text: what it will be
+    // stored as, and cheaper to hand to a worker than the object.
+    const texts = items.map(textOfItem);
     let prints = null;
     let uids = null;
     if (this.unsettled.size > 0) {
       // A resend after a failure reuses the failed attempt's uids.
-      prints = batch.map(print);
+      prints = texts.map((t) => print(JSON.parse(t)));
       uids = prints.map((p) => (p === null ? null : this.takeUnsettled(p)));
     }
-    return { batch, prints, args: { session: this.turnsafeId, items: batch, uids } };
+    return { texts, prints, args: { session: this.turnsafeId, texts, uids } };
   }
 
   appendAnswer(request, { outcome, text }) {
     if (outcome.persisted) return;
-    const prints = request.prints ?? request.batch.map(print);
+    const prints = request.prints ?? request.texts.map((t) => print(JSON.parse(t)));
     prints.forEach((p, i) => {
       if (p === null) return;
       const q = this.unsettled.get(p) ?? [];

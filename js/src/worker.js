@@ -15,7 +15,7 @@ import fs from 'node:fs';
 import { parentPort, workerData } from 'node:worker_threads';
 
 import { flatten } from './errors.js';
-import { makeOps } from './ops.js';
+import { batchOf, makeOps } from './ops.js';
 
 const ops = makeOps(workerData.home, workerData.options);
 
@@ -73,9 +73,20 @@ function run(first) {
     sessions.add(next.args.session);
     group.push(next);
   }
+  // A request whose items do not read is answered alone.
+  const batches = [];
+  for (const r of group.splice(0)) {
+    try {
+      batches.push(batchOf(r.args));
+      group.push(r);
+    } catch (e) {
+      answers.push({ id: r.id, ok: false, error: flatten(e) });
+    }
+  }
+  if (group.length === 0) return;
   let results;
   try {
-    results = ops.host.appendGroup(group.map((r) => r.args));
+    results = ops.host.appendGroup(batches);
   } catch (e) {
     // Only a fault of the host itself gets here; no batch is answered twice.
     for (const r of group) answers.push({ id: r.id, ok: false, error: flatten(e) });
