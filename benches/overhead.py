@@ -4,7 +4,8 @@ store each one replaces, on a disk folder and on tmpfs, one session and 16.
 Each row is a store and its peer, measured in the same run on the same
 batches (10 messages of about 230 B, WAL, `synchronous=FULL`), K sessions
 at once in a closed loop (each sends its next batch once the last was
-stored), after one untimed batch each:
+stored), after one untimed batch each (the JavaScript sides: 100 untimed
+batches in all, for V8 to compile the hot code; js/bench/overhead.mjs).
 
 - `turnsafe append` (a child process, JSON Lines; with K > 1 one process
   for all sessions, as an application would run it) beside the bare

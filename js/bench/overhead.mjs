@@ -1,6 +1,10 @@
 // One side of one round of benches/overhead: K sessions adding batches at
 // once (closed loop, each session sends its next batch once the last was
-// stored) into a fresh folder under DIR, after one untimed batch each.
+// stored) into a fresh folder under DIR, after untimed batches (WARMUP, 100
+// in all by default, split over the sessions, at least one each): V8 runs
+// a function and the component's WebAssembly on its baseline tier until it
+// is hot, so the first batches of a process measure the compiler, not the
+// store, on every side alike.
 // Prints one JSON line: {"wall": seconds, "cpu": seconds, "batches": n,
 // "loop_max_ms": ms}, `cpu` being the process's CPU time (every thread,
 // user and system) in the timed part, and `loop_max_ms` the longest the
@@ -127,7 +131,10 @@ if (side === 'plain' || side === 'floor') {
   };
 }
 
-await Promise.all(sessions.map((s, c) => s.addItems(batch(c, -1))));
+const warm = Math.max(1, Math.ceil(Number(process.env.WARMUP ?? 100) / k));
+await Promise.all(sessions.map(async (s, c) => {
+  for (let b = -warm; b < 0; b++) await s.addItems(batch(c, b));
+}));
 let last = performance.now();
 let worst = 0;
 const timer = setInterval(() => {

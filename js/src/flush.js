@@ -69,7 +69,7 @@ export const flushing = {
    * handle and the typed machine asks to write; else the JSON machine's.
    */
   member(req, base) {
-    const { session, items, uids } = req;
+    const { session, items, uids, texts } = req;
     if (!validSession(session)) throw new Refusal(`invalid session id: ${JSON.stringify(session)}`, { code: 'invalid_session_id' });
     const minted = [];
     const all = items.map((_, i) => {
@@ -88,7 +88,9 @@ export const flushing = {
     const hold = this.holdsNow.find((h) => holdsSession(h, session));
     if (hold) start.pending_capture = { path: hold.path, cause: hold.cause };
     const now = performance.now();
-    const m = { batch: { session, items, uids: all }, start, base, startedMs: now, t0: now, typed: null, done: null };
+    // `texts`: the items' JSON texts when the session sent them (ops.js batchOf), stored as they are.
+    const batch = { session, items, uids: all, texts: texts ?? null };
+    const m = { batch, start, base, startedMs: now, t0: now, typed: null, done: null };
     if (this.typedFlush && this.db && !hold && clean(base)) m.typed = this.typedBegin(start);
     if (m.typed) {
       m.first = { type: 'write', plan: {} };

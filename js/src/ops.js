@@ -5,9 +5,13 @@ import { spent } from './policy.js';
 
 /**
  * An append's batch as the Host takes it: `texts`, the items' JSON texts as
- * a session sends them, are parsed here, in the store's thread.
+ * a session sends them, are parsed here, in the store's thread, and stored
+ * as they are (JSON.stringify of what JSON.parse makes of a text that
+ * JSON.stringify wrote is that text: test/texts.test.mjs).
  */
-export const batchOf = ({ session, items, texts, uids }) => ({ session, items: items ?? texts.map((t) => JSON.parse(t)), uids });
+export const batchOf = ({ session, items, texts, uids }) => (items
+  ? { session, items, uids }
+  : { session, items: texts.map((t) => JSON.parse(t)), uids, texts });
 
 export function makeOps(home, options) {
   const host = new Host(home, options);

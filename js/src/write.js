@@ -89,7 +89,7 @@ export const writing = {
   /** One batch's statements inside the transaction: its seqs, the session's lease, its rows. */
   writeBatch(batch, plan, cur) {
     const st = this.stmts;
-    const { session, items, uids } = batch;
+    const { session, items, uids, texts } = batch;
     // A writer about to take the lease learns which seqs diverted lines
     // already hold, so it never commits over them.
     const promised = cur.lease ? null : divertMaxSeq(this.home, session);
@@ -104,7 +104,7 @@ export const writing = {
     items.forEach((m, i) => {
       try {
         st.insert.run(session, uids[i], seq, typeof m.role === 'string' ? m.role : null, textOf(m.content),
-          JSON.stringify(m), created);
+          texts?.[i] ?? JSON.stringify(m), created);
         seq += 1;
       } catch (e) {
         // Idempotent resend: a stored row with the same canonical bytes
