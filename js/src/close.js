@@ -41,6 +41,7 @@ export const closing = {
    * retired frames over whatever file is at the path now.
    */
   close() {
+    this.dropTyped();
     if (!this.db) return { closed: true };
     for (const s of this.cursors.keys()) this.releaseLease(s);
     let verdict = null;

@@ -167,6 +167,11 @@ export const flushing = {
     m.reply = JSON.parse(m.answer);
   },
 
+  /** Let go of the pool's typed handles (the store is closing). */
+  dropTyped() {
+    dispose(...this.typedPool.splice(0));
+  },
+
   /** Give back a member's typed flush that will not run (its handle is dropped: a flush is still open on it). */
   abandonTyped(m) {
     if (!m?.typed) return;

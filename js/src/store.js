@@ -23,7 +23,7 @@ export class Store {
     // is fsynced again at the first open).
     createDirAll(abs, 0o700);
     const key = JSON.stringify([fs.realpathSync(abs), options.thread !== false, options.holder ?? null,
-      options.leaseTtlMs ?? null, options.synchronous ?? null, options.typedFlush ?? null]);
+      options.leaseTtlMs ?? null, options.synchronous ?? null, options.typedFlush ?? null, options.spinMs ?? null]);
     let s = stores.get(key);
     if (!s || s.closed) {
       s = new Store(abs, options);
@@ -40,7 +40,7 @@ export class Store {
     this.closed = false;
     this.users = 0;
     const hostOptions = { holder: options.holder, leaseTtlMs: options.leaseTtlMs, synchronous: options.synchronous,
-      busyTimeoutMs: options.busyTimeoutMs, typedFlush: options.typedFlush };
+      busyTimeoutMs: options.busyTimeoutMs, typedFlush: options.typedFlush, spinMs: options.spinMs };
     if (options.thread === false) {
       this.ops = makeOps(home, hostOptions);
       this.worker = null;

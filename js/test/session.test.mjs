@@ -202,3 +202,20 @@ test("an edit asks the policy: another writer's live lease fences a pop, and not
   }
   await ours.close();
 });
+
+test('requests that reach the worker while it polls after an answer are taken up, in order, whatever the poll lasts', { timeout: 60_000 }, async () => {
+  for (const spinMs of [0, 0.25, 50]) {
+    const home = tmp();
+    const s = new TurnsafeSession('s1', home, { spinMs });
+    const t = new TurnsafeSession('s2', home, { spinMs });
+    assert.equal(s.store, t.store);
+    // A closed loop (each next batch sent while the worker still polls),
+    // then a burst from two sessions at once.
+    for (let i = 0; i < 20; i++) await s.addItems([user(`a${i}`)]);
+    await Promise.all([s.addItems([user('b')]), t.addItems([user('c')]), s.getItems()]);
+    assert.deepEqual((await s.getItems()).map((x) => x.content), [...Array.from({ length: 20 }, (_, i) => `a${i}`), 'b']);
+    assert.deepEqual(await t.getItems(), [user('c')]);
+    await s.close();
+    await t.close();
+  }
+});
