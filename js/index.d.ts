@@ -62,8 +62,15 @@ export interface TurnsafeSessionOptions {
   leaseTtlMs?: number;
   /** `PRAGMA synchronous` (default `full`; `normal` commits are `durable: false`). */
   synchronous?: 'full' | 'normal';
-  /** Run the store in a worker thread (default true) or in the calling thread. */
+  /**
+   * Run the store in a worker thread (default true) or in the calling
+   * thread (false), where the `...Sync` methods serve.
+   */
   thread?: boolean;
+  /** How long the worker polls for the next request after an answer before it sleeps, in ms (default 0.25; 0: never). */
+  spinMs?: number;
+  /** Run a clean batch on the component's typed flush machine (default true); false: every step through flush-step-json. */
+  typedFlush?: boolean;
   /** The default `limit` of getItems. */
   limit?: number;
   /** A store to share (default: one per home and options in the process). */
@@ -128,6 +135,15 @@ export class TurnsafeSession implements Session, SessionHistoryTransactionAwareS
   applyHistoryTransaction(args: SessionHistoryTransactionArgs): Promise<void>;
   /** Gives back the session's turn lease; the last session on a store closes it. */
   close(): Promise<void>;
+  // The synchronous path: a session opened with `thread: false` only (else a TypeError).
+  getItemsSync(limit?: number): AgentInputItem[];
+  /** Throws TurnNotPersisted unless every item was committed. */
+  addItemsSync(items: AgentInputItem[]): void;
+  popItemSync(): AgentInputItem | undefined;
+  clearSessionSync(): void;
+  replaceHistoryWithCompactionSync(items: AgentInputItem[]): void;
+  applyHistoryTransactionSync(args: SessionHistoryTransactionArgs): void;
+  closeSync(): void;
 }
 
 /** The id a session is stored under: a valid turnsafe id as it is, any other string hashed. */
