@@ -207,6 +207,21 @@ export const flushing = {
     const together = members.length > 1 && this.db && sessions.size === members.length
       && members.every((m) => !m.error && m.first?.type === 'write');
     let results;
+    try {
+      results = this.runGroup(reqs, members, together, t0);
+    } finally {
+      // A typed flush a fault of the host left open is let go with its handle.
+      for (const m of members) this.abandonTyped(m);
+    }
+    this.counters.flushes += reqs.length;
+    this.counters.flushMs += performance.now() - t0;
+    this.counters.componentMs += this.componentMs() - before;
+    return results;
+  },
+
+  /** appendGroup's members, flushed together or one after the other. */
+  runGroup(reqs, members, together, t0) {
+    let results;
     if (together) {
       const events = this.writeGroup(members.map((m) => ({ batch: m.batch, plan: m.first.plan ?? {} })), t0);
       this.counters.groups += 1;
@@ -225,19 +240,18 @@ export const flushing = {
       for (const m of members.slice(1)) this.abandonTyped(m);
       results = members.map((m, i) => {
         if (m.error) return m;
+        let started = m;
         try {
-          const started = i === 0 ? m : this.member(reqs[i], this.state);
+          if (i > 0) started = this.member(reqs[i], this.state);
           return this.drive(started);
         } catch (error) {
+          this.abandonTyped(started);
           // A refusal met on the way (a newer schema at the open) is this
           // batch's answer; the batches before it stand.
           return { error };
         }
       });
     }
-    this.counters.flushes += reqs.length;
-    this.counters.flushMs += performance.now() - t0;
-    this.counters.componentMs += this.componentMs() - before;
     return results;
   },
 

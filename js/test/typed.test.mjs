@@ -178,3 +178,19 @@ test('a handle that is not clean never takes the typed road: a sticky store dive
   check.close();
   assert.ok(!uids.includes('u3'));
 });
+
+test('a fault of the host on the typed road is that batch\'s error; the store goes on, typed', () => {
+  const h = new Host(tmp());
+  h.append('s1', [user('a')], ['u1']);
+  const write = h.writeGroup;
+  h.writeGroup = () => {
+    throw new Error('a fault of the host');
+  };
+  assert.throws(() => h.append('s1', [user('b')], ['u2']), /a fault of the host/);
+  h.writeGroup = write;
+  const typed = h.counters.typed;
+  const after = h.append('s1', [user('c')], ['u3']);
+  assert.equal(after.outcome.persisted, true);
+  assert.equal(h.counters.typed, typed + 1);
+  h.close();
+});
