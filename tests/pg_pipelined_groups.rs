@@ -20,12 +20,13 @@
 //!   than the backup, is refused when it connects again. Nothing is written
 //!   into the older copy.
 mod common;
-use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use common::*;
 use pg::Recovery;
 use turnsafe_host::backend::SharedStore;
+use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_policy::Cause;
 
 const LOCK: i64 = 4242;
@@ -83,41 +84,47 @@ fn stored(server: &pg::PgServer, db: &str, session: &str) -> Vec<String> {
     pg::rows(server, db, session).into_iter().map(|r| r.0).collect()
 }
 
-#[test]
-fn a_group_is_written_while_another_commits_and_a_session_keeps_its_order() {
-    let server = pg_or_skip!();
-    let db = server.create_db("pipelined");
+/// A pipelined store on a new database `name` whose `slow-` rows' COMMIT
+/// waits for [`LOCK`], with one batch (`a1`) of session `a` stored.
+fn pipelined(server: &pg::PgServer, name: &str) -> (String, Home, SharedStore) {
+    let db = server.create_db(name);
     let home = Home::new();
     let shared = SharedStore::over(pg::store(&server.url(&db), home.path()), home.path());
     assert!(shared.lanes() >= 2, "a PostgreSQL store pipelines by default");
     assert!(shared.append_batch(&sid("a"), &batch("a1", 1)).persisted);
-    delay_slow_commits(&server, &db);
+    delay_slow_commits(server, &db);
+    (db, home, shared)
+}
 
-    // The test's own transaction holds the lock the slow COMMIT waits for.
-    let mut holder = server.admin(&db);
-    let mut held = holder.transaction().unwrap();
-    held.query_one("SELECT pg_advisory_xact_lock($1)", &[&LOCK]).unwrap();
-
-    let (done_tx, done) = mpsc::channel();
-    let first = {
-        let (shared, done_tx) = (shared.clone(), done_tx.clone());
-        std::thread::spawn(move || {
-            let out = shared.append_batch(&sid("a"), &batch("slow", 1));
-            done_tx.send("slow").unwrap();
-            out
-        })
+/// Hold [`LOCK`] on a connection of the test's own (until it is dropped)
+/// and send session `a`'s batch `slow` from another thread; returns once
+/// its COMMIT waits for the lock.
+fn hold_slow_commit(
+    server: &pg::PgServer,
+    db: &str,
+    shared: &SharedStore,
+) -> (postgres::Client, JoinHandle<FlushOutcome>) {
+    let mut holder = server.admin(db);
+    holder.query_one("SELECT pg_advisory_lock($1)", &[&LOCK]).unwrap();
+    let waiting = {
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.append_batch(&sid("a"), &batch("slow", 1)))
     };
-    wait_for_held_commit(&server, &db);
+    wait_for_held_commit(server, db);
+    (holder, waiting)
+}
+
+#[test]
+fn a_group_is_written_while_another_commits_and_a_session_keeps_its_order() {
+    let server = pg_or_skip!();
+    let (db, _home, shared) = pipelined(&server, "pipelined");
+    let (holder, first) = hold_slow_commit(&server, &db, &shared);
     // The same session's next batch, queued behind the one in the held COMMIT.
     let second = {
-        let (shared, done_tx) = (shared.clone(), done_tx.clone());
-        std::thread::spawn(move || {
-            let out = shared.append_batch(&sid("a"), &batch("a2", 1));
-            done_tx.send("a2").unwrap();
-            out
-        })
+        let shared = shared.clone();
+        std::thread::spawn(move || shared.append_batch(&sid("a"), &batch("a2", 1)))
     };
-    while shared.waiting() == 0 && done.try_recv().is_err() {
+    while shared.waiting() == 0 && !second.is_finished() {
         std::thread::yield_now();
     }
     assert_eq!(shared.waiting(), 1, "a2 waits behind the held COMMIT of its session");
@@ -134,12 +141,12 @@ fn a_group_is_written_while_another_commits_and_a_session_keeps_its_order() {
         "neither slow nor a2 is committed yet"
     );
     assert!(
-        done.try_recv().is_err(),
+        !first.is_finished() && !second.is_finished(),
         "no batch of session a is answered while its COMMIT waits"
     );
     assert_eq!(shared.waiting(), 1, "a2 still waits");
 
-    held.commit().unwrap();
+    drop(holder);
     let slow = first.join().unwrap();
     let a2 = second.join().unwrap();
     assert!(slow.persisted, "{}", slow.to_value());
@@ -152,30 +159,18 @@ fn a_group_is_written_while_another_commits_and_a_session_keeps_its_order() {
 #[test]
 fn the_first_connection_is_refused_by_what_the_second_stored_before_a_restore() {
     let mut server = pg_or_skip!();
-    let db = server.create_db("pipelined_restore");
-    let home = Home::new();
-    let shared = SharedStore::over(pg::store(&server.url(&db), home.path()), home.path());
-    assert!(shared.append_batch(&sid("a"), &batch("a1", 1)).persisted);
-    delay_slow_commits(&server, &db);
+    let (db, _home, shared) = pipelined(&server, "pipelined_restore");
     let backup = server.base_backup("older").expect("base backup");
 
     // The first connection waits in a COMMIT; the second stores c1, the
     // last batch stored, after the backup.
-    let mut holder = server.admin(&db);
-    let mut held = holder.transaction().unwrap();
-    held.query_one("SELECT pg_advisory_xact_lock($1)", &[&LOCK]).unwrap();
-    let waiting = {
-        let shared = shared.clone();
-        std::thread::spawn(move || shared.append_batch(&sid("a"), &batch("slow", 1)))
-    };
-    wait_for_held_commit(&server, &db);
+    let (holder, waiting) = hold_slow_commit(&server, &db, &shared);
     let c1 = shared.append_batch(&sid("c"), &batch("c1", 1));
     assert!(c1.persisted, "{}", c1.to_value());
 
     // The restore stops the server with the lock still held: the held
     // COMMIT goes with it.
     server.restore_base_backup(&backup, Recovery::Crash).expect("restore");
-    drop(held);
     drop(holder);
     assert_eq!(
         stored(&server, &db, "c"),
@@ -207,20 +202,8 @@ fn the_first_connection_is_refused_by_what_the_second_stored_before_a_restore() 
 #[test]
 fn a_connection_the_server_ends_takes_only_its_own_group_to_an_unknown_outcome() {
     let server = pg_or_skip!();
-    let db = server.create_db("pipelined_ended");
-    let home = Home::new();
-    let shared = SharedStore::over(pg::store(&server.url(&db), home.path()), home.path());
-    assert!(shared.append_batch(&sid("a"), &batch("a1", 1)).persisted);
-    delay_slow_commits(&server, &db);
-
-    let mut holder = server.admin(&db);
-    let mut held = holder.transaction().unwrap();
-    held.query_one("SELECT pg_advisory_xact_lock($1)", &[&LOCK]).unwrap();
-    let waiting = {
-        let shared = shared.clone();
-        std::thread::spawn(move || shared.append_batch(&sid("a"), &batch("slow", 1)))
-    };
-    wait_for_held_commit(&server, &db);
+    let (db, _home, shared) = pipelined(&server, "pipelined_ended");
+    let (holder, waiting) = hold_slow_commit(&server, &db, &shared);
     let other = shared.append_batch(&sid("b"), &batch("b1", 1));
     assert!(other.persisted, "{}", other.to_value());
 
@@ -232,7 +215,7 @@ fn a_connection_the_server_ends_takes_only_its_own_group_to_an_unknown_outcome()
         .unwrap()
         .get(0);
     assert!(ended);
-    held.commit().unwrap();
+    drop(holder);
     let slow = waiting.join().unwrap();
     assert!(
         slow.persisted,
