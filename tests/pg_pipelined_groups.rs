@@ -14,6 +14,8 @@
 //!   `outcome_unknown`: the held COMMIT's backend is terminated, its batch
 //!   is looked up by uid and written again on a new connection, and the
 //!   group the other connection committed meanwhile was never touched.
+//! - A LangGraph checkpoint pipelines the same way: it commits on a second
+//!   connection while a turn's COMMIT waits.
 //! - The identity guard is one for the pipeline: the second connection
 //!   committed last, the server is restored from a backup taken before
 //!   that batch, and the first connection, whose own last batch is older
@@ -23,9 +25,11 @@ mod common;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use common::graph::checkpoint;
 use common::*;
 use pg::Recovery;
 use turnsafe_host::backend::SharedStore;
+use turnsafe_host::graph::GraphBatch;
 use turnsafe_host::outcome::FlushOutcome;
 use turnsafe_policy::Cause;
 
@@ -228,4 +232,22 @@ fn a_connection_the_server_ends_takes_only_its_own_group_to_an_unknown_outcome()
     assert_eq!(stored(&server, &db, "b"), ["b1-0"]);
     let next = shared.append_batch(&sid("b"), &batch("b2", 1));
     assert!(next.persisted, "{}", next.to_value());
+}
+
+#[test]
+fn a_langgraph_checkpoint_commits_on_a_second_connection_while_a_turn_waits() {
+    let server = pg_or_skip!();
+    let (db, _home, shared) = pipelined(&server, "pipelined_graph");
+    let (holder, waiting) = hold_slow_commit(&server, &db, &shared);
+    let put = shared.put_graph(GraphBatch::Checkpoint(checkpoint("t1", "1ef1")));
+    assert!(put.persisted, "{}", put.to_value());
+    let stored_checkpoints: i64 = server
+        .admin(&db)
+        .query_one("SELECT count(*) FROM checkpoints WHERE thread_id = 't1'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(stored_checkpoints, 1, "committed while the turn's COMMIT still waits");
+    assert!(!waiting.is_finished());
+    drop(holder);
+    assert!(waiting.join().unwrap().persisted);
 }
