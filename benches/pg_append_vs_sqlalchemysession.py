@@ -28,7 +28,9 @@ lines), and the ratios against SQLAlchemySession at the same count.
     benches/pg-append-vs-sqlalchemysession   # builds, makes the venv, runs this
 
 Environment: TURNSAFE_BIN (required), SESSIONS (default "1,16,64"),
-BATCHES (batches per session, default 200), PIPELINES (default "2,1": the
+BATCHES (batches per session, default 200), ROUNDS (interleaved rounds,
+default 3: every figure is the median over them, and each ratio is taken
+within a round and printed with its spread), PIPELINES (default "2,1": the
 `TURNSAFE_PG_PIPELINE` of the first command-line row and of
 `TurnsafeSession`, then one more command-line row per further depth, so
 what pipelining buys is measured in the same run). Not for CI: it refuses to run
@@ -52,6 +54,7 @@ import time
 
 SESSIONS = [int(k) for k in os.environ.get("SESSIONS", "1,16,64").split(",")]
 BATCHES = int(os.environ.get("BATCHES", "200"))
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
 # `turnsafe append --db` once per pipeline depth (TURNSAFE_PG_PIPELINE):
 # the first is the default's row, the others show what pipelining buys.
 PIPELINES = [int(k) for k in os.environ.get("PIPELINES", "2,1").split(",")]
@@ -289,20 +292,20 @@ def main() -> int:
         settings = {k: server.sql(f"SHOW {k}") for k in ("fsync", "synchronous_commit", "wal_sync_method")}
         flush_us = asyncio.run(server.flush_cost_us())
         for i, n in enumerate(SESSIONS):
-            results[n] = {}
-            # Rotate who goes first, so a busy machine slows all alike.
-            k = i % len(STORES)
-            order = list(STORES[k:] + STORES[:k])
-            for name in order:
-                url = server.create_db(f"{name}{n}")
-                home = os.path.join(homes, f"{name}{n}")
-                if name.startswith("cli"):
-                    res = asyncio.run(run_cli(server, url + "?sslmode=disable", home, n, DEPTH[name]))
-                elif name == "session":
-                    res = asyncio.run(run_session(server, url + "?sslmode=disable", home, n))
-                else:
-                    res = asyncio.run(run_sdk(server, url, n))
-                results[n][name] = summary(res, n)
+            results[n] = {name: [] for name in STORES}
+            for r in range(ROUNDS):
+                # Rotate who goes first, so a busy machine slows all alike.
+                k = (i + r) % len(STORES)
+                for name in STORES[k:] + STORES[:k]:
+                    url = server.create_db(f"{name}{n}r{r}")
+                    home = os.path.join(homes, f"{name}{n}r{r}")
+                    if name.startswith("cli"):
+                        res = asyncio.run(run_cli(server, url + "?sslmode=disable", home, n, DEPTH[name]))
+                    elif name == "session":
+                        res = asyncio.run(run_session(server, url + "?sslmode=disable", home, n))
+                    else:
+                        res = asyncio.run(run_sdk(server, url, n))
+                    results[n][name].append(summary(res, n))
     finally:
         server.stop()
         shutil.rmtree(homes, ignore_errors=True)
@@ -312,30 +315,41 @@ def main() -> int:
     print(f"server commit cost: {flush_us:,.0f} µs (median of 200 single-row INSERT autocommits)")
     print(f"{BATCHES} batches x 10 messages (~230 B) per session, one batch in flight per session; "
           f"sessions at once: {', '.join(map(str, SESSIONS))}")
-    pools = ", ".join(f"{n}: {results[n]['sdk']['pool']}" for n in SESSIONS)
+    pools = ", ".join(f"{n}: {results[n]['sdk'][0]['pool']}" for n in SESSIONS)
     print(f"SQLAlchemySession: one engine shared by all sessions ({pools})")
     print()
-    print("| sessions | store | msg/s | p50 ms | p99 ms | p99 / p50 at 1 | batches/commit | vs SQLAlchemySession |")
-    print("|---|---|---|---|---|---|---|---|")
-    base = results.get(1)
+    print(f"each figure the median of {ROUNDS} interleaved round(s); a ratio is each round's own, "
+          "with its spread (lowest, highest)")
+    print()
+    print("| sessions | store | msg/s | p50 ms | p99 ms | p99 / p50 at 1 | batches/commit "
+          "| vs SQLAlchemySession | spread |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    med = statistics.median
+
+    def figure(n: int, name: str, key: str) -> float:
+        return med(round_[key] for round_ in results[n][name])
+
+    def ratios(n: int, name: str) -> list:
+        return sorted(a["msgs"] / b["msgs"] for a, b in zip(results[n][name], results[n]["sdk"]))
+
     for n in SESSIONS:
         for name in STORES:
-            s = results[n][name]
-            ratio = s["msgs"] / results[n]["sdk"]["msgs"]
-            tail = f"{s['p99'] / base[name]['p50']:.2f}x" if base else "-"
-            per_commit = f"{s['per_commit']:.2f}"
+            tail = f"{figure(n, name, 'p99') / figure(1, name, 'p50'):.2f}x" if 1 in results else "-"
+            per_commit = f"{figure(n, name, 'per_commit'):.2f}"
             if name.startswith("cli"):
-                per_commit += f" (log {s['logged']:.2f})"
-            print(f"| {n} | {LABELS[name]} | {s['msgs']:,.0f} | {s['p50']:.2f} | {s['p99']:.2f} | {tail} "
-                  f"| {per_commit} | {ratio:.2f}x |")
+                per_commit += f" (log {figure(n, name, 'logged'):.2f})"
+            rs = ratios(n, name)
+            print(f"| {n} | {LABELS[name]} | {figure(n, name, 'msgs'):,.0f} | {figure(n, name, 'p50'):.2f} "
+                  f"| {figure(n, name, 'p99'):.2f} | {tail} | {per_commit} | {med(rs):.2f}x "
+                  f"| [{rs[0]:.2f}, {rs[-1]:.2f}] |")
     print()
-    bad = sum(s["not_persisted"] for res in results.values() for s in res.values())
+    bad = sum(s["not_persisted"] for res in results.values() for rounds in res.values() for s in rounds)
     print(f"batches not persisted: {bad}")
     targets = {1: 1.5 if flush_us < 500 else 0.95, 16: 3.0, 64: 5.0}
     for n in SESSIONS:
         if n in targets:
             for name in ("cli", "session"):
-                r = results[n][name]["msgs"] / results[n]["sdk"]["msgs"]
+                r = med(ratios(n, name))
                 verdict = "met" if r >= targets[n] else "NOT met"
                 print(f"{n} session(s): {LABELS[name]} / SQLAlchemySession = {r:.2f}x "
                       f"(target >= {targets[n]:g}x: {verdict})")
